@@ -1,0 +1,1 @@
+"""Clipper on AWS serverless: the shared package (domain, policies, batching, ports, adapters)."""

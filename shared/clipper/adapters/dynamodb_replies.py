@@ -1,0 +1,86 @@
+"""Reply channel over DynamoDB, for stacks without Redis: the batcher writes one item per
+(query, model) with a TTL, the frontend polls with consistent reads until the deadline."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.core.messages import Reply
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+else:
+    DynamoDBClient = Any
+
+
+class DynamoDBReplyChannel:
+    def __init__(
+        self, client: DynamoDBClient, table: str, ttl_s: int = 300, poll_interval_s: float = 0.01
+    ) -> None:
+        self._client = client
+        self._table = table
+        self._ttl = ttl_s
+        self._poll = poll_interval_s
+
+    def publish(self, reply_to: str, reply: Reply) -> bool:
+        item = {
+            "query_id": {"S": reply_to},
+            "model": {"S": reply.model},
+            "ok": {"BOOL": reply.ok},
+            "reply": {"S": reply.to_json()},
+            "expires_at": {"N": str(int(time.time()) + self._ttl)},
+        }
+        # A success replaces an earlier error reply but never another success; an error never
+        # replaces anything.
+        condition = "attribute_not_exists(query_id)"
+        values: dict[str, Any] = {}
+        if reply.ok:
+            condition += " OR ok = :false"
+            values = {":false": {"BOOL": False}}
+        try:
+            kwargs: dict[str, Any] = {
+                "TableName": self._table,
+                "Item": item,
+                "ConditionExpression": condition,
+            }
+            if values:
+                kwargs["ExpressionAttributeValues"] = values
+            self._client.put_item(**kwargs)
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                return False
+            raise translate(e, "dynamodb.PutItem(replies)") from e
+        except BotoCoreError as e:
+            raise translate(e, "dynamodb.PutItem(replies)") from e
+        return True
+
+    def answered(self, reply_to: str, model: str) -> bool:
+        with aws_call("dynamodb.GetItem(replies)"):
+            resp = self._client.get_item(
+                TableName=self._table,
+                Key={"query_id": {"S": reply_to}, "model": {"S": model}},
+                ConsistentRead=True,
+                ProjectionExpression="ok",
+            )
+        return bool(resp.get("Item", {}).get("ok", {}).get("BOOL", False))
+
+    def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:
+        end = time.monotonic() + timeout_s
+        replies: list[Reply] = []
+        while True:
+            with aws_call("dynamodb.Query(replies)"):
+                resp = self._client.query(
+                    TableName=self._table,
+                    KeyConditionExpression="query_id = :q",
+                    ExpressionAttributeValues={":q": {"S": reply_to}},
+                    ConsistentRead=True,
+                )
+            replies = [Reply.from_json(i["reply"]["S"]) for i in resp.get("Items", [])]
+            remaining = end - time.monotonic()
+            if len(replies) >= expected or remaining <= 0:
+                return replies
+            time.sleep(min(self._poll, remaining))

@@ -1,0 +1,70 @@
+"""SQS adapters: the frontend's request queue and the long-poll driver's queue reader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from clipper.adapters.aws_errors import aws_call
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs import SQSClient
+else:
+    SQSClient = Any
+
+
+class SqsRequestQueue:
+    def __init__(self, client: SQSClient) -> None:
+        self._client = client
+
+    def send(self, queue_url: str, body: str) -> None:
+        with aws_call("sqs.SendMessage"):
+            self._client.send_message(QueueUrl=queue_url, MessageBody=body)
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    message_id: str
+    receipt_handle: str
+    body: str
+    receive_count: int
+
+
+class SqsQueueReader:
+    """Receive, delete and release messages of one queue (the long-poll driver's side)."""
+
+    def __init__(self, client: SQSClient, queue_url: str) -> None:
+        self._client = client
+        self.queue_url = queue_url
+
+    def receive(self, max_messages: int, wait_s: float) -> list[ReceivedMessage]:
+        with aws_call("sqs.ReceiveMessage"):
+            resp = self._client.receive_message(
+                QueueUrl=self.queue_url,
+                MaxNumberOfMessages=max(1, min(10, max_messages)),
+                WaitTimeSeconds=max(0, min(20, int(wait_s))),
+                MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            )
+        return [
+            ReceivedMessage(
+                m["MessageId"],
+                m["ReceiptHandle"],
+                m["Body"],
+                int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
+            )
+            for m in resp.get("Messages", [])
+        ]
+
+    def delete(self, receipt_handles: list[str]) -> None:
+        for start in range(0, len(receipt_handles), 10):
+            chunk = receipt_handles[start : start + 10]
+            entries = [{"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(chunk)]
+            with aws_call("sqs.DeleteMessageBatch"):
+                self._client.delete_message_batch(QueueUrl=self.queue_url, Entries=entries)
+
+    def release(self, receipt_handle: str, delay_s: int) -> None:
+        """Make a failed message visible again after ``delay_s`` (the retry back-off)."""
+        with aws_call("sqs.ChangeMessageVisibility"):
+            self._client.change_message_visibility(
+                QueueUrl=self.queue_url, ReceiptHandle=receipt_handle, VisibilityTimeout=delay_s
+            )

@@ -1,0 +1,176 @@
+"""The batcher core: decode query messages, drop expired and duplicate ones, call the model endpoint
+once per group of compatible rows, and deliver one reply per message.
+
+Invariant (Ray Serve's): a batched call yields exactly one output per input row, or fails every message
+of the batch with the same error. A message that fails is reported to the driver, which leaves it for
+retry (and, after the queue's ``maxReceiveCount``, the dead-letter queue); one bad message never fails the
+others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clipper.core.messages import QueryMessage, Reply, decode_rows
+from clipper.core.validation import Rows
+from clipper.errors import ClipperError, EndpointError, MalformedMessage
+from clipper.ports import ClaimStore, Clock, EndpointResolver, ReplyChannel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A message as a driver received it."""
+
+    message_id: str
+    body: str
+
+
+@dataclass
+class BatchReport:
+    failed: list[str] = field(default_factory=list)
+    answered: int = 0
+    expired: int = 0
+    duplicates: int = 0
+    batches: list[tuple[str, int, float]] = field(default_factory=list)  # (model, rows, seconds)
+
+
+@dataclass
+class _Work:
+    message_id: str
+    message: QueryMessage
+    rows: Rows
+
+
+def _group_key(work: _Work) -> tuple[str, str, str, tuple[int, ...]]:
+    rows = work.rows
+    if isinstance(rows, np.ndarray):
+        return (work.message.model, work.message.version, rows.dtype.name, rows.shape[1:])
+    kind = "bytes" if rows and isinstance(rows[0], bytes) else "str"
+    return (work.message.model, work.message.version, kind, ())
+
+
+def _concat(parts: list[Rows]) -> Rows:
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    out: list[str] | list[bytes] = []
+    for p in parts:
+        out.extend(p)  # type: ignore[arg-type]
+    return out
+
+
+class Batcher:
+    def __init__(
+        self,
+        endpoints: EndpointResolver,
+        replies: ReplyChannel,
+        clock: Clock,
+        claims: ClaimStore | None = None,
+    ) -> None:
+        self._endpoints = endpoints
+        self._replies = replies
+        self._clock = clock
+        self._claims = claims
+
+    def decode(self, inbound: Inbound) -> _Work:
+        message = QueryMessage.from_json(inbound.body)
+        claimed = None
+        if message.payload.s3_key is not None:
+            if self._claims is None:
+                raise MalformedMessage("claim-check message but no claim store is configured")
+            claimed = self._claims.get(message.payload.s3_key)
+        rows = decode_rows(message.payload, claimed)
+        if len(rows) != message.rows:
+            raise MalformedMessage(f"message says {message.rows} rows, payload has {len(rows)}")
+        return _Work(inbound.message_id, message, rows)
+
+    def process(self, inbound: Sequence[Inbound]) -> BatchReport:
+        report = BatchReport()
+        now_ms = self._clock.now() * 1000
+        seen: set[tuple[str, str]] = set()
+        groups: dict[tuple[str, str, str, tuple[int, ...]], list[_Work]] = {}
+        for item in inbound:
+            try:
+                work = self.decode(item)
+            except ClipperError as e:
+                logger.warning("undecodable message", extra={"message_id": item.message_id, "error": str(e)})
+                report.failed.append(item.message_id)
+                continue
+            msg = work.message
+            if msg.deadline_ms <= now_ms:
+                report.expired += 1
+                continue
+            key = (msg.reply_to, msg.model)
+            try:
+                duplicate = key in seen or self._replies.answered(msg.reply_to, msg.model)
+            except ClipperError as e:
+                logger.warning("reply channel unavailable", extra={"error": str(e)})
+                report.failed.append(item.message_id)
+                continue
+            if duplicate:
+                report.duplicates += 1
+                continue
+            seen.add(key)
+            groups.setdefault(_group_key(work), []).append(work)
+        for (model, version, _, _), members in groups.items():
+            self._run_group(model, version, members, report)
+        return report
+
+    def _run_group(self, model: str, version: str, members: list[_Work], report: BatchReport) -> None:
+        rows = _concat([w.rows for w in members])
+        start = self._clock.now()
+        try:
+            outputs = self._endpoints.endpoint_for(model, version).predict(rows)
+            if len(outputs) != len(rows):
+                raise EndpointError(f"endpoint returned {len(outputs)} outputs for {len(rows)} inputs")
+        except ClipperError as e:
+            logger.warning("batch failed", extra={"model": model, "version": version, "error": str(e)})
+            for w in members:
+                self._deliver(
+                    w,
+                    Reply(
+                        query_id=w.message.query_id,
+                        model=model,
+                        version=version,
+                        error=str(e),
+                        error_kind="endpoint",
+                    ),
+                    report,
+                    failed=True,
+                )
+            return
+        end = self._clock.now()
+        report.batches.append((model, len(rows), end - start))
+        offset = 0
+        for w in members:
+            n = w.message.rows
+            timings = {
+                "queue_ms": max(0.0, start * 1000 - w.message.sent_ms),
+                "inference_ms": (end - start) * 1000,
+                "batch_size": float(len(rows)),
+            }
+            reply = Reply(
+                query_id=w.message.query_id,
+                model=model,
+                version=version,
+                outputs=list(outputs[offset : offset + n]),
+                timings=timings,
+            )
+            offset += n
+            self._deliver(w, reply, report, failed=False)
+
+    def _deliver(self, work: _Work, reply: Reply, report: BatchReport, failed: bool) -> None:
+        try:
+            self._replies.publish(work.message.reply_to, reply)
+        except ClipperError as e:
+            logger.warning("reply not delivered", extra={"query_id": reply.query_id, "error": str(e)})
+            failed = True
+        if failed:
+            report.failed.append(work.message_id)
+        else:
+            report.answered += 1

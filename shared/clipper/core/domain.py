@@ -1,0 +1,66 @@
+"""Applications, models and their versions: the values the registry stores."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class InputType(enum.StrEnum):
+    """Clipper's input types."""
+
+    INTEGERS = "integers"
+    FLOATS = "floats"
+    DOUBLES = "doubles"
+    BYTES = "bytes"
+    STRINGS = "strings"
+
+    @property
+    def numeric(self) -> bool:
+        return self in (InputType.INTEGERS, InputType.FLOATS, InputType.DOUBLES)
+
+    @property
+    def numpy_dtype(self) -> str:
+        """The dtype a numeric input travels in (strings and bytes travel as JSON)."""
+        return {
+            InputType.INTEGERS: "int32",
+            InputType.FLOATS: "float32",
+            InputType.DOUBLES: "float64",
+        }.get(self, "object")
+
+
+@dataclass(frozen=True)
+class Application:
+    """A registered application: what it accepts, how fast it must answer, what it answers by default."""
+
+    name: str
+    input_type: InputType
+    default_output: str
+    latency_slo_micros: int
+    input_shape: tuple[int, ...] | None = None
+    policy: str = "single"
+
+    @property
+    def slo_seconds(self) -> float:
+        return self.latency_slo_micros / 1_000_000
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One deployed version of a model, with where its queries go and who answers them."""
+
+    name: str
+    version: str
+    input_type: InputType
+    queue_url: str
+    endpoint: str
+    input_shape: tuple[int, ...] | None = None
+    labels: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model name with its active version."""
+
+    name: str
+    active_version: str

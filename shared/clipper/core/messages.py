@@ -1,0 +1,145 @@
+"""Wire formats between the frontend and the batcher: the query message (SQS) and the reply.
+
+A query message carries the rows of one request for one model version. Numeric rows travel as a
+base64 ``.npy`` tensor, strings as a JSON list, bytes as base64 strings; inputs too large for SQS travel
+through S3 (a claim check: the message carries the object key instead of the rows).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from clipper.core.domain import InputType
+from clipper.core.tensors import decode_npy, encode_npy
+from clipper.core.validation import Rows
+from clipper.errors import MalformedMessage
+
+# SQS accepts 256 KiB by default; leave room for the envelope and attributes.
+MAX_INLINE_PAYLOAD = 200 * 1024
+
+
+class Payload(BaseModel):
+    """Exactly one of the fields is set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    npy: str | None = None
+    strings: list[str] | None = None
+    b64: list[str] | None = None
+    s3_key: str | None = None
+
+
+class QueryMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    v: Literal[1] = 1
+    query_id: int
+    app: str
+    model: str
+    version: str
+    input_type: InputType
+    rows: int = Field(ge=1)
+    payload: Payload
+    deadline_ms: int
+    sent_ms: int
+    reply_to: str
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+    @classmethod
+    def from_json(cls, body: str | bytes) -> QueryMessage:
+        try:
+            return cls.model_validate_json(body)
+        except ValidationError as e:
+            raise MalformedMessage(
+                f"not a query message: {e.error_count()} problem(s): {e.errors()[0]}"
+            ) from e
+
+
+def encode_rows(rows: Rows) -> tuple[Payload, bytes | None]:
+    """Encode rows inline; returns ``(payload, None)``, or ``(empty payload, blob)`` when the rows are too
+    large for a message and must go through S3 as a claim check."""
+    if isinstance(rows, np.ndarray):
+        blob = encode_npy(rows)
+        if len(blob) > MAX_INLINE_PAYLOAD:
+            return Payload(), blob
+        return Payload(npy=base64.b64encode(blob).decode("ascii")), None
+    if rows and isinstance(rows[0], bytes):
+        payload = Payload(b64=[base64.b64encode(r).decode("ascii") for r in rows])
+    else:
+        payload = Payload(strings=list(rows))  # type: ignore[arg-type]
+    size = len(payload.model_dump_json(exclude_none=True))
+    if size > MAX_INLINE_PAYLOAD:
+        return Payload(), payload.model_dump_json(exclude_none=True).encode()
+    return payload, None
+
+
+def decode_rows(payload: Payload, claimed: bytes | None = None) -> Rows:
+    """Rows of a message; ``claimed`` is the S3 object's bytes when the payload is a claim check."""
+    if payload.s3_key is not None:
+        if claimed is None:
+            raise MalformedMessage("claim-check payload without its object")
+        if claimed[:6] == b"\x93NUMPY":
+            return decode_npy(claimed)
+        try:
+            payload = Payload.model_validate_json(claimed)
+        except ValidationError as e:
+            raise MalformedMessage("claim-check object is neither .npy nor a payload") from e
+    if payload.npy is not None:
+        try:
+            return decode_npy(base64.b64decode(payload.npy, validate=True))
+        except ValueError as e:
+            raise MalformedMessage("npy payload is not base64") from e
+    if payload.strings is not None:
+        return payload.strings
+    if payload.b64 is not None:
+        try:
+            return [base64.b64decode(s, validate=True) for s in payload.b64]
+        except ValueError as e:
+            raise MalformedMessage("bytes payload is not base64") from e
+    raise MalformedMessage("message payload is empty")
+
+
+class Reply(BaseModel):
+    """A model's answer to one query message: one output per row, or an error that explains why not."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    query_id: int
+    model: str
+    version: str
+    outputs: list[Any] | None = None
+    error: str | None = None
+    error_kind: Literal["endpoint", "invalid", "expired"] | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.outputs is not None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+    @classmethod
+    def from_json(cls, body: str | bytes) -> Reply:
+        try:
+            return cls.model_validate_json(body)
+        except ValidationError as e:
+            raise MalformedMessage(f"not a reply: {e.errors()[0]}") from e
+
+
+def output_value(value: Any) -> Any:
+    """A model output as Clipper returns it: a scalar as is, a vector as a list."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+__all__ = ["MAX_INLINE_PAYLOAD", "Payload", "QueryMessage", "Reply", "decode_rows", "encode_rows"]

@@ -1,0 +1,126 @@
+"""Validation of query input against an application's input type and shape.
+
+Every rejection raises :class:`InvalidInput` naming the field (``input``, ``input_batch[3]``) and the
+expectation, so a client can fix the call; nothing invalid ever reaches a model.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from clipper.core.domain import Application, InputType
+from clipper.errors import InvalidInput
+
+Rows = np.ndarray | list[str] | list[bytes]
+
+DEFAULT_MAX_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class QueryInput:
+    """Validated input of one request: ``rows`` holds one entry per input, ``batch`` says which shape
+    the client used (``input_batch`` answers with ``batch_predictions``)."""
+
+    rows: Rows
+    batch: bool
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _numeric_row(app: Application, value: Any, field: str) -> np.ndarray:
+    kind_text = {
+        InputType.INTEGERS: "a list of integers",
+        InputType.FLOATS: "a list of finite floats",
+        InputType.DOUBLES: "a list of finite doubles",
+    }[app.input_type]
+    if not isinstance(value, list):
+        raise InvalidInput(field, kind_text, type(value).__name__)
+    try:
+        arr = np.asarray(value)
+    except ValueError as e:  # ragged nesting
+        raise InvalidInput(field, kind_text + " of a regular shape", "a ragged list") from e
+    if arr.dtype.kind == "b" or arr.dtype.kind not in "iuf":
+        raise InvalidInput(field, kind_text, "non-numeric values")
+    if app.input_type is InputType.INTEGERS:
+        if arr.dtype.kind == "f":
+            raise InvalidInput(field, kind_text, "non-integer values")
+        info = np.iinfo(np.int32)
+        if arr.size and (arr.min() < info.min or arr.max() > info.max):
+            raise InvalidInput(field, "integers within the 32-bit range", "an out-of-range value")
+    arr = arr.astype(app.input_type.numpy_dtype, copy=False)
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise InvalidInput(field, kind_text + " (no NaN or infinity, within range)", "a non-finite value")
+    if app.input_shape is not None:
+        shape = app.input_shape
+        if arr.shape != shape:
+            if arr.ndim == 1 and arr.size == math.prod(shape):
+                arr = arr.reshape(shape)
+            else:
+                raise InvalidInput(
+                    field,
+                    f"shape {_shape_text(shape)} (or {math.prod(shape)} flat values)",
+                    f"shape {_shape_text(arr.shape)}",
+                )
+    else:
+        if arr.ndim != 1:
+            raise InvalidInput(field, "a flat list of values", f"shape {_shape_text(arr.shape)}")
+        if arr.size == 0:
+            raise InvalidInput(field, "a non-empty list of values", "an empty list")
+    return arr
+
+
+def _text_row(app: Application, value: Any, field: str) -> str | bytes:
+    if app.input_type is InputType.STRINGS:
+        if not isinstance(value, str):
+            raise InvalidInput(field, "a string", type(value).__name__)
+        return value
+    if not isinstance(value, str):
+        raise InvalidInput(field, "a base64-encoded string of bytes", type(value).__name__)
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InvalidInput(field, "a base64-encoded string of bytes", "invalid base64") from e
+
+
+def validate_query(app: Application, body: Any, max_batch: int = DEFAULT_MAX_BATCH) -> QueryInput:
+    """Check a predict request body (``{"input": x}`` or ``{"input_batch": [x, ...]}``) for ``app``."""
+    if not isinstance(body, dict):
+        raise InvalidInput("body", 'a JSON object with "input" or "input_batch"', type(body).__name__)
+    has_one, has_batch = "input" in body, "input_batch" in body
+    if has_one == has_batch:
+        raise InvalidInput("body", 'exactly one of "input" or "input_batch"')
+    if has_one:
+        values, fields = [body["input"]], ["input"]
+    else:
+        batch = body["input_batch"]
+        if not isinstance(batch, list):
+            raise InvalidInput("input_batch", "a list of inputs", type(batch).__name__)
+        if not batch:
+            raise InvalidInput("input_batch", "at least one input", "an empty list")
+        if len(batch) > max_batch:
+            raise InvalidInput("input_batch", f"at most {max_batch} inputs", f"{len(batch)}")
+        values, fields = batch, [f"input_batch[{i}]" for i in range(len(batch))]
+
+    if app.input_type.numeric:
+        arrays = [_numeric_row(app, v, f) for v, f in zip(values, fields, strict=True)]
+        first = arrays[0].shape
+        for arr, f in zip(arrays, fields, strict=True):
+            if arr.shape != first:
+                raise InvalidInput(
+                    f, f"shape {_shape_text(first)} like the first input", _shape_text(arr.shape)
+                )
+        return QueryInput(rows=np.stack(arrays), batch=not has_one)
+    rows = [_text_row(app, v, f) for v, f in zip(values, fields, strict=True)]
+    return QueryInput(rows=rows, batch=not has_one)  # type: ignore[arg-type]

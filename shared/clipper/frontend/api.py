@@ -1,0 +1,101 @@
+"""The frontend's HTTP face: Clipper's query routes as a FastAPI app.
+
+Bodies are parsed here rather than by FastAPI so that every rejection carries Clipper's error body
+(``{"error": ..., "cause": ...}``) with a cause naming the field; the OpenAPI document still describes
+the request and response shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
+from clipper.frontend.query import QueryProcessor
+
+
+class PredictRequest(BaseModel):
+    """Exactly one of ``input`` and ``input_batch``."""
+
+    input: list[Any] | str | None = Field(
+        None, description="One input: a list of numbers (integers/floats/doubles), a string, or base64 bytes"
+    )
+    input_batch: list[list[Any] | str] | None = Field(None, description="Several inputs, answered in order")
+
+
+class PredictionBody(BaseModel):
+    query_id: int
+    output: Any
+    default: bool
+    default_explanation: str | None = Field(None, description="Why the default output was returned")
+
+
+class BatchPredictionBody(BaseModel):
+    batch_predictions: list[PredictionBody]
+
+
+class ErrorBody(BaseModel):
+    error: str
+    cause: str
+
+
+def _error(status: int, error: str, cause: str) -> JSONResponse:
+    return JSONResponse({"error": error, "cause": cause}, status_code=status)
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in {"1", "true", "yes"}
+
+
+def create_app(processor: QueryProcessor, max_body_bytes: int, title: str = "Clipper query API") -> FastAPI:
+    app = FastAPI(title=title, version="1", description="Clipper's prediction API, served on AWS Lambda.")
+
+    @app.get("/health", tags=["ops"])
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post(
+        "/{app_name}/predict",
+        tags=["query"],
+        response_model=PredictionBody | BatchPredictionBody,
+        response_model_exclude_none=True,
+        responses={400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 413: {"model": ErrorBody}},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": PredictRequest.model_json_schema()}},
+            }
+        },
+        summary="Predict with an application's models",
+    )
+    async def predict(app_name: str, request: Request) -> Any:
+        """Clipper's query: ``{"input": [...]}`` answers ``{"query_id", "output", "default"}``;
+        ``{"input_batch": [[...], ...]}`` answers ``{"batch_predictions": [...]}`` in order. Add
+        ``?debug=true`` (or the header ``X-Clipper-Debug: 1``) for the model and per-stage timings."""
+        raw = await request.body()
+        if len(raw) > max_body_bytes:
+            e = PayloadTooLarge("body", f"at most {max_body_bytes} bytes", f"{len(raw)} bytes")
+            return _error(413, "payload too large", str(e))
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            return _error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
+        debug = _truthy(request.query_params.get("debug")) or _truthy(request.headers.get("x-clipper-debug"))
+        try:
+            result = await run_in_threadpool(processor.predict, app_name, body)
+        except NotFound as e:
+            return _error(404, "unknown application", str(e))
+        except InvalidInput as e:
+            return _error(400, "invalid input", str(e))
+        except Unavailable as e:
+            return _error(503, "service unavailable", str(e))
+        except ClipperError as e:
+            return _error(500, "internal error", str(e))
+        return JSONResponse(result.as_dict(debug))
+
+    return app

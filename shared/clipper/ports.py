@@ -1,0 +1,62 @@
+"""Ports: the narrow interfaces the core calls. Adapters in ``clipper.adapters`` implement them."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from clipper.core.domain import Application, ModelVersion
+from clipper.core.messages import Reply
+from clipper.core.validation import Rows
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Wall-clock seconds since the epoch (deadlines cross machines, so they are wall-clock)."""
+        ...
+
+
+class RequestQueue(Protocol):
+    def send(self, queue_url: str, body: str) -> None: ...
+
+
+class ClaimStore(Protocol):
+    """Holds inputs too large for a queue message (the claim-check pattern)."""
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+
+class ReplyChannel(Protocol):
+    def publish(self, reply_to: str, reply: Reply) -> bool:
+        """Deliver a reply. A successful reply is delivered once per (reply_to, model): a duplicate
+        returns False and changes nothing. Error replies are always delivered."""
+        ...
+
+    def answered(self, reply_to: str, model: str) -> bool:
+        """Whether a successful reply for this model was already delivered."""
+        ...
+
+    def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:
+        """Replies that arrive within ``timeout_s``; returns early once ``expected`` have arrived."""
+        ...
+
+
+class Registry(Protocol):
+    def get_app(self, name: str) -> Application: ...
+
+    def linked_models(self, app: str) -> list[str]: ...
+
+    def active_version(self, model: str) -> ModelVersion: ...
+
+    def get_version(self, model: str, version: str) -> ModelVersion: ...
+
+
+class ModelEndpoint(Protocol):
+    def predict(self, rows: Rows) -> list[Any]:
+        """Exactly one output per row, or raise ``EndpointError`` for the whole batch."""
+        ...
+
+
+class EndpointResolver(Protocol):
+    def endpoint_for(self, model: str, version: str) -> ModelEndpoint: ...

@@ -1,0 +1,31 @@
+"""Settings of each function, from the environment, validated once at cold start.
+
+A bad value fails initialisation with a message naming the variable (pydantic-settings does that)."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLIPPER_", extra="ignore")
+
+    registry_table: str = Field(min_length=3)
+    replies_table: str = Field(min_length=3)
+    model_bucket: str = ""
+    redis_url: str = Field("", validation_alias=AliasChoices("REDIS_URL", "CLIPPER_REDIS_URL"))
+    reply_ttl_s: int = Field(300, ge=10)
+    aws_endpoint_url: str = Field("", validation_alias=AliasChoices("AWS_ENDPOINT_URL"))
+
+
+class FrontendSettings(CommonSettings):
+    config_ttl_s: float = Field(2.0, ge=0)
+    max_body_bytes: int = Field(5 * 1024 * 1024, ge=1024)
+    max_batch: int = Field(1000, ge=1)
+    reply_poll_interval_s: float = Field(0.01, gt=0)
+
+
+class BatcherSettings(CommonSettings):
+    config_ttl_s: float = Field(10.0, ge=0)
+    endpoint_timeout_s: float = Field(25.0, gt=0)
