@@ -1,0 +1,141 @@
+"""In-memory fakes of the ports, for unit tests that assert end states rather than calls."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from clipper.core.domain import Application, InputType, ModelVersion
+from clipper.core.messages import Reply
+from clipper.core.validation import Rows
+from clipper.errors import EndpointError, NotFound, Unavailable
+
+
+@dataclass
+class FakeClock:
+    t: float = 1_700_000_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class InMemoryRegistry:
+    apps: dict[str, Application] = field(default_factory=dict)
+    links: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    versions: dict[tuple[str, str], ModelVersion] = field(default_factory=dict)
+    active: dict[str, str] = field(default_factory=dict)
+    reads: int = 0
+
+    def get_app(self, name: str) -> Application:
+        self.reads += 1
+        if name not in self.apps:
+            raise NotFound("application", name)
+        return self.apps[name]
+
+    def linked_models(self, app: str) -> list[str]:
+        return list(self.links.get(app, []))
+
+    def active_version(self, model: str) -> ModelVersion:
+        if model not in self.active:
+            raise NotFound("model", model)
+        return self.versions[(model, self.active[model])]
+
+    def get_version(self, model: str, version: str) -> ModelVersion:
+        if (model, version) not in self.versions:
+            raise NotFound("model version", f"{model}:{version}")
+        return self.versions[(model, version)]
+
+
+@dataclass
+class InMemoryReplies:
+    lists: dict[str, list[Reply]] = field(default_factory=lambda: defaultdict(list))
+    done: set[tuple[str, str]] = field(default_factory=set)
+    down: bool = False
+
+    def publish(self, reply_to: str, reply: Reply) -> bool:
+        if self.down:
+            raise Unavailable("replies down")
+        if reply.ok:
+            if (reply_to, reply.model) in self.done:
+                return False
+            self.done.add((reply_to, reply.model))
+        self.lists[reply_to].append(reply)
+        return True
+
+    def answered(self, reply_to: str, model: str) -> bool:
+        return (reply_to, model) in self.done
+
+    def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:
+        got = self.lists.get(reply_to, [])[:expected]
+        self.lists[reply_to] = self.lists.get(reply_to, [])[expected:]
+        return got
+
+
+@dataclass
+class FakeEndpoint:
+    """Predicts the index of the largest value of each row (or the length of a string)."""
+
+    calls: list[int] = field(default_factory=list)
+    fail_with: str | None = None
+    wrong_count: bool = False
+
+    def predict(self, rows: Rows) -> list[Any]:
+        self.calls.append(len(rows))
+        if self.fail_with:
+            raise EndpointError(self.fail_with)
+        if isinstance(rows, np.ndarray):
+            out: list[Any] = rows.reshape(len(rows), -1).argmax(axis=1).tolist()
+        else:
+            out = [len(r) for r in rows]
+        return out[:-1] if self.wrong_count else out
+
+
+@dataclass
+class FakeResolver:
+    endpoint: FakeEndpoint
+
+    def endpoint_for(self, model: str, version: str) -> FakeEndpoint:
+        return self.endpoint
+
+
+@dataclass
+class ListQueue:
+    sent: list[tuple[str, str]] = field(default_factory=list)
+    down: bool = False
+
+    def send(self, queue_url: str, body: str) -> None:
+        if self.down:
+            raise Unavailable("sqs down")
+        self.sent.append((queue_url, body))
+
+
+def digits_app(**overrides: Any) -> Application:
+    values: dict[str, Any] = {
+        "name": "digits",
+        "input_type": InputType.FLOATS,
+        "default_output": "-1",
+        "latency_slo_micros": 100_000,
+        "input_shape": (64,),
+    }
+    values.update(overrides)
+    return Application(**values)
+
+
+def model_version(name: str = "mlp", version: str = "1", **overrides: Any) -> ModelVersion:
+    values: dict[str, Any] = {
+        "name": name,
+        "version": version,
+        "input_type": InputType.FLOATS,
+        "queue_url": f"https://sqs.local/q-{name}",
+        "endpoint": "http://127.0.0.1:1",
+        "input_shape": (64,),
+    }
+    values.update(overrides)
+    return ModelVersion(**values)

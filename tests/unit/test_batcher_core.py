@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clipper.batching.core import Batcher, Inbound
+from clipper.core.domain import InputType
+from clipper.core.messages import QueryMessage, encode_rows
+from tests.fakes import FakeClock, FakeEndpoint, FakeResolver, InMemoryReplies
+
+pytestmark = pytest.mark.unit
+
+
+def message(qid: int, rows, clock: FakeClock, ttl_s: float = 0.1, model: str = "mlp") -> Inbound:
+    payload, _ = encode_rows(rows)
+    body = QueryMessage(
+        query_id=qid,
+        app="digits",
+        model=model,
+        version="1",
+        input_type=InputType.FLOATS,
+        rows=len(rows),
+        payload=payload,
+        deadline_ms=int((clock.now() + ttl_s) * 1000),
+        sent_ms=int(clock.now() * 1000),
+        reply_to=str(qid),
+    ).to_json()
+    return Inbound(message_id=f"m{qid}", body=body)
+
+
+def one_hot(i: int, n: int = 1) -> np.ndarray:
+    rows = np.zeros((n, 64), dtype=np.float32)
+    rows[:, i] = 1
+    return rows
+
+
+@pytest.fixture
+def setup():
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
+    return clock, endpoint, replies, Batcher(FakeResolver(endpoint), replies, clock)
+
+
+def test_one_endpoint_call_per_batch_and_one_reply_per_message(setup):
+    clock, endpoint, replies, batcher = setup
+    msgs = [message(i, one_hot(i, n=1 + i % 2), clock) for i in range(1, 6)]
+    report = batcher.process(msgs)
+    assert endpoint.calls == [sum(1 + i % 2 for i in range(1, 6))]
+    assert report.answered == 5 and report.failed == []
+    for i in range(1, 6):
+        (reply,) = replies.lists[str(i)]
+        assert reply.outputs == [i] * (1 + i % 2)
+        assert reply.timings["batch_size"] == 8
+
+
+def test_expired_message_is_dropped_without_calling_the_model(setup):
+    clock, endpoint, replies, batcher = setup
+    old = message(1, one_hot(1), clock, ttl_s=0.05)
+    clock.advance(0.06)
+    fresh = message(2, one_hot(2), clock)
+    report = batcher.process([old, fresh])
+    assert report.expired == 1 and report.answered == 1
+    assert endpoint.calls == [1]
+    assert "1" not in replies.lists
+
+
+def test_all_expired_means_no_model_call(setup):
+    clock, endpoint, _, batcher = setup
+    old = message(1, one_hot(1), clock, ttl_s=0.01)
+    clock.advance(1)
+    assert batcher.process([old]).expired == 1
+    assert endpoint.calls == []
+
+
+def test_duplicate_delivery_produces_one_answer(setup):
+    clock, endpoint, replies, batcher = setup
+    m = message(1, one_hot(3), clock)
+    first = batcher.process([m, m])  # twice in the same receive
+    second = batcher.process([m])  # and redelivered later
+    assert first.answered == 1 and first.duplicates == 1 and second.duplicates == 1
+    assert endpoint.calls == [1]
+    assert len(replies.lists["1"]) == 1
+
+
+def test_endpoint_failure_fails_every_member_with_an_explained_reply(setup):
+    clock, endpoint, replies, batcher = setup
+    endpoint.fail_with = "CUDA out of memory"
+    report = batcher.process([message(1, one_hot(1), clock), message(2, one_hot(2), clock)])
+    assert sorted(report.failed) == ["m1", "m2"] and report.answered == 0
+    for q in ("1", "2"):
+        (reply,) = replies.lists[q]
+        assert not reply.ok and reply.error_kind == "endpoint" and "CUDA out of memory" in reply.error
+    # a retry after the endpoint recovers answers normally
+    endpoint.fail_with = None
+    assert batcher.process([message(1, one_hot(1), clock)]).answered == 1
+
+
+def test_wrong_output_count_fails_the_whole_batch(setup):
+    clock, endpoint, replies, batcher = setup
+    endpoint.wrong_count = True
+    report = batcher.process([message(1, one_hot(1), clock), message(2, one_hot(2), clock)])
+    assert sorted(report.failed) == ["m1", "m2"]
+    assert all("2 inputs" in replies.lists[q][0].error for q in ("1", "2"))
+
+
+def test_one_bad_record_never_fails_the_others(setup):
+    clock, endpoint, replies, batcher = setup
+    bad = Inbound("poison", '{"not": "a query"}')
+    report = batcher.process([bad, message(1, one_hot(4), clock)])
+    assert report.failed == ["poison"] and report.answered == 1
+    assert replies.lists["1"][0].outputs == [4]
+
+
+def test_rows_of_different_shapes_and_models_are_separate_calls(setup):
+    clock, endpoint, _, batcher = setup
+    a = message(1, one_hot(1), clock)
+    b = message(2, np.ones((1, 8), dtype=np.float32), clock)
+    c = message(3, one_hot(2), clock, model="logreg")
+    report = batcher.process([a, b, c])
+    assert report.answered == 3 and sorted(endpoint.calls) == [1, 1, 1]
+
+
+def test_reply_channel_down_fails_messages_for_retry(setup):
+    clock, _, replies, batcher = setup
+    replies.down = True
+    assert batcher.process([message(1, one_hot(1), clock)]).failed == ["m1"]

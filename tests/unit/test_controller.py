@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clipper.batching.controller import AimdController, FixedController
+
+pytestmark = pytest.mark.unit
+
+latencies = st.lists(st.floats(min_value=0, max_value=1.0, allow_nan=False), max_size=200)
+
+
+@given(latencies, st.integers(min_value=1, max_value=512))
+def test_size_stays_within_bounds(observations, upper):
+    c = AimdController(slo_s=0.02, upper=upper)
+    for latency in observations:
+        c.observe(c.max_batch_size(), latency)
+        assert 1 <= c.max_batch_size() <= upper
+
+
+@given(st.integers(min_value=1, max_value=100))
+def test_grows_by_two_while_under_the_slo(steps):
+    c = AimdController(slo_s=0.02, upper=10_000)
+    for _ in range(steps):
+        c.observe(c.max_batch_size(), 0.001)
+    assert c.max_batch_size() == 1 + 2 * steps
+
+
+@given(st.floats(min_value=2, max_value=500), st.floats(min_value=0.02, max_value=5))
+def test_backs_off_after_a_missed_slo(start, latency):
+    c = AimdController(slo_s=0.02, size=start, upper=1000)
+    before = c.size
+    c.observe(c.max_batch_size(), latency)
+    assert c.size == pytest.approx(max(1.0, before * 0.9))
+
+
+def test_holds_between_ninety_percent_and_the_slo():
+    c = AimdController(slo_s=0.02, size=10)
+    c.observe(10, 0.019)
+    assert c.max_batch_size() == 10
+
+
+def test_small_batches_do_not_grow_the_size():
+    c = AimdController(slo_s=0.02, size=10)
+    c.observe(3, 0.001)
+    assert c.max_batch_size() == 10
+
+
+def test_fixed_controller_never_adapts():
+    c = FixedController(8)
+    c.observe(8, 10.0)
+    assert c.max_batch_size() == 8
+    with pytest.raises(ValueError):
+        FixedController(0)

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clipper.core.domain import InputType
+from clipper.core.messages import MAX_INLINE_PAYLOAD, QueryMessage, Reply, decode_rows, encode_rows
+from clipper.errors import MalformedMessage
+
+pytestmark = pytest.mark.unit
+
+
+def _message(payload, rows):
+    return QueryMessage(
+        query_id=7,
+        app="digits",
+        model="mlp",
+        version="1",
+        input_type=InputType.FLOATS,
+        rows=rows,
+        payload=payload,
+        deadline_ms=10,
+        sent_ms=1,
+        reply_to="7",
+    )
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        np.arange(128, dtype=np.float32).reshape(2, 64),
+        np.arange(6, dtype=np.int32).reshape(1, 2, 3),
+        ["hello", "wörld"],
+        [b"\x00\xff", b""],
+    ],
+)
+def test_rows_round_trip_through_a_message(rows):
+    payload, blob = encode_rows(rows)
+    assert blob is None
+    back = QueryMessage.from_json(_message(payload, len(rows)).to_json())
+    decoded = decode_rows(back.payload)
+    if isinstance(rows, np.ndarray):
+        assert decoded.dtype == rows.dtype and np.array_equal(decoded, rows)
+    else:
+        assert decoded == rows
+
+
+def test_large_numeric_input_becomes_a_claim_check():
+    rows = np.zeros((1, MAX_INLINE_PAYLOAD // 4 + 10), dtype=np.float32)
+    payload, blob = encode_rows(rows)
+    assert blob is not None and payload.npy is None
+    payload.s3_key = "claims/1"
+    assert np.array_equal(decode_rows(payload, blob), rows)
+    with pytest.raises(MalformedMessage):
+        decode_rows(payload, None)
+
+
+def test_large_string_input_becomes_a_claim_check():
+    rows = ["x" * (MAX_INLINE_PAYLOAD + 1)]
+    payload, blob = encode_rows(rows)
+    assert blob is not None
+    payload.s3_key = "claims/2"
+    assert decode_rows(payload, blob) == rows
+
+
+@pytest.mark.parametrize("body", ["", "{}", "not json", '{"v": 2}', '{"query_id": "x"}'])
+def test_malformed_messages_are_rejected(body):
+    with pytest.raises(MalformedMessage):
+        QueryMessage.from_json(body)
+
+
+def test_pickled_or_foreign_tensors_are_rejected():
+    import base64
+
+    from clipper.core.messages import Payload
+
+    with pytest.raises(MalformedMessage):
+        decode_rows(Payload(npy=base64.b64encode(b"garbage").decode()))
+    with pytest.raises(MalformedMessage):
+        decode_rows(Payload())
+
+
+def test_reply_round_trip():
+    r = Reply(query_id=1, model="m", version="1", outputs=[3, 4], timings={"inference_ms": 1.5})
+    assert Reply.from_json(r.to_json()) == r and r.ok
+    e = Reply(query_id=1, model="m", version="1", error="boom", error_kind="endpoint")
+    assert not Reply.from_json(e.to_json()).ok

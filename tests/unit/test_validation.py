@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from clipper.core.domain import InputType
+from clipper.core.validation import validate_query
+from clipper.errors import InvalidInput
+from tests.fakes import digits_app
+
+pytestmark = pytest.mark.unit
+
+
+def test_single_float_input_is_reshaped_and_cast():
+    q = validate_query(digits_app(), {"input": list(range(64))})
+    assert not q.batch and q.count == 1
+    assert q.rows.dtype == np.float32 and q.rows.shape == (1, 64)
+
+
+def test_batch_keeps_order():
+    batch = [[float(i)] * 64 for i in range(5)]
+    q = validate_query(digits_app(), {"input_batch": batch})
+    assert q.batch and q.count == 5
+    assert q.rows[:, 0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_nested_input_matching_shape_is_accepted():
+    app = digits_app(input_shape=(2, 3))
+    q = validate_query(app, {"input": [[1, 2, 3], [4, 5, 6]]})
+    assert q.rows.shape == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"input": [1.0] * 63}, "input", "shape [64]"),
+        ({"input": [1.0] * 65}, "input", "shape [64]"),
+        ({"input": "abc"}, "input", "list of finite floats"),
+        ({"input": [1.0] * 63 + ["x"]}, "input", "non-numeric"),
+        ({"input": [1.0] * 63 + [True]}, "input", "non-numeric"),
+        ({"input": [1.0] * 63 + [float("nan")]}, "input", "NaN"),
+        ({"input": [1.0] * 63 + [float("inf")]}, "input", "NaN"),
+        ({"input": [1.0] * 63 + [1e300]}, "input", "within range"),
+        ({"input": [[1.0], [1.0, 2.0]]}, "input", "regular shape"),
+        ({"input_batch": []}, "input_batch", "at least one input"),
+        ({"input_batch": "x"}, "input_batch", "a list of inputs"),
+        ({"input_batch": [[1.0] * 64, [1.0] * 3]}, "input_batch[1]", "shape [64]"),
+        ({}, "body", "exactly one of"),
+        ({"input": [1.0] * 64, "input_batch": [[1.0] * 64]}, "body", "exactly one of"),
+        ([1, 2], "body", "JSON object"),
+    ],
+)
+def test_bad_input_names_field_and_expectation(body, field, words):
+    with pytest.raises(InvalidInput) as e:
+        validate_query(digits_app(), body)
+    assert e.value.field == field
+    assert words in str(e.value)
+
+
+def test_batch_limit():
+    with pytest.raises(InvalidInput, match="at most 3 inputs"):
+        validate_query(digits_app(), {"input_batch": [[0.0] * 64] * 4}, max_batch=3)
+
+
+def test_integers_reject_fractions_and_overflow():
+    app = digits_app(input_type=InputType.INTEGERS, input_shape=None)
+    assert validate_query(app, {"input": [1, 2, 3]}).rows.dtype == np.int32
+    with pytest.raises(InvalidInput, match="non-integer"):
+        validate_query(app, {"input": [1.5, 2]})
+    with pytest.raises(InvalidInput, match="32-bit"):
+        validate_query(app, {"input": [2**40]})
+
+
+def test_unshaped_numeric_requires_flat_non_empty_and_equal_lengths_in_a_batch():
+    app = digits_app(input_type=InputType.DOUBLES, input_shape=None)
+    assert validate_query(app, {"input": [1.0, 2.0]}).rows.dtype == np.float64
+    with pytest.raises(InvalidInput, match="non-empty"):
+        validate_query(app, {"input": []})
+    with pytest.raises(InvalidInput, match="flat list"):
+        validate_query(app, {"input": [[1.0]]})
+    with pytest.raises(InvalidInput) as e:
+        validate_query(app, {"input_batch": [[1.0, 2.0], [1.0]]})
+    assert e.value.field == "input_batch[1]"
+
+
+def test_strings_and_bytes():
+    s_app = digits_app(input_type=InputType.STRINGS, input_shape=None)
+    assert validate_query(s_app, {"input_batch": ["a", "bc"]}).rows == ["a", "bc"]
+    with pytest.raises(InvalidInput, match="a string"):
+        validate_query(s_app, {"input": [1]})
+    b_app = digits_app(input_type=InputType.BYTES, input_shape=None)
+    data = base64.b64encode(b"\x00\x01").decode()
+    assert validate_query(b_app, {"input": data}).rows == [b"\x00\x01"]
+    with pytest.raises(InvalidInput, match="base64"):
+        validate_query(b_app, {"input": "not base64!"})
