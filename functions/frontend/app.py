@@ -24,7 +24,7 @@ processor = build_query_processor(
     s3=aws_client("s3"),
 )
 app = create_app(processor, settings.max_body_bytes)
-_asgi_handler = Mangum(app, lifespan="off")
+_asgi_handler = Mangum(app, lifespan="off", api_gateway_base_path=settings.api_base_path)
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)

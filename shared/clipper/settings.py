@@ -20,6 +20,7 @@ class CommonSettings(BaseSettings):
 
 
 class FrontendSettings(CommonSettings):
+    api_base_path: str = Field("/", pattern=r"^/")
     config_ttl_s: float = Field(2.0, ge=0)
     max_body_bytes: int = Field(5 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1000, ge=1)

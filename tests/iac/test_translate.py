@@ -1,0 +1,274 @@
+"""template.yaml translates offline into the CloudFormation the query path needs; code packaging."""
+
+from __future__ import annotations
+
+import io
+import re
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.local import cfn
+from tests.iac.conftest import MODEL_TEMPLATE, REPO_ROOT, SERVICE_TEMPLATE
+
+pytestmark = pytest.mark.iac
+
+
+@pytest.fixture(scope="module")
+def translated() -> dict[str, Any]:
+    return cfn.translate_sam(SERVICE_TEMPLATE)
+
+
+def of_type(template: dict[str, Any], rtype: str) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == rtype}
+
+
+def role_statements(template: dict[str, Any], function: str) -> list[dict[str, Any]]:
+    role = template["Resources"][f"{function}Role"]["Properties"]
+    return [s for p in role["Policies"] for s in p["PolicyDocument"]["Statement"]]
+
+
+def test_no_serverless_resource_survives(translated: dict[str, Any]) -> None:
+    types = {r["Type"] for r in translated["Resources"].values()}
+
+    assert not [t for t in types if t.startswith("AWS::Serverless::")]
+    assert "Transform" not in translated
+
+
+def test_functions_have_handlers_runtime_layer_and_local_code(translated: dict[str, Any]) -> None:
+    functions = of_type(translated, "AWS::Lambda::Function")
+    (layer_id,) = of_type(translated, "AWS::Lambda::LayerVersion")
+
+    assert set(functions) == {"FrontendFunction", "BatcherFunction"}
+    for name, folder in [("FrontendFunction", "functions/frontend"), ("BatcherFunction", "functions/batcher")]:
+        props = functions[name]["Properties"]
+        assert props["Handler"] == "app.handler"
+        assert props["Runtime"] == "python3.12"
+        assert props["Architectures"] == ["x86_64"]
+        assert props["TracingConfig"] == {"Mode": "Active"}
+        assert props["Layers"] == [{"Ref": layer_id}]
+        assert props["Code"] == {"S3Bucket": cfn.LOCAL_CODE_BUCKET, "S3Key": folder}
+        env = props["Environment"]["Variables"]
+        assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Clipper"
+        assert env["CLIPPER_REPLIES_TABLE"] == {"Ref": "RepliesTable"}
+        assert env["CLIPPER_REGISTRY_TABLE"] == {"Ref": "RegistryTable"}
+        assert env["CLIPPER_MODEL_BUCKET"] == {"Ref": "ModelBucket"}
+        assert env["REDIS_URL"] == {"Ref": "RedisUrl"}
+        assert env["CLIPPER_CONFIG_TTL_S"] == {"Ref": "ConfigTtlSeconds"}
+    assert functions["FrontendFunction"]["Properties"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"] == (
+        "clipper-frontend"
+    )
+
+
+def test_shared_layer_comes_from_the_shared_folder(translated: dict[str, Any]) -> None:
+    ((_, layer),) = of_type(translated, "AWS::Lambda::LayerVersion").items()
+
+    assert layer["Properties"]["Content"] == {"S3Bucket": cfn.LOCAL_CODE_BUCKET, "S3Key": "shared"}
+    assert layer["Properties"]["CompatibleRuntimes"] == ["python3.12"]
+    assert translated["Outputs"]["SharedLayerArn"]["Value"] == {"Ref": layer_id_of(translated)}
+
+
+def layer_id_of(template: dict[str, Any]) -> str:
+    (layer_id,) = of_type(template, "AWS::Lambda::LayerVersion")
+    return layer_id
+
+
+def requirement_names(lines: list[str]) -> dict[str, str]:
+    """{normalised name: version specifier} of requirement lines."""
+    found = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            match = re.fullmatch(r"([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*(.*)", line)
+            assert match, line
+            found[match[1].lower().replace("_", "-")] = match[3]
+    return found
+
+
+def test_layer_requirements_are_the_runtime_dependencies_less_boto3() -> None:
+    layer = requirement_names((REPO_ROOT / "shared" / "requirements.txt").read_text().splitlines())
+    project = requirement_names(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+    assert "boto3" not in layer and "botocore" not in layer
+    assert set(layer) == set(project) - {"boto3"}
+    assert all(spec.startswith(">=") for spec in layer.values())
+
+
+def test_tables_keys_ttl_and_pitr(translated: dict[str, Any]) -> None:
+    registry = translated["Resources"]["RegistryTable"]["Properties"]
+    replies = translated["Resources"]["RepliesTable"]["Properties"]
+
+    assert registry["KeySchema"] == [
+        {"AttributeName": "pk", "KeyType": "HASH"},
+        {"AttributeName": "sk", "KeyType": "RANGE"},
+    ]
+    assert registry["BillingMode"] == "PAY_PER_REQUEST"
+    assert registry["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert replies["KeySchema"] == [
+        {"AttributeName": "query_id", "KeyType": "HASH"},
+        {"AttributeName": "model", "KeyType": "RANGE"},
+    ]
+    assert replies["BillingMode"] == "PAY_PER_REQUEST"
+    assert replies["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+
+
+def test_bucket_is_versioned_encrypted_and_private(translated: dict[str, Any]) -> None:
+    bucket = translated["Resources"]["ModelBucket"]["Properties"]
+
+    assert bucket["VersioningConfiguration"] == {"Status": "Enabled"}
+    (rule,) = bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    assert set(bucket["PublicAccessBlockConfiguration"].values()) == {True}
+    assert len(bucket["PublicAccessBlockConfiguration"]) == 4
+
+
+def test_http_api_has_exactly_the_query_routes(translated: dict[str, Any]) -> None:
+    (api,) = of_type(translated, "AWS::ApiGatewayV2::Api").values()
+    paths = api["Properties"]["Body"]["paths"]
+
+    assert {(path, method) for path, methods in paths.items() for method in methods} == {
+        ("/{app}/predict", "post"),
+        ("/health", "get"),
+    }
+    (stage,) = of_type(translated, "AWS::ApiGatewayV2::Stage").values()
+    assert stage["Properties"]["StageName"] == {"Ref": "StageName"}
+
+
+def test_reserved_concurrency_is_unset_unless_given(translated: dict[str, Any]) -> None:
+    reserved = translated["Resources"]["FrontendFunction"]["Properties"]["ReservedConcurrentExecutions"]
+
+    assert reserved == {
+        "Fn::If": ["HasFrontendReservedConcurrency", {"Ref": "FrontendReservedConcurrency"}, {"Ref": "AWS::NoValue"}]
+    }
+    assert translated["Parameters"]["FrontendReservedConcurrency"]["Default"] == ""
+
+
+def test_policies_are_scoped_to_this_stack(translated: dict[str, Any]) -> None:
+    frontend = role_statements(translated, "FrontendFunction")
+    batcher = role_statements(translated, "BatcherFunction")
+    queues = {"Fn::Sub": "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}-model-*"}
+
+    assert all(s["Resource"] != "*" for s in frontend + batcher)
+    send = next(s for s in frontend if "sqs:SendMessage" in s["Action"])
+    assert send["Resource"] == queues
+    consume = next(s for s in batcher if "sqs:ReceiveMessage" in s["Action"])
+    assert set(consume["Action"]) >= {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"}
+    assert consume["Resource"] == queues
+    invoke = next(s for s in batcher if s["Action"] == "sagemaker:InvokeEndpoint")
+    assert invoke["Resource"]["Fn::Sub"].endswith(":endpoint/${AWS::StackName}-*")
+    registry_actions = {
+        a for s in frontend if s["Resource"] == {"Fn::GetAtt": ["RegistryTable", "Arn"]} for a in s["Action"]
+    }
+    assert not {a for a in registry_actions if "Put" in a or "Update" in a or "Delete" in a}
+
+
+def test_queue_visibility_default_is_six_batcher_timeouts(translated: dict[str, Any]) -> None:
+    model = cfn.load_template(MODEL_TEMPLATE)
+
+    assert model["Parameters"]["VisibilityTimeoutSeconds"]["Default"] >= (
+        6 * translated["Parameters"]["BatcherTimeout"]["Default"]
+    )
+
+
+def test_translation_sets_a_region_only_for_its_own_duration(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+
+    translated = cfn.translate_sam(SERVICE_TEMPLATE)
+
+    assert "FrontendFunction" in translated["Resources"]
+    assert "AWS_DEFAULT_REGION" not in os.environ
+
+
+# --- packaging ------------------------------------------------------------------------------------------------
+
+
+class RecordingS3:
+    """Just enough of an S3 client for package_code: keeps what was put."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], bytes] = {}
+
+    def put_object(self, *, Bucket: str, Key: str, Body: bytes) -> dict[str, Any]:  # boto3 parameter names
+        self.objects[(Bucket, Key)] = Body
+        return {}
+
+
+def zip_names(body: bytes) -> set[str]:
+    with zipfile.ZipFile(io.BytesIO(body)) as archive:
+        return set(archive.namelist())
+
+
+@pytest.fixture
+def code_tree(tmp_path: Path) -> Path:
+    (tmp_path / "functions" / "frontend" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "functions" / "frontend" / "app.py").write_text("def handler(event, context):\n    return {}\n")
+    (tmp_path / "functions" / "frontend" / "__pycache__" / "app.cpython-312.pyc").write_bytes(b"\0")
+    (tmp_path / "shared" / "clipper").mkdir(parents=True)
+    (tmp_path / "shared" / "clipper" / "__init__.py").write_text("")
+    (tmp_path / "shared" / "clipper_serverless.egg-info").mkdir()
+    (tmp_path / "shared" / "clipper_serverless.egg-info" / "PKG-INFO").write_text("x")
+    return tmp_path
+
+
+def local_template() -> dict[str, Any]:
+    return {
+        "Resources": {
+            "Fn": {
+                "Type": "AWS::Lambda::Function",
+                "Properties": {"Code": {"S3Bucket": cfn.LOCAL_CODE_BUCKET, "S3Key": "functions/frontend"}},
+            },
+            "Layer": {
+                "Type": "AWS::Lambda::LayerVersion",
+                "Properties": {
+                    "Content": {"S3Bucket": cfn.LOCAL_CODE_BUCKET, "S3Key": "shared"},
+                    "CompatibleRuntimes": ["python3.12"],
+                },
+            },
+            "Remote": {
+                "Type": "AWS::Lambda::Function",
+                "Properties": {"Code": {"S3Bucket": "elsewhere", "S3Key": "x.zip"}},
+            },
+        }
+    }
+
+
+def test_package_code_uploads_local_folders_and_rewrites_locations(code_tree: Path) -> None:
+    s3 = RecordingS3()
+    template = local_template()
+
+    packaged = cfn.package_code(template, code_tree, s3, "artifacts")
+
+    fn_code = packaged["Resources"]["Fn"]["Properties"]["Code"]
+    layer_content = packaged["Resources"]["Layer"]["Properties"]["Content"]
+    assert fn_code["S3Bucket"] == layer_content["S3Bucket"] == "artifacts"
+    assert zip_names(s3.objects[("artifacts", fn_code["S3Key"])]) == {"app.py"}
+    assert zip_names(s3.objects[("artifacts", layer_content["S3Key"])]) == {"python/clipper/__init__.py"}
+    assert packaged["Resources"]["Remote"]["Properties"]["Code"] == {"S3Bucket": "elsewhere", "S3Key": "x.zip"}
+    assert template == local_template()  # the input is left alone
+
+
+def test_package_code_is_deterministic_and_handles_untranslated_sam(code_tree: Path) -> None:
+    s3 = RecordingS3()
+    sam = {
+        "Resources": {
+            "Fn": {"Type": "AWS::Serverless::Function", "Properties": {"CodeUri": "functions/frontend/"}},
+            "S3Fn": {"Type": "AWS::Serverless::Function", "Properties": {"CodeUri": "s3://b/k.zip"}},
+        }
+    }
+
+    first = cfn.package_code(local_template(), code_tree, s3, "artifacts")
+    second = cfn.package_code(sam, code_tree, s3, "artifacts")
+
+    key = first["Resources"]["Fn"]["Properties"]["Code"]["S3Key"]
+    assert second["Resources"]["Fn"]["Properties"]["CodeUri"] == {"Bucket": "artifacts", "Key": key}
+    assert second["Resources"]["S3Fn"]["Properties"]["CodeUri"] == "s3://b/k.zip"
+
+
+def test_package_code_names_a_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="functions/frontend"):
+        cfn.package_code(local_template(), tmp_path, RecordingS3(), "artifacts")
