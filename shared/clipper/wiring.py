@@ -43,7 +43,16 @@ def reply_channel(settings: CommonSettings, dynamodb: Any, poll_interval_s: floa
 
         from clipper.adapters.redis_replies import RedisReplyChannel
 
-        client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=35, socket_connect_timeout=2)
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+
+        # Few, short retries: a query's whole budget is its SLO, so a dead Redis must fail fast.
+        client: Any = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=35,
+            socket_connect_timeout=1,
+            retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 2),
+        )
         return RedisReplyChannel(client, ttl_s=settings.reply_ttl_s)
     return DynamoDBReplyChannel(dynamodb, settings.replies_table, settings.reply_ttl_s, poll_interval_s)
 

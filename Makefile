@@ -1,0 +1,61 @@
+# Clipper serverless: the two commands a user needs are `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8080
+MODELS := build/models
+
+.PHONY: help venv models run test test-unit test-integration test-iac test-e2e lint typecheck redis clean
+
+help:
+	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT))"
+	@echo "make test   - run the whole test suite (installs what it needs)"
+	@echo "make lint   - ruff + mypy"
+
+$(VENV)/.installed: pyproject.toml
+	@echo ">> creating $(VENV) and installing the project with its dev tools"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+$(MODELS)/manifest.json: $(VENV)/.installed infra/demo/train_models.py
+	$(PY) infra/demo/train_models.py --out $(MODELS)
+
+models: $(MODELS)/manifest.json
+
+# redis-server is a real dependency of the tests (reply channel, cache); install it when missing.
+redis:
+	@command -v redis-server >/dev/null || { \
+	  echo ">> installing redis-server"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
+	  else sudo apt-get update -qq && sudo apt-get install -y -qq redis-server; fi; }
+
+run: venv models
+	$(PY) infra/local/run.py --port $(PORT) --models $(MODELS)
+
+test: venv models redis
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+test-integration: venv redis
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+test-iac: venv
+	$(PY) -m pytest -m iac $(PYTEST_ARGS)
+
+test-e2e: venv models redis
+	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache .local-stack

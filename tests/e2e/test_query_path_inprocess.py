@@ -1,0 +1,108 @@
+"""The whole query path in one process: API Gateway HTTP API v2 events -> frontend handler (Mangum) ->
+SQS (moto) -> event source mapping -> batcher Lambda handler with real SQS events -> ONNX endpoint
+server (a real process) -> reply channel (real Redis, or DynamoDB in moto) -> response."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from clipper.core.domain import Application, InputType, ModelVersion
+from tests.events import LambdaContext, http_event
+
+pytestmark = pytest.mark.e2e
+
+
+def call(stack, method, path, body=None, query=""):
+    event = http_event(method, path, body, query)
+    resp = stack.frontend.handler(event, LambdaContext(function_name="frontend"))
+    return resp["statusCode"], json.loads(resp["body"])
+
+
+def queue_depth(stack, url):
+    attrs = stack.sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+
+
+def test_single_and_batch_predictions_come_from_the_model(stack):
+    status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[0].tolist()})
+    assert status == 200, body
+    assert body["default"] is False and body["output"] == int(stack.expected[0])
+    assert isinstance(body["query_id"], int)
+
+    status, body = call(stack, "POST", "/digits/predict", {"input_batch": stack.holdout_x[:10].tolist()})
+    assert status == 200
+    outputs = [p["output"] for p in body["batch_predictions"]]
+    assert outputs == [int(v) for v in stack.expected[:10]]
+    assert not any(p["default"] for p in body["batch_predictions"])
+
+
+def test_bad_requests_never_reach_the_queue(stack):
+    stack.esm.running.clear()
+    status, body = call(stack, "POST", "/nope/predict", {"input": [0.0] * 64})
+    assert status == 404 and "'nope'" in body["cause"]
+    status, body = call(stack, "POST", "/digits/predict", {"input": [0.0] * 10})
+    assert status == 400 and body["cause"].startswith("input: expected shape [64]")
+    status, body = call(stack, "POST", "/digits/predict", '{"input": [NaN' + ", 0" * 63 + "]}")
+    assert status == 400 and "NaN" in body["cause"]
+    assert queue_depth(stack, stack.queue_url) == 0
+
+
+def test_batcher_stopped_gives_the_default_by_the_slo(stack):
+    stack.registry.put_app(Application("digits", InputType.FLOATS, "-1", 300_000, (64,)), overwrite=True)
+    stack.esm.running.clear()
+    start = time.monotonic()
+    status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[0].tolist()})
+    elapsed = time.monotonic() - start
+    assert status == 200 and body["default"] is True and body["output"] == "-1"
+    assert "model mlp:1: timeout" in body["default_explanation"]
+    assert elapsed < 0.3 + 0.5  # answered at the deadline, not after waiting for the model
+    # the batcher, once back, drops the expired query without calling the model
+    stack.esm.running.set()
+    deadline = time.monotonic() + 10
+    while queue_depth(stack, stack.queue_url) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert queue_depth(stack, stack.queue_url) == 0 and queue_depth(stack, stack.dlq_url) == 0
+
+
+def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(stack):
+    dead = "http://127.0.0.1:9"  # discard port: nothing answers
+    stack.registry.put_version(
+        ModelVersion("mlp", "2", InputType.FLOATS, stack.queue_url, dead, (64,)), activate=True
+    )
+    status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[0].tolist()})
+    assert status == 200 and body["default"] is True
+    assert "model mlp:2: endpoint error" in body["default_explanation"]
+    assert "unreachable" in body["default_explanation"]
+    # retried by the mapping (maxReceiveCount 3), then moved to the dead-letter queue: nothing is lost
+    deadline = time.monotonic() + 20
+    while queue_depth(stack, stack.dlq_url) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert queue_depth(stack, stack.dlq_url) == 1
+    assert any(r["batchItemFailures"] for r in stack.esm.invocations)
+
+
+def test_duplicate_sqs_delivery_produces_one_answer(stack):
+    stack.registry.put_app(Application("digits", InputType.FLOATS, "-1", 200_000, (64,)), overwrite=True)
+    stack.esm.running.clear()
+    status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[1].tolist()}, "debug=1")
+    assert body["default"] is True  # nobody answered while the mapping was paused
+    assert body["debug"]["model"] == "mlp" and "enqueue" in body["debug"]["timings_ms"]
+    got = stack.sqs.receive_message(QueueUrl=stack.queue_url, MessageSystemAttributeNames=["All"])["Messages"]
+    assert len(got) == 1
+    # a fresh copy of the same query, with a future deadline, delivered twice in one event and again later
+    msg = json.loads(got[0]["Body"])
+    msg["deadline_ms"] = int((time.time() + 30) * 1000)
+    record = dict(got[0], Body=json.dumps(msg))
+    twice = [record, dict(record, MessageId="dup-1"), dict(record, MessageId="dup-2")]
+    from tests.events import sqs_event
+
+    first = stack.batcher.handler(sqs_event(twice[:2], stack.esm.arn), LambdaContext())
+    second = stack.batcher.handler(sqs_event(twice[2:], stack.esm.arn), LambdaContext())
+    assert first["batchItemFailures"] == [] and second["batchItemFailures"] == []
+    replies = stack.batcher.batcher._replies.wait(msg["reply_to"], 3, 0.3)
+    assert len(replies) == 1 and replies[0].ok

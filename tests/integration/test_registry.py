@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.core.domain import InputType
+from clipper.core.registry_cache import CachedRegistry
+from clipper.errors import Conflict, NotFound
+from tests.fakes import FakeClock, digits_app, model_version
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def registry(aws):
+    return DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+
+
+def test_app_links_and_versions_round_trip(registry):
+    registry.put_app(digits_app())
+    registry.link("digits", "mlp")
+    registry.link("digits", "logreg")
+    registry.put_version(model_version("mlp", "1"), activate=True)
+    registry.put_version(model_version("mlp", "2", labels=("canary",)))
+    app = registry.get_app("digits")
+    assert app == digits_app()
+    assert registry.linked_models("digits") == ["logreg", "mlp"]
+    assert registry.active_version("mlp").version == "1"
+    assert registry.get_version("mlp", "2").labels == ("canary",)
+    registry.set_active_version("mlp", "2")
+    assert registry.active_version("mlp").version == "2"
+
+
+def test_unshaped_app_and_not_found(registry):
+    registry.put_app(digits_app(name="text", input_type=InputType.STRINGS, input_shape=None))
+    assert registry.get_app("text").input_shape is None
+    with pytest.raises(NotFound, match="application 'nope'"):
+        registry.get_app("nope")
+    with pytest.raises(NotFound, match="model 'nope'"):
+        registry.active_version("nope")
+    registry.put_version(model_version("m", "1"), activate=True)
+    with pytest.raises(NotFound, match="m:9"):
+        registry.get_version("m", "9")
+
+
+def test_duplicate_app_is_a_conflict(registry):
+    registry.put_app(digits_app())
+    with pytest.raises(Conflict):
+        registry.put_app(digits_app(latency_slo_micros=5))
+    registry.put_app(digits_app(latency_slo_micros=5), overwrite=True)
+    assert registry.get_app("digits").latency_slo_micros == 5
+
+
+def test_cached_registry_refreshes_after_its_ttl(registry):
+    clock = FakeClock()
+    cached = CachedRegistry(registry, clock, ttl_s=2)
+    registry.put_version(model_version("mlp", "1"), activate=True)
+    registry.put_version(model_version("mlp", "2"))
+    assert cached.active_version("mlp").version == "1"
+    registry.set_active_version("mlp", "2")
+    assert cached.active_version("mlp").version == "1"  # within the refresh interval
+    clock.advance(2.1)
+    assert cached.active_version("mlp").version == "2"
+    with pytest.raises(NotFound):
+        cached.get_app("digits")
+    registry.put_app(digits_app())
+    with pytest.raises(NotFound):
+        cached.get_app("digits")  # the miss is cached too
+    clock.advance(2.1)
+    assert cached.get_app("digits").name == "digits"
