@@ -39,6 +39,10 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def _has_bool(value: list[Any]) -> bool:
+    return any(isinstance(v, bool) or (isinstance(v, list) and _has_bool(v)) for v in value)
+
+
 def _numeric_row(app: Application, value: Any, field: str) -> np.ndarray:
     kind_text = {
         InputType.INTEGERS: "a list of integers",
@@ -51,7 +55,7 @@ def _numeric_row(app: Application, value: Any, field: str) -> np.ndarray:
         arr = np.asarray(value)
     except ValueError as e:  # ragged nesting
         raise InvalidInput(field, kind_text + " of a regular shape", "a ragged list") from e
-    if arr.dtype.kind == "b" or arr.dtype.kind not in "iuf":
+    if arr.dtype.kind not in "iuf" or _has_bool(value):
         raise InvalidInput(field, kind_text, "non-numeric values")
     if app.input_type is InputType.INTEGERS:
         if arr.dtype.kind == "f":
@@ -59,7 +63,8 @@ def _numeric_row(app: Application, value: Any, field: str) -> np.ndarray:
         info = np.iinfo(np.int32)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
             raise InvalidInput(field, "integers within the 32-bit range", "an out-of-range value")
-    arr = arr.astype(app.input_type.numpy_dtype, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        arr = arr.astype(app.input_type.numpy_dtype, copy=False)
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise InvalidInput(field, kind_text + " (no NaN or infinity, within range)", "a non-finite value")
     if app.input_shape is not None:
