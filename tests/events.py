@@ -24,8 +24,14 @@ class LambdaContext:
         return 30_000
 
 
-def http_event(method: str, path: str, body: Any = None, query: str = "", headers: dict[str, str] | None = None,
-               route_key: str | None = None) -> dict[str, Any]:
+def http_event(
+    method: str,
+    path: str,
+    body: Any = None,
+    query: str = "",
+    headers: dict[str, str] | None = None,
+    route_key: str | None = None,
+) -> dict[str, Any]:
     event = json.loads((EVENTS / "predict.json").read_text())
     now = time.time()
     event["routeKey"] = route_key or f"{method} {path}"
@@ -51,13 +57,15 @@ def sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
     records = []
     for m in messages:
         r = json.loads(json.dumps(template))
-        r.update({
-            "messageId": m["MessageId"],
-            "receiptHandle": m["ReceiptHandle"],
-            "body": m["Body"],
-            "md5OfBody": hashlib.md5(m["Body"].encode()).hexdigest(),  # noqa: S324 (SQS's own checksum)
-            "eventSourceARN": queue_arn,
-        })
+        r.update(
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "md5OfBody": hashlib.md5(m["Body"].encode()).hexdigest(),
+                "eventSourceARN": queue_arn,
+            }
+        )
         r["attributes"].update(m.get("Attributes", {}))
         records.append(r)
     return {"Records": records}

@@ -36,8 +36,21 @@ def redis_url() -> Iterator[str]:
         pytest.fail("redis-server is not installed: run `make test` (it installs it) or apt-get install redis-server")
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--maxmemory",
+            "64mb",
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -62,8 +75,17 @@ def start_endpoint(model_path: str, port: int | None = None) -> tuple[subprocess
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "model-images" / "onnx-runtime"), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "clipper_endpoint", "--model-path", model_path, "--host", "127.0.0.1",
-         "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "clipper_endpoint",
+            "--model-path",
+            model_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

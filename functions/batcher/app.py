@@ -12,6 +12,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+
 from clipper.batching.core import Inbound
 from clipper.errors import ClipperError
 from clipper.settings import BatcherSettings
@@ -50,6 +51,4 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         if record.message_id in failed:
             raise MessageFailed(f"message {record.message_id} not answered")
 
-    return process_partial_response(
-        event=event, record_handler=record_handler, processor=processor, context=context
-    )
+    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -10,10 +10,11 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.logging import correlation_paths
+from mangum import Mangum
+
 from clipper.frontend.api import create_app
 from clipper.settings import FrontendSettings
 from clipper.wiring import aws_client, build_query_processor
-from mangum import Mangum
 
 logger = Logger(service="clipper-frontend")
 settings = FrontendSettings()  # type: ignore[call-arg]

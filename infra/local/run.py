@@ -114,8 +114,12 @@ class LocalStack:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/moto-api/", proc, "moto server")
         self.env["AWS_ENDPOINT_URL"] = url
-        os.environ.update({k: self.env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
-                                                     "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
+        os.environ.update(
+            {
+                k: self.env[k]
+                for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+            }
+        )
         log(f"moto server on {url}")
         return url
 
@@ -126,9 +130,24 @@ class LocalStack:
             self.env.pop("REDIS_URL", None)
             return
         port = free_port()
-        proc = self.spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                    "--appendonly", "no", "--maxmemory", "256mb",
-                                    "--maxmemory-policy", "allkeys-lru"])
+        proc = self.spawn(
+            "redis",
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--maxmemory",
+                "256mb",
+                "--maxmemory-policy",
+                "allkeys-lru",
+            ],
+        )
         end = time.monotonic() + 10
         while True:
             try:
@@ -160,16 +179,38 @@ class LocalStack:
         for m in models:
             port = free_port()
             path = str(Path(self.args.models) / m["path"])
-            proc = self.spawn(f"endpoint-{m['name']}", [sys.executable, "-m", "clipper_endpoint",
-                                                        "--model-path", path, "--host", "127.0.0.1",
-                                                        "--port", str(port)])
+            proc = self.spawn(
+                f"endpoint-{m['name']}",
+                [
+                    sys.executable,
+                    "-m",
+                    "clipper_endpoint",
+                    "--model-path",
+                    path,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                ],
+            )
             endpoints[m["name"]] = f"http://127.0.0.1:{port}"
             wait_http(endpoints[m["name"]] + "/ping", proc, f"endpoint server for {m['name']}")
-            self.spawn(f"batcher-{m['name']}", [sys.executable, "-m", "clipper.batching.longpoll",
-                                                "--queue-url", queues[m["name"]]["QueueUrl"],
-                                                "--endpoint-url", endpoints[m["name"]],
-                                                "--slo-ms", str(self.args.slo_ms / 2),
-                                                "--batch-wait-ms", "1"])
+            self.spawn(
+                f"batcher-{m['name']}",
+                [
+                    sys.executable,
+                    "-m",
+                    "clipper.batching.longpoll",
+                    "--queue-url",
+                    queues[m["name"]]["QueueUrl"],
+                    "--endpoint-url",
+                    endpoints[m["name"]],
+                    "--slo-ms",
+                    str(self.args.slo_ms / 2),
+                    "--batch-wait-ms",
+                    "1",
+                ],
+            )
             log(f"model {m['name']} (held-out accuracy {m['accuracy']:.3f}) served at {endpoints[m['name']]}")
         return endpoints
 
@@ -188,21 +229,43 @@ class LocalStack:
             registry.put_app(app, overwrite=True)
         for m in models:
             registry.put_version(
-                ModelVersion(m["name"], "1", InputType.FLOATS, queues[m["name"]]["QueueUrl"], endpoints[m["name"]],
-                             (64,), ("demo",)),
+                ModelVersion(
+                    m["name"],
+                    "1",
+                    InputType.FLOATS,
+                    queues[m["name"]]["QueueUrl"],
+                    endpoints[m["name"]],
+                    (64,),
+                    ("demo",),
+                ),
                 activate=True,
             )
         registry.link(DEMO_APP, DEMO_MODEL)
-        log(f"registered {len(models)} demo models; application '{DEMO_APP}' (SLO {self.args.slo_ms:g} ms) "
-            f"answers from '{DEMO_MODEL}'")
+        log(
+            f"registered {len(models)} demo models; application '{DEMO_APP}' (SLO {self.args.slo_ms:g} ms) "
+            f"answers from '{DEMO_MODEL}'"
+        )
 
     def start_frontend(self) -> str:
         port = self.args.port
         if not port_is_free(port):
             raise RuntimeError(f"port {port} is in use: set PORT to a free one (make run PORT=8081)")
-        proc = self.spawn("frontend", [sys.executable, "-m", "uvicorn", "functions.frontend.app:app",
-                                       "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
-                                       "--log-level", "warning"])
+        proc = self.spawn(
+            "frontend",
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "functions.frontend.app:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+        )
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", proc, "frontend")
         return url
@@ -233,17 +296,22 @@ class LocalStack:
         body = json.dumps({"input": sample})
         answer = self.query(url, body)
         log(f"sample query answered: {answer} (label {int(holdout['y'][0])})")
-        (self.state_dir / "env.json").write_text(json.dumps({k: v for k, v in self.env.items()
-                                                             if k.startswith(("CLIPPER_", "AWS_", "REDIS"))}))
-        print(f"\nClipper local stack ready: {url}  (logs in .local-stack/, Ctrl-C stops everything)\n"
-              f"  curl -s -X POST {url}/{DEMO_APP}/predict -H 'Content-Type: application/json' -d '{body}'\n"
-              f"  OpenAPI: {url}/docs\n", flush=True)
+        (self.state_dir / "env.json").write_text(
+            json.dumps({k: v for k, v in self.env.items() if k.startswith(("CLIPPER_", "AWS_", "REDIS"))})
+        )
+        print(
+            f"\nClipper local stack ready: {url}  (logs in .local-stack/, Ctrl-C stops everything)\n"
+            f"  curl -s -X POST {url}/{DEMO_APP}/predict -H 'Content-Type: application/json' -d '{body}'\n"
+            f"  OpenAPI: {url}/docs\n",
+            flush=True,
+        )
         return self.watch()
 
     @staticmethod
     def query(url: str, body: str) -> dict[str, Any]:
-        req = urllib.request.Request(f"{url}/{DEMO_APP}/predict", data=body.encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{url}/{DEMO_APP}/predict", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             result: dict[str, Any] = json.loads(r.read())
         return result

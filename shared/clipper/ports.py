@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from clipper.core.domain import Application, ModelVersion
@@ -17,6 +18,26 @@ class Clock(Protocol):
 
 class RequestQueue(Protocol):
     def send(self, queue_url: str, body: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    message_id: str
+    receipt_handle: str
+    body: str
+    receive_count: int = 1
+
+
+class QueueReader(Protocol):
+    """One model queue, as the long-poll driver consumes it."""
+
+    def receive(self, max_messages: int, wait_s: float) -> list[ReceivedMessage]: ...
+
+    def delete(self, receipt_handles: list[str]) -> None: ...
+
+    def release(self, receipt_handle: str, delay_s: int) -> None:
+        """Make a failed message visible again after ``delay_s`` seconds."""
+        ...
 
 
 class ClaimStore(Protocol):

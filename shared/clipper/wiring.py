@@ -40,11 +40,10 @@ def new_query_id() -> int:
 def reply_channel(settings: CommonSettings, dynamodb: Any, poll_interval_s: float = 0.01) -> ReplyChannel:
     if settings.redis_url:
         import redis
-
-        from clipper.adapters.redis_replies import RedisReplyChannel
-
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
+
+        from clipper.adapters.redis_replies import RedisReplyChannel
 
         # Few, short retries: a query's whole budget is its SLO, so a dead Redis must fail fast.
         client: Any = redis.Redis.from_url(
@@ -66,9 +65,7 @@ def build_query_processor(
     replies: ReplyChannel | None = None,
 ) -> QueryProcessor:
     clock = clock or SystemClock()
-    registry = CachedRegistry(
-        DynamoDBRegistry(dynamodb, settings.registry_table), clock, settings.config_ttl_s
-    )
+    registry = CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), clock, settings.config_ttl_s)
     return QueryProcessor(
         registry=registry,
         queue=SqsRequestQueue(sqs),
@@ -93,9 +90,7 @@ def build_batcher(
     from clipper.adapters.endpoints import EndpointFactory, RegistryEndpointResolver
 
     clock = clock or SystemClock()
-    registry = CachedRegistry(
-        DynamoDBRegistry(dynamodb, settings.registry_table), clock, settings.config_ttl_s
-    )
+    registry = CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), clock, settings.config_ttl_s)
     factory = EndpointFactory(urllib3.PoolManager(maxsize=8), sagemaker)
     return Batcher(
         endpoints=RegistryEndpointResolver(registry, factory),

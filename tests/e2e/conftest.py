@@ -35,7 +35,9 @@ class EventSourceMapping(threading.Thread):
 
     def poll_once(self) -> int:
         got = self.sqs.receive_message(
-            QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=0,
             MessageSystemAttributeNames=["All"],
         ).get("Messages", [])
         if not got:
@@ -81,9 +83,9 @@ class Stack:
 
 @pytest.fixture(params=["redis", "dynamodb"])
 def stack(request, aws_env, demo_models, monkeypatch) -> Iterator[Stack]:  # noqa: F811
-    import onnxruntime as ort
-
     from pathlib import Path
+
+    import onnxruntime as ort
 
     root = Path(demo_models["out_dir"])
     mlp = next(m for m in demo_models["models"] if m["name"] == "mlp")

@@ -71,9 +71,7 @@ def test_batcher_stopped_gives_the_default_by_the_slo(stack):
 
 def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(stack):
     dead = "http://127.0.0.1:9"  # discard port: nothing answers
-    stack.registry.put_version(
-        ModelVersion("mlp", "2", InputType.FLOATS, stack.queue_url, dead, (64,)), activate=True
-    )
+    stack.registry.put_version(ModelVersion("mlp", "2", InputType.FLOATS, stack.queue_url, dead, (64,)), activate=True)
     status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[0].tolist()})
     assert status == 200 and body["default"] is True
     assert "model mlp:2: endpoint error" in body["default_explanation"]
@@ -89,7 +87,7 @@ def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(s
 def test_duplicate_sqs_delivery_produces_one_answer(stack):
     stack.registry.put_app(Application("digits", InputType.FLOATS, "-1", 200_000, (64,)), overwrite=True)
     stack.esm.running.clear()
-    status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[1].tolist()}, "debug=1")
+    _status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[1].tolist()}, "debug=1")
     assert body["default"] is True  # nobody answered while the mapping was paused
     assert body["debug"]["model"] == "mlp" and "enqueue" in body["debug"]["timings_ms"]
     got = stack.sqs.receive_message(QueueUrl=stack.queue_url, MessageSystemAttributeNames=["All"])["Messages"]

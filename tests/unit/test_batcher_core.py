@@ -103,7 +103,7 @@ def test_wrong_output_count_fails_the_whole_batch(setup):
 
 
 def test_one_bad_record_never_fails_the_others(setup):
-    clock, endpoint, replies, batcher = setup
+    clock, _endpoint, replies, batcher = setup
     bad = Inbound("poison", '{"not": "a query"}')
     report = batcher.process([bad, message(1, one_hot(4), clock)])
     assert report.failed == ["poison"] and report.answered == 1

@@ -56,7 +56,7 @@ def one_hot(i: int) -> list[float]:
 
 
 def test_single_query_answered_by_the_model(world):
-    processor, _, queue, endpoint, _ = world
+    processor, _, queue, _endpoint, _ = world
     result = processor.predict("digits", {"input": one_hot(7)})
     body = result.as_dict()
     assert body == {"query_id": 1000, "output": 7, "default": False}

@@ -18,9 +18,7 @@ else:
 
 
 class DynamoDBReplyChannel:
-    def __init__(
-        self, client: DynamoDBClient, table: str, ttl_s: int = 300, poll_interval_s: float = 0.01
-    ) -> None:
+    def __init__(self, client: DynamoDBClient, table: str, ttl_s: int = 300, poll_interval_s: float = 0.01) -> None:
         self._client = client
         self._table = table
         self._ttl = ttl_s

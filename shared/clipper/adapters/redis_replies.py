@@ -37,9 +37,7 @@ class RedisReplyChannel:
 
     def publish(self, reply_to: str, reply: Reply) -> bool:
         try:
-            if reply.ok and not self._client.set(
-                self._done_key(reply_to, reply.model), "1", ex=self._ttl, nx=True
-            ):
+            if reply.ok and not self._client.set(self._done_key(reply_to, reply.model), "1", ex=self._ttl, nx=True):
                 return False
             pipe = self._client.pipeline(transaction=False)
             pipe.rpush(self._list_key(reply_to), reply.to_json())

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clipper.adapters.aws_errors import aws_call
+from clipper.ports import ReceivedMessage
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -20,14 +20,6 @@ class SqsRequestQueue:
     def send(self, queue_url: str, body: str) -> None:
         with aws_call("sqs.SendMessage"):
             self._client.send_message(QueueUrl=queue_url, MessageBody=body)
-
-
-@dataclass(frozen=True)
-class ReceivedMessage:
-    message_id: str
-    receipt_handle: str
-    body: str
-    receive_count: int
 
 
 class SqsQueueReader:

@@ -17,10 +17,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from clipper.adapters.sqs import ReceivedMessage, SqsQueueReader
 from clipper.batching.controller import AimdController, BatchSizeController, FixedController
 from clipper.batching.core import Batcher, BatchReport, Inbound
 from clipper.errors import ClipperError
+from clipper.ports import QueueReader, ReceivedMessage
 
 logger = logging.getLogger("clipper.batcher")
 
@@ -37,7 +37,7 @@ class DriverStats:
 class LongPollDriver:
     def __init__(
         self,
-        reader: SqsQueueReader,
+        reader: QueueReader,
         batcher: Batcher,
         controller: BatchSizeController,
         batch_wait_s: float = 0.001,
@@ -67,7 +67,9 @@ class LongPollDriver:
                     return batch
                 stop.wait(1.0)
                 continue
-            if got and not batch:
+            if not got and not batch:
+                return batch  # the long poll ended empty: let the caller check for a stop
+            if not batch:
                 first_at = time.monotonic()
             batch.extend(got)
             if batch and (len(batch) >= limit or not got or time.monotonic() - first_at >= self._batch_wait):
@@ -131,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from clipper.adapters.clock import SystemClock
     from clipper.adapters.s3_claims import S3ClaimStore
 
-    endpoint = HttpModelEndpoint(
-        args.endpoint_url, urllib3.PoolManager(maxsize=2), settings.endpoint_timeout_s
-    )
+    endpoint = HttpModelEndpoint(args.endpoint_url, urllib3.PoolManager(maxsize=2), settings.endpoint_timeout_s)
     batcher = Batcher(
         endpoints=FixedEndpointResolver(endpoint),
         replies=reply_channel(settings, dynamodb),
@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.batch_size
         else AimdController(slo_s=args.slo_ms / 1000, upper=args.max_batch_size)
     )
+    from clipper.adapters.sqs import SqsQueueReader
+
     reader = SqsQueueReader(aws_client("sqs", read_timeout=30), args.queue_url)
     driver = LongPollDriver(reader, batcher, controller, batch_wait_s=args.batch_wait_ms / 1000)
     stop = threading.Event()

@@ -56,9 +56,7 @@ class QueryMessage(BaseModel):
         try:
             return cls.model_validate_json(body)
         except ValidationError as e:
-            raise MalformedMessage(
-                f"not a query message: {e.error_count()} problem(s): {e.errors()[0]}"
-            ) from e
+            raise MalformedMessage(f"not a query message: {e.error_count()} problem(s): {e.errors()[0]}") from e
 
 
 def encode_rows(rows: Rows) -> tuple[Payload, bytes | None]:

@@ -123,9 +123,7 @@ def validate_query(app: Application, body: Any, max_batch: int = DEFAULT_MAX_BAT
         first = arrays[0].shape
         for arr, f in zip(arrays, fields, strict=True):
             if arr.shape != first:
-                raise InvalidInput(
-                    f, f"shape {_shape_text(first)} like the first input", _shape_text(arr.shape)
-                )
+                raise InvalidInput(f, f"shape {_shape_text(first)} like the first input", _shape_text(arr.shape))
         return QueryInput(rows=np.stack(arrays), batch=not has_one)
     rows = [_text_row(app, v, f) for v, f in zip(values, fields, strict=True)]
     return QueryInput(rows=rows, batch=not has_one)  # type: ignore[arg-type]

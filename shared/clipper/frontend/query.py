@@ -90,7 +90,9 @@ class QueryProcessor:
         def fallback(why: str, model: ModelVersion | None = None) -> QueryResult:
             logger.info("default output", extra={"app": app.name, "query_id": first_id, "reason": why})
             preds = [Prediction(i, app.default_output, True, why) for i in ids]
-            return QueryResult(preds, query.batch, model.name if model else None, model.version if model else None, timings)
+            return QueryResult(
+                preds, query.batch, model.name if model else None, model.version if model else None, timings
+            )
 
         try:
             model = self._select(app)
@@ -166,9 +168,7 @@ class QueryProcessor:
             why = f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(ids)} inputs"
             preds = [Prediction(i, app.default_output, True, why) for i in ids]
         else:
-            preds = [
-                Prediction(i, output_value(o), False) for i, o in zip(ids, reply.outputs or [], strict=True)
-            ]
+            preds = [Prediction(i, output_value(o), False) for i, o in zip(ids, reply.outputs or [], strict=True)]
         return QueryResult(preds, query.batch, model.name, model.version, timings)
 
 

@@ -1,0 +1,247 @@
+"""The HTTP app: the SageMaker inference contract over one :class:`~clipper_endpoint.model.OnnxModel`.
+
+- ``GET /ping``: 200 once the model is loaded (it is loaded before the app is built).
+- ``POST /invocations``: ``application/x-npy`` (one ``.npy`` array, rows first) or ``application/json``
+  (``{"instances": [...]}`` or ``{"inputs": [...]}``). The answer has the request's format unless ``Accept``
+  names only the other one: ``.npy`` of the served output, or ``{"predictions": [...]}``. A wrong content type
+  gets 415, a body over the size limit 413, a body that does not fit the model 400, a failing model 500;
+  every error body is ``{"error": "..."}``.
+- ``GET /metadata``: the model's input and outputs, the providers in use and the model path.
+
+``POST /invocations`` is the hot path, so it is served by a plain ASGI callable in front of the Starlette app
+(which serves everything else): no request/response objects, no middleware, one decode, one session run, one
+encode. A batch runs either inline on the event loop (cheapest for small CPU models) or on one worker thread
+(the event loop keeps answering ``/ping`` and reading the next request while a long batch computes, e.g. on a
+GPU); either way the one session runs one batch at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from clipper_endpoint import npy
+from clipper_endpoint.model import CUDA, InputError, OnnxModel, PredictionError
+
+logger = logging.getLogger(__name__)
+
+NPY = "application/x-npy"
+JSON = "application/json"
+OCTET_STREAM = "application/octet-stream"  # SageMaker's default content type; read as .npy
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+INFERENCE_MODES = ("auto", "inline", "thread")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def _media_type(value: str) -> str:
+    return value.partition(";")[0].strip().lower()
+
+
+def _answer_format(request_format: str, accept: str) -> str:
+    """The request's own format unless ``Accept`` names only the other one."""
+    wants_npy = NPY in accept
+    wants_json = JSON in accept
+    if wants_json and not wants_npy:
+        return JSON
+    if wants_npy and not wants_json:
+        return NPY
+    return request_format
+
+
+def _error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class Invoker:
+    """Turns one request body into one answer body: decode, check and cast, run, encode."""
+
+    def __init__(self, model: OnnxModel) -> None:
+        self.model = model
+
+    def from_npy(self, body: bytes, answer: str) -> tuple[bytes, str]:
+        return self._answer(self.model.predict(npy.decode(body)), answer)
+
+    def from_json(self, body: bytes, answer: str) -> tuple[bytes, str]:
+        expected = (
+            f'a JSON object {{"instances": [...]}} (or "inputs"), a list of rows, each of shape '
+            f"{self.model.row_shape_text} {self.model.dtype_name}"
+        )
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"body is not valid JSON ({e}); expected {expected}") from e
+        rows = None
+        if isinstance(payload, dict):
+            rows = payload.get("instances", payload.get("inputs"))
+        if not isinstance(rows, list):
+            raise InputError(f"expected {expected}")
+        try:
+            batch = np.asarray(rows)
+        except ValueError as e:  # ragged rows
+            raise InputError(f"{self.model.expectation}, got rows of different lengths") from e
+        return self._answer(self.model.predict(batch), answer)
+
+    @staticmethod
+    def _answer(output: Any, answer: str) -> tuple[bytes, str]:
+        if answer == NPY:
+            if not isinstance(output, np.ndarray):
+                raise PredictionError("the served output is not a tensor; ask for application/json")
+            try:
+                return npy.encode(output), NPY
+            except TypeError as e:
+                raise PredictionError(f"{e}; ask for application/json") from e
+        predictions = output.tolist() if isinstance(output, np.ndarray) else output
+        return json.dumps({"predictions": predictions}, separators=(",", ":")).encode(), JSON
+
+
+class EndpointApp:
+    """The ASGI app: ``POST /invocations`` served directly, every other request by ``fallback``."""
+
+    def __init__(
+        self, invoker: Invoker, fallback: Starlette, *, max_body_bytes: int, executor: ThreadPoolExecutor | None
+    ) -> None:
+        self.invoker = invoker
+        self.fallback = fallback
+        self.max_body_bytes = max_body_bytes
+        self.executor = executor
+
+    @property
+    def model(self) -> OnnxModel:
+        return self.invoker.model
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/invocations" and scope["method"] == "POST":
+            await self.invocations(scope, receive, send)
+        else:
+            await self.fallback(scope, receive, send)
+
+    async def invocations(self, scope: Scope, receive: Receive, send: Send) -> None:
+        content_type = accept = ""
+        length = -1
+        for key, value in scope["headers"]:
+            if key == b"content-type":
+                content_type = _media_type(value.decode("latin1"))
+            elif key == b"content-length":
+                length = int(value) if value.isdigit() else -1
+            elif key == b"accept":
+                accept = value.decode("latin1")
+        if content_type in (NPY, OCTET_STREAM):
+            work, request_format = self.invoker.from_npy, NPY
+        elif content_type == JSON:
+            work, request_format = self.invoker.from_json, JSON
+        else:
+            message = f"unsupported content type {content_type or '(none)'!r}; send {NPY} or {JSON}"
+            return await self._send(send, 415, _error_body(message), JSON)
+        if length > self.max_body_bytes:
+            message = f"body of {length} bytes is over the limit of {self.max_body_bytes} bytes"
+            return await self._send(send, 413, _error_body(message), JSON)
+
+        try:
+            body = await self._read_body(receive)
+        except _BodyTooLarge:
+            message = f"body is over the limit of {self.max_body_bytes} bytes"
+            return await self._send(send, 413, _error_body(message), JSON)
+        if body is None:  # the client went away
+            return None
+        answer = _answer_format(request_format, accept)
+        try:
+            if self.executor is None:
+                content, media_type = work(body, answer)
+            else:
+                loop = asyncio.get_running_loop()
+                content, media_type = await loop.run_in_executor(self.executor, work, body, answer)
+        except InputError as e:
+            return await self._send(send, 400, _error_body(str(e)), JSON)
+        except PredictionError as e:
+            logger.error("prediction failed: %s", e)
+            return await self._send(send, 500, _error_body(str(e)), JSON)
+        except Exception as e:
+            logger.exception("unexpected error in /invocations")
+            return await self._send(send, 500, _error_body(f"internal error: {type(e).__name__}: {e}"), JSON)
+        await self._send(send, 200, content, media_type)
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        message = await receive()
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            return body
+        chunks = [body]
+        size = len(body)
+        while message.get("more_body", False):
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @staticmethod
+    async def _send(send: Send, status: int, content: bytes, media_type: str) -> None:
+        headers = [(b"content-type", media_type.encode()), (b"content-length", str(len(content)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+
+def create_app(
+    model: OnnxModel, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, inference: str = "auto"
+) -> EndpointApp:
+    """The ASGI app serving ``model``.
+
+    ``inference`` is where batches run: ``inline`` on the event loop, ``thread`` on one worker thread, or
+    ``auto``: the thread when the session runs on CUDA, else inline.
+    """
+    if inference not in INFERENCE_MODES:
+        raise ValueError(f"inference must be one of {INFERENCE_MODES}, not {inference!r}")
+    if inference == "auto":
+        inference = "thread" if CUDA in model.providers else "inline"
+    executor = ThreadPoolExecutor(1, thread_name_prefix="inference") if inference == "thread" else None
+    metadata = json.dumps({**model.describe(), "inference": inference}).encode()
+
+    async def ping(request: Request) -> Response:
+        return Response(b"", status_code=200)
+
+    async def describe(request: Request) -> Response:
+        return Response(metadata, media_type=JSON)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    fallback = Starlette(
+        routes=[
+            Route("/ping", ping, methods=["GET"]),
+            Route("/metadata", describe, methods=["GET"]),
+            Route("/invocations", _method_not_allowed, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    logger.info("serving batches %s", "on one worker thread" if executor else "on the event loop")
+    return EndpointApp(Invoker(model), fallback, max_body_bytes=max_body_bytes, executor=executor)
+
+
+async def _method_not_allowed(request: Request) -> Response:
+    return Response(_error_body("use POST /invocations"), status_code=405, media_type=JSON)

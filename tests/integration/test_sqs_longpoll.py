@@ -1,0 +1,125 @@
+"""The SQS adapters and the long-poll driver under moto, with the batcher core and a fake model."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from clipper.adapters.s3_claims import S3ClaimStore
+from clipper.adapters.sqs import SqsQueueReader, SqsRequestQueue
+from clipper.batching.controller import AimdController, FixedController
+from clipper.batching.core import Batcher
+from clipper.batching.longpoll import LongPollDriver
+from clipper.core.messages import MAX_INLINE_PAYLOAD, QueryMessage
+from clipper.frontend.query import QueryProcessor
+from tests.fakes import FakeEndpoint, FakeResolver, InMemoryRegistry, InMemoryReplies, digits_app, model_version
+
+pytestmark = pytest.mark.integration
+
+
+class WallClock:
+    def now(self) -> float:
+        import time
+
+        return time.time()
+
+
+def depth(aws, url):
+    a = aws.sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    return int(a["ApproximateNumberOfMessages"]) + int(a["ApproximateNumberOfMessagesNotVisible"])
+
+
+@pytest.fixture
+def world(aws):
+    registry, replies, endpoint = InMemoryRegistry(), InMemoryReplies(), FakeEndpoint()
+    registry.apps["digits"] = digits_app(latency_slo_micros=20_000_000)
+    registry.links["digits"] = ["mlp"]
+    registry.versions[("mlp", "1")] = model_version(queue_url=aws.queue_url)
+    registry.active["mlp"] = "1"
+    claims = S3ClaimStore(aws.s3, aws.bucket)
+    ids = iter(range(1 << 20, 1 << 40, 1 << 16))
+    processor = QueryProcessor(registry, SqsRequestQueue(aws.sqs), replies, WallClock(), lambda: next(ids), claims)
+    batcher = Batcher(FakeResolver(endpoint), replies, WallClock(), claims)
+    return processor, batcher, replies, endpoint
+
+
+def enqueue(processor, n):
+    """Send n queries without waiting for their replies (the reply wait is cut to zero)."""
+    processor._replies.wait = lambda *a: []
+    for i in range(n):
+        processor.predict("digits", {"input": [1.0 if j == i % 64 else 0.0 for j in range(64)]})
+
+
+def test_reader_receives_deletes_and_releases(aws):
+    queue = SqsRequestQueue(aws.sqs)
+    for i in range(3):
+        queue.send(aws.queue_url, f"m{i}")
+    reader = SqsQueueReader(aws.sqs, aws.queue_url)
+    got = reader.receive(10, 0)
+    assert sorted(m.body for m in got) == ["m0", "m1", "m2"] and all(m.receive_count == 1 for m in got)
+    reader.release(got[0].receipt_handle, 0)
+    reader.delete([m.receipt_handle for m in got[1:]])
+    (again,) = reader.receive(10, 0)
+    assert again.body == got[0].body and again.receive_count == 2
+
+
+def test_driver_batches_and_answers_every_query(aws, world):
+    processor, batcher, replies, endpoint = world
+    enqueue(processor, 25)
+    driver = LongPollDriver(
+        SqsQueueReader(aws.sqs, aws.queue_url), batcher, FixedController(10), batch_wait_s=0.05, idle_wait_s=0
+    )
+    stop = threading.Event()
+    while depth(aws, aws.queue_url):
+        driver.handle(driver.collect(stop))
+    assert driver.stats.answered == 25 and sum(endpoint.calls) == 25
+    assert max(endpoint.calls) == 10  # batches were cut at the controller's size
+    assert len(replies.done) == 25
+
+
+def test_failing_endpoint_retries_then_dead_letters(aws, world):
+    processor, batcher, replies, endpoint = world
+    endpoint.fail_with = "model crashed"
+    enqueue(processor, 2)
+    driver = LongPollDriver(
+        SqsQueueReader(aws.sqs, aws.queue_url),
+        batcher,
+        AimdController(slo_s=1.0),
+        batch_wait_s=0.0,
+        idle_wait_s=0,
+        max_backoff_s=0,
+    )
+    stop = threading.Event()
+    for _ in range(10):
+        batch = driver.collect(stop)
+        if not batch:
+            break
+        driver.handle(batch)
+    assert depth(aws, aws.queue_url) == 0 and depth(aws, aws.dlq_url) == 2  # maxReceiveCount 3, then the DLQ
+    assert driver.stats.failed == 6  # 2 messages x 3 tries
+    assert all(not r.ok for rs in replies.lists.values() for r in rs)
+
+
+def test_large_input_travels_through_s3_as_a_claim_check(aws, world):
+    processor, batcher, replies, _endpoint = world
+    from clipper.core.domain import InputType
+
+    processor._registry.apps["big"] = digits_app(name="big", input_type=InputType.FLOATS, input_shape=None)
+    processor._registry.links["big"] = ["mlp"]
+    processor._replies.wait = lambda *a: []
+    n = MAX_INLINE_PAYLOAD // 4 + 100
+    row = np.zeros(n, dtype=np.float32)
+    row[n - 1] = 1.0
+    processor.predict("big", {"input": row.tolist()})
+    (msg,) = aws.sqs.receive_message(QueueUrl=aws.queue_url)["Messages"]
+    parsed = QueryMessage.from_json(msg["Body"])
+    assert parsed.payload.s3_key and len(msg["Body"]) < 2000
+    from clipper.batching.core import Inbound
+
+    report = batcher.process([Inbound(msg["MessageId"], msg["Body"])])
+    assert report.answered == 1
+    assert replies.lists[parsed.reply_to][0].outputs == [n - 1]

@@ -1,0 +1,342 @@
+"""The model endpoint's session wrapper (clipper_endpoint.model) and its .npy codec, in process."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from clipper_endpoint import npy
+from clipper_endpoint.model import (
+    CPU,
+    CUDA,
+    InputError,
+    ModelLoadError,
+    OnnxModel,
+    PredictionError,
+    default_providers,
+    resolve_model_file,
+)
+
+pytestmark = pytest.mark.unit
+
+
+# --- fixtures: the demo digits models, and tiny hand-made graphs for the cases they lack --------------------
+
+
+@pytest.fixture(scope="module")
+def models_dir(demo_models: dict[str, Any]) -> Path:
+    return Path(demo_models["out_dir"])
+
+
+@pytest.fixture(scope="module")
+def holdout(demo_models: dict[str, Any], models_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    data = np.load(models_dir / demo_models["dataset"]["holdout"])
+    return data["X"], data["y"]
+
+
+@pytest.fixture(scope="module")
+def mlp(models_dir: Path) -> OnnxModel:
+    return OnnxModel.load(models_dir / "mlp" / "1")
+
+
+def _save(path: Path, graph: onnx.GraphProto) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path / "model.onnx"))
+    return path
+
+
+def identity_model(path: Path, elem_type: int, shape: list[Any]) -> Path:
+    """input ``x`` of ``elem_type`` and ``shape`` -> output ``y`` = x."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "identity",
+        [helper.make_tensor_value_info("x", elem_type, shape)],
+        [helper.make_tensor_value_info("y", elem_type, shape)],
+    )
+    return _save(path, graph)
+
+
+def collapsing_model(path: Path) -> Path:
+    """float [N, 4] -> the column sums, [1, 4]: one output row whatever the number of input rows."""
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+        "collapsing",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=[axes],
+    )
+    return _save(path, graph)
+
+
+def two_input_model(path: Path) -> Path:
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"])],
+        "two_inputs",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 2]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+    )
+    return _save(path, graph)
+
+
+# --- loading -------------------------------------------------------------------------------------------------
+
+
+def test_loads_a_folder_or_a_file_and_describes_the_signature(models_dir: Path, mlp: OnnxModel) -> None:
+    from_file = OnnxModel.load(models_dir / "mlp" / "1" / "model.onnx", warmup=False)
+    for model in (mlp, from_file):
+        assert model.path == models_dir / "mlp" / "1" / "model.onnx"
+        assert model.input_name == "input"
+        assert model.dtype == np.float32
+        assert model.input_shape == (None, 64)
+        assert model.output_names == ["label", "probabilities"]
+        assert model.output_name == "label"
+        assert model.providers == [CPU]
+    meta = mlp.describe()
+    assert meta["input"] == {"name": "input", "dtype": "float32", "shape": [None, 64]}
+    assert meta["output_names"] == ["label", "probabilities"]
+    assert meta["outputs"][1] == {"name": "probabilities", "type": "tensor(float)", "shape": [None, 10]}
+    assert meta["providers"] == [CPU]
+    assert meta["model_path"].endswith("model.onnx")
+
+
+def test_a_folder_with_one_other_onnx_file_is_accepted(tmp_path: Path) -> None:
+    identity_model(tmp_path / "m", TensorProto.FLOAT, ["N", 2])
+    (tmp_path / "m" / "model.onnx").rename(tmp_path / "m" / "classifier.onnx")
+    assert resolve_model_file(tmp_path / "m") == tmp_path / "m" / "classifier.onnx"
+
+
+def _missing(tmp_path: Path) -> Path:
+    return tmp_path / "missing"
+
+
+def _empty_folder(tmp_path: Path) -> Path:
+    (tmp_path / "empty").mkdir()
+    return tmp_path / "empty"
+
+
+def _junk_file(tmp_path: Path) -> Path:
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    return tmp_path / "junk.onnx"
+
+
+@pytest.mark.parametrize(
+    ("make_path", "message"),
+    [
+        (_missing, "does not exist"),
+        (_empty_folder, "no model.onnx in folder"),
+        (_junk_file, "cannot load model"),
+        (two_input_model, "has 2 inputs"),
+    ],
+)
+def test_unusable_models_fail_to_load_with_a_clear_error(tmp_path: Path, make_path: Any, message: str) -> None:
+    with pytest.raises(ModelLoadError, match=message):
+        OnnxModel.load(make_path(tmp_path))
+
+
+def test_an_unknown_output_name_or_provider_fails_to_load(models_dir: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"no output 'score'.*\['label', 'probabilities'\]"):
+        OnnxModel.load(models_dir / "tree" / "1", output_name="score")
+    with pytest.raises(ModelLoadError, match="NoSuchExecutionProvider"):
+        OnnxModel.load(models_dir / "tree" / "1", providers=["NoSuchExecutionProvider"])
+
+
+def test_cuda_comes_first_when_onnxruntime_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert default_providers() == ([CUDA, CPU] if CUDA in ort.get_available_providers() else [CPU])
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["AzureExecutionProvider", CUDA, CPU])
+    assert default_providers() == [CUDA, CPU]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CPU])
+    assert default_providers() == [CPU]
+
+
+# --- predicting ----------------------------------------------------------------------------------------------
+
+
+def test_predictions_match_onnxruntime_and_the_recorded_accuracy(
+    demo_models: dict[str, Any], models_dir: Path, holdout: tuple[np.ndarray, np.ndarray]
+) -> None:
+    x, y = holdout
+    for entry in demo_models["models"]:
+        model = OnnxModel.load(models_dir / entry["path"])
+        labels = model.predict(x)
+        assert labels.shape == (len(x),)
+        assert labels.dtype == np.int64
+        direct = ort.InferenceSession(str(models_dir / entry["path"]), providers=[CPU]).run(["label"], {"input": x})
+        np.testing.assert_array_equal(labels, direct[0])
+        assert float(np.mean(labels == y)) == pytest.approx(entry["accuracy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 64, 540])
+def test_one_output_row_per_input_row(mlp: OnnxModel, holdout: tuple[np.ndarray, np.ndarray], rows: int) -> None:
+    x, _ = holdout
+    labels = mlp.predict(x[:rows])
+    assert labels.shape == (rows,)
+    np.testing.assert_array_equal(labels, mlp.predict(x)[:rows])
+
+
+def test_a_chosen_output_is_served(models_dir: Path, holdout: tuple[np.ndarray, np.ndarray]) -> None:
+    x, _ = holdout
+    model = OnnxModel.load(models_dir / "logreg" / "1", output_name="probabilities")
+    proba = model.predict(x[:5])
+    assert proba.shape == (5, 10)
+    assert proba.dtype == np.float32
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.int32, np.uint8, np.float16])
+def test_numeric_input_is_cast_to_the_model_dtype(
+    mlp: OnnxModel, holdout: tuple[np.ndarray, np.ndarray], dtype: type
+) -> None:
+    x, _ = holdout  # the digits are whole numbers 0..16, exact in every one of these dtypes
+    prepared = mlp.prepare(x[:20].astype(dtype))
+    assert prepared.dtype == np.float32
+    assert prepared.flags.c_contiguous
+    np.testing.assert_array_equal(mlp.predict(x[:20].astype(dtype)), mlp.predict(x[:20]))
+
+
+def test_fortran_ordered_and_big_endian_input_is_accepted(mlp: OnnxModel, holdout: tuple[np.ndarray, Any]) -> None:
+    x, _ = holdout
+    expected = mlp.predict(x[:10])
+    np.testing.assert_array_equal(mlp.predict(np.asfortranarray(x[:10])), expected)
+    np.testing.assert_array_equal(mlp.predict(x[:10].astype(">f4")), expected)
+
+
+@pytest.mark.parametrize(
+    ("batch", "message"),
+    [
+        (np.zeros((3, 63), np.float32), r"expected shape \[N, 64\] float32, got shape \[3, 63\] float32"),
+        (np.zeros(64, np.float32), r"expected shape \[N, 64\] float32, got shape \[64\] float32"),
+        (np.zeros((2, 8, 8), np.float32), r"expected shape \[N, 64\] float32, got shape \[2, 8, 8\]"),
+        (np.zeros((0, 64), np.float32), r"expected shape \[N, 64\] float32 with at least one row, got none"),
+        (np.full((2, 64), "1"), r"expected shape \[N, 64\] float32, got string values"),
+        (np.zeros((2, 64), np.complex64), r"expected shape \[N, 64\] float32, got complex64 values"),
+        (np.array([[1, "a"]], dtype=object), r"expected shape \[N, 64\] float32, got shape \[1, 2\]"),
+    ],
+)
+def test_a_batch_that_does_not_fit_is_refused(mlp: OnnxModel, batch: np.ndarray, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        mlp.predict(batch)
+
+
+def test_an_integer_model_refuses_floats_and_takes_narrower_integers(tmp_path: Path) -> None:
+    model = OnnxModel.load(identity_model(tmp_path / "ints", TensorProto.INT64, ["batch", 3]))
+    assert model.input_shape == (None, 3)
+    out = model.predict(np.array([[1, 2, 3]], dtype=np.int32))
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(out, [[1, 2, 3]])
+    np.testing.assert_array_equal(model.predict(np.array([[True, False, True]])), [[1, 0, 1]])
+    with pytest.raises(InputError, match=r"expected shape \[N, 3\] int64, got float64 values"):
+        model.predict(np.array([[1.0, 2.0, 3.0]]))
+
+
+def test_a_string_model_takes_object_or_unicode_arrays(tmp_path: Path) -> None:
+    model = OnnxModel.load(identity_model(tmp_path / "text", TensorProto.STRING, [None, 1]))
+    assert model.dtype == object
+    assert model.describe()["input"] == {"name": "x", "dtype": "string", "shape": [None, 1]}
+    out = model.predict(np.array(["good", "bad", "ünïcode"]))  # bare values: one a row
+    assert out.shape == (3, 1)
+    assert out[:, 0].tolist() == ["good", "bad", "ünïcode"]
+    assert model.predict(np.array([["x"], ["y"]], dtype=object))[:, 0].tolist() == ["x", "y"]
+    assert model.predict(np.array([[b"raw"]]))[0, 0] == "raw"
+    with pytest.raises(InputError, match=r"expected shape \[N, 1\] string, got int64 values"):
+        model.predict(np.array([[1], [2]]))
+    with pytest.raises(InputError, match="not all strings"):
+        model.predict(np.array([["a"], [3]], dtype=object))
+
+
+def test_a_model_that_breaks_one_row_out_per_row_in_fails_the_batch(tmp_path: Path) -> None:
+    model = OnnxModel.load(collapsing_model(tmp_path / "collapsing"))
+    assert model.predict(np.ones((1, 4), np.float32)).shape == (1, 4)  # one row in, one row out: fine
+    with pytest.raises(PredictionError, match=r"returned 1 rows of output 'y' for 3 input rows"):
+        model.predict(np.ones((3, 4), np.float32))
+
+
+def test_a_failing_session_is_a_prediction_error(mlp: OnnxModel) -> None:
+    with pytest.raises(PredictionError, match=r"model failed on a batch of shape \[2, 64\]"):
+        mlp.run(np.zeros((2, 64), np.float64))  # skips prepare(): ONNX Runtime rejects the dtype
+
+
+# --- the .npy codec ------------------------------------------------------------------------------------------
+
+
+def _np_save(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.arange(5, dtype=np.int64),
+        np.zeros((0, 64), np.float32),
+        np.zeros((1, 3, 4, 4), np.float16),
+        np.array([True, False]),
+        np.array(["a", "bcd"]),
+        np.array(2.5),
+    ],
+)
+def test_npy_encode_writes_what_numpy_writes_and_decode_reads_it_back(array: np.ndarray) -> None:
+    assert npy.encode(array) == _np_save(array)
+    decoded = npy.decode(npy.encode(array))
+    assert decoded.dtype == array.dtype
+    assert decoded.shape == array.shape
+    np.testing.assert_array_equal(decoded, array)
+
+
+def test_npy_decode_reads_fortran_order_big_endian_and_other_header_versions() -> None:
+    array = np.arange(12, dtype=">f8").reshape(3, 4)
+    np.testing.assert_array_equal(npy.decode(_np_save(np.asfortranarray(array))), array)
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, array, version=(2, 0))
+    np.testing.assert_array_equal(npy.decode(buf.getvalue()), array)
+
+
+def test_npy_encode_writes_string_objects_as_unicode_and_refuses_other_objects() -> None:
+    decoded = npy.decode(npy.encode(np.array(["x", "yz"], dtype=object)))
+    assert decoded.dtype == np.dtype("<U2")
+    assert decoded.tolist() == ["x", "yz"]
+    with pytest.raises(TypeError, match="without pickle"):
+        npy.encode(np.array([{"a": 1}], dtype=object))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", r"not a \.npy array"),
+        (b'{"instances": []}', r"not a \.npy array"),
+        (_np_save(np.zeros((4, 64), np.float32))[:-10], r"holds 1014 data bytes, its header says shape \[4, 64\]"),
+        (_np_save(np.zeros(3)) + b"extra", "holds 29 data bytes"),
+        (b"\x93NUMPY\x09\x00" + b"\x00" * 8, r"unsupported \.npy format version 9"),
+        (b"\x93NUMPY\x01\x00\x10\x00{'descr': 'zz9'}", r"not a valid \.npy array"),
+    ],
+)
+def test_npy_decode_refuses_malformed_bodies(body: bytes, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        npy.decode(body)
+
+
+def test_npy_decode_refuses_object_arrays_and_archives() -> None:
+    header = b"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+    header += b" " * (64 - 10 - len(header) - 1) + b"\n"
+    body = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\x00" * 8
+    with pytest.raises(InputError, match="object arrays are not accepted"):
+        npy.decode(body)
+    buf = io.BytesIO()
+    np.savez(buf, x=np.zeros(2))
+    with pytest.raises(InputError, match=r"not a \.npy array"):
+        npy.decode(buf.getvalue())
