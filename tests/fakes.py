@@ -139,3 +139,27 @@ def model_version(name: str = "mlp", version: str = "1", **overrides: Any) -> Mo
     }
     values.update(overrides)
     return ModelVersion(**values)
+
+
+@dataclass
+class InMemoryCache:
+    entries: dict[str, Any] = field(default_factory=dict)
+    claims: set[str] = field(default_factory=set)
+    clock: FakeClock | None = None
+    down: bool = False
+
+    def get_many(self, keys: list[str]) -> dict[str, Any]:
+        if self.down:
+            raise Unavailable("cache down")
+        if self.clock:
+            self.clock.advance(0.01)  # polling takes time
+        return {k: self.entries[k] for k in keys if k in self.entries}
+
+    def put_many(self, entries: dict[str, Any]) -> None:
+        self.entries.update(entries)
+        self.claims -= set(entries)
+
+    def claim(self, keys: list[str], ttl_s: float) -> set[str]:
+        owned = {k for k in keys if k not in self.claims}
+        self.claims |= owned
+        return owned

@@ -280,6 +280,7 @@ class LocalStack:
             {
                 "CLIPPER_REGISTRY_TABLE": outputs["RegistryTableName"],
                 "CLIPPER_REPLIES_TABLE": outputs["RepliesTableName"],
+                "CLIPPER_CACHE_TABLE": outputs["CacheTableName"],
                 "CLIPPER_MODEL_BUCKET": outputs["ModelBucketName"],
                 "CLIPPER_CONFIG_TTL_S": "2",
                 "POWERTOOLS_LOG_LEVEL": "WARNING",

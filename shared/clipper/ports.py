@@ -63,6 +63,21 @@ class ReplyChannel(Protocol):
         ...
 
 
+class PredictionCache(Protocol):
+    """Model outputs by cache key (``clipper.core.cache_keys``), with single-flight claims."""
+
+    def get_many(self, keys: list[str]) -> dict[str, Any]:
+        """The cached outputs of those keys that hit."""
+        ...
+
+    def put_many(self, entries: dict[str, Any]) -> None: ...
+
+    def claim(self, keys: list[str], ttl_s: float) -> set[str]:
+        """Mark keys as being computed; returns the keys this caller now owns. A key already claimed
+        by a concurrent query is not returned: that query's answer will fill the cache."""
+        ...
+
+
 class Registry(Protocol):
     def get_app(self, name: str) -> Application: ...
 

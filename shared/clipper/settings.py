@@ -16,6 +16,9 @@ class CommonSettings(BaseSettings):
     model_bucket: str = ""
     redis_url: str = Field("", validation_alias=AliasChoices("REDIS_URL", "CLIPPER_REDIS_URL"))
     reply_ttl_s: int = Field(300, ge=10)
+    cache_table: str = Field("", description="DynamoDB prediction cache table (used when Redis is not)")
+    cache_ttl_s: int = Field(3600, ge=1)
+    cache_enabled: bool = True
     aws_endpoint_url: str = Field("", validation_alias=AliasChoices("AWS_ENDPOINT_URL"))
 
 

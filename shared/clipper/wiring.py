@@ -14,7 +14,7 @@ from clipper.adapters.sqs import SqsRequestQueue
 from clipper.batching.core import Batcher
 from clipper.core.registry_cache import CachedRegistry
 from clipper.frontend.query import QueryProcessor
-from clipper.ports import Clock, ReplyChannel
+from clipper.ports import Clock, PredictionCache, ReplyChannel
 from clipper.settings import BatcherSettings, CommonSettings, FrontendSettings
 
 
@@ -37,23 +37,44 @@ def new_query_id() -> int:
     return random.getrandbits(53) & ~0xFFFF
 
 
-def reply_channel(settings: CommonSettings, dynamodb: Any, poll_interval_s: float = 0.01) -> ReplyChannel:
-    if settings.redis_url:
+_redis_clients: dict[str, Any] = {}
+
+
+def redis_client(url: str) -> Any:
+    """One client (one connection pool) per URL and process."""
+    if url not in _redis_clients:
         import redis
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
 
+        # Few, short retries: a query's whole budget is its SLO, so a dead Redis must fail fast.
+        _redis_clients[url] = redis.Redis.from_url(
+            url, socket_timeout=35, socket_connect_timeout=1, retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 2)
+        )
+    return _redis_clients[url]
+
+
+def reply_channel(settings: CommonSettings, dynamodb: Any, poll_interval_s: float = 0.01) -> ReplyChannel:
+    if settings.redis_url:
         from clipper.adapters.redis_replies import RedisReplyChannel
 
-        # Few, short retries: a query's whole budget is its SLO, so a dead Redis must fail fast.
-        client: Any = redis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=35,
-            socket_connect_timeout=1,
-            retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 2),
-        )
-        return RedisReplyChannel(client, ttl_s=settings.reply_ttl_s)
+        return RedisReplyChannel(redis_client(settings.redis_url), ttl_s=settings.reply_ttl_s)
     return DynamoDBReplyChannel(dynamodb, settings.replies_table, settings.reply_ttl_s, poll_interval_s)
+
+
+def prediction_cache(settings: CommonSettings, dynamodb: Any) -> PredictionCache | None:
+    """Redis when configured, else the DynamoDB cache table when configured, else no cache."""
+    if not settings.cache_enabled:
+        return None
+    if settings.redis_url:
+        from clipper.adapters.redis_cache import RedisPredictionCache
+
+        return RedisPredictionCache(redis_client(settings.redis_url), ttl_s=settings.cache_ttl_s)
+    if settings.cache_table:
+        from clipper.adapters.dynamodb_cache import DynamoDBPredictionCache
+
+        return DynamoDBPredictionCache(dynamodb, settings.cache_table, ttl_s=settings.cache_ttl_s)
+    return None
 
 
 def build_query_processor(
@@ -74,6 +95,8 @@ def build_query_processor(
         new_query_id=new_query_id,
         claims=S3ClaimStore(s3, settings.model_bucket) if settings.model_bucket else None,
         max_batch=settings.max_batch,
+        cache=prediction_cache(settings, dynamodb),
+        cache_poll_s=0.002 if settings.redis_url else 0.01,
     )
 
 
@@ -97,4 +120,5 @@ def build_batcher(
         replies=replies or reply_channel(settings, dynamodb),
         clock=clock,
         claims=S3ClaimStore(s3, settings.model_bucket) if settings.model_bucket else None,
+        cache=prediction_cache(settings, dynamodb),
     )

@@ -98,12 +98,16 @@ def stack(request, aws_env, demo_models, monkeypatch) -> Iterator[Stack]:  # noq
     env = {
         "CLIPPER_REGISTRY_TABLE": "e2e-registry",
         "CLIPPER_REPLIES_TABLE": "e2e-replies",
+        "CLIPPER_CACHE_TABLE": "e2e-cache",
         "CLIPPER_MODEL_BUCKET": "e2e-models",
         "CLIPPER_CONFIG_TTL_S": "0",
         "POWERTOOLS_LOG_LEVEL": "WARNING",
     }
     if request.param == "redis":
         env["REDIS_URL"] = request.getfixturevalue("redis_url")
+        import redis
+
+        redis.Redis.from_url(env["REDIS_URL"]).flushdb()  # no cached prediction from an earlier test
     else:
         monkeypatch.delenv("REDIS_URL", raising=False)
     for k, v in env.items():
@@ -112,6 +116,12 @@ def stack(request, aws_env, demo_models, monkeypatch) -> Iterator[Stack]:  # noq
         with mock_aws():
             dynamodb, sqs, s3 = boto3.client("dynamodb"), boto3.client("sqs"), boto3.client("s3")
             create_tables(dynamodb, "e2e-registry", "e2e-replies")
+            dynamodb.create_table(
+                TableName="e2e-cache",
+                KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+                AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
+                BillingMode="PAY_PER_REQUEST",
+            )
             s3.create_bucket(Bucket="e2e-models")
             queue_url, dlq_url = create_queue(sqs, "e2e-model-mlp", max_receive=3)
             registry = DynamoDBRegistry(dynamodb, "e2e-registry")

@@ -104,3 +104,22 @@ def test_duplicate_sqs_delivery_produces_one_answer(stack):
     assert first["batchItemFailures"] == [] and second["batchItemFailures"] == []
     replies = stack.batcher.batcher._replies.wait(msg["reply_to"], 3, 0.3)
     assert len(replies) == 1 and replies[0].ok
+
+
+def test_a_cached_prediction_is_answered_without_the_queue(stack):
+    row = stack.holdout_x[2].tolist()
+    status, first = call(stack, "POST", "/digits/predict", {"input": row}, "debug=1")
+    assert status == 200 and first["default"] is False and first["debug"]["cache"] == {"hits": 0, "misses": 1}
+    stack.esm.running.clear()  # no batcher: only the cache can answer now
+    status, again = call(stack, "POST", "/digits/predict", {"input": row}, "debug=1")
+    assert again["default"] is False and again["output"] == first["output"] == int(stack.expected[2])
+    assert again["debug"]["cache"] == {"hits": 1, "misses": 0}
+    assert queue_depth(stack, stack.queue_url) == 0
+    # a new active version never gets the old version's cached answer
+    stack.registry.put_app(Application("digits", InputType.FLOATS, "-1", 300_000, (64,)), overwrite=True)
+    stack.registry.put_version(
+        ModelVersion("mlp", "3", InputType.FLOATS, stack.queue_url, stack.endpoint_url, (64,)), activate=True
+    )
+    status, switched = call(stack, "POST", "/digits/predict", {"input": row}, "debug=1")
+    assert switched["default"] is True and "timeout" in switched["default_explanation"]
+    assert switched["debug"]["version"] == "3" and switched["debug"]["cache"]["hits"] == 0

@@ -50,6 +50,7 @@ def test_service_stack_is_complete_with_all_outputs(session: Any, service: dict[
         "ApiUrl",
         "RegistryTableName",
         "RepliesTableName",
+        "CacheTableName",
         "ModelBucketName",
         "FrontendFunctionName",
         "BatcherFunctionName",
@@ -168,6 +169,7 @@ def test_sagemaker_endpoint_container_knows_its_queue_and_tables(session: Any, s
         "CLIPPER_QUEUE_URL": outputs["QueueUrl"],
         "CLIPPER_REGISTRY_TABLE": service["RegistryTableName"],
         "CLIPPER_REPLIES_TABLE": service["RepliesTableName"],
+        "CLIPPER_CACHE_TABLE": service["CacheTableName"],
         "CLIPPER_MODEL_BUCKET": service["ModelBucketName"],
         "REDIS_URL": "",
     }

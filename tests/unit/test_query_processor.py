@@ -126,4 +126,4 @@ def test_debug_carries_model_and_stage_timings(world):
     processor, *_ = world
     body = processor.predict("digits", {"input": one_hot(2)}).as_dict(debug=True)
     assert body["debug"]["model"] == "mlp"
-    assert {"validate", "select", "enqueue", "wait", "model_inference_ms"} <= set(body["debug"]["timings_ms"])
+    assert {"validate", "select", "cache", "enqueue", "wait", "model_inference_ms"} <= set(body["debug"]["timings_ms"])

@@ -12,13 +12,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from clipper.core.cache_keys import row_keys
 from clipper.core.messages import QueryMessage, Reply, decode_rows
 from clipper.core.validation import Rows
 from clipper.errors import ClipperError, EndpointError, MalformedMessage
-from clipper.ports import ClaimStore, Clock, EndpointResolver, ReplyChannel
+from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, ReplyChannel
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +73,13 @@ class Batcher:
         replies: ReplyChannel,
         clock: Clock,
         claims: ClaimStore | None = None,
+        cache: PredictionCache | None = None,
     ) -> None:
         self._endpoints = endpoints
         self._replies = replies
         self._clock = clock
         self._claims = claims
+        self._cache = cache
 
     def decode(self, inbound: Inbound) -> _Work:
         message = QueryMessage.from_json(inbound.body)
@@ -163,6 +167,21 @@ class Batcher:
             )
             offset += n
             self._deliver(w, reply, report, failed=False)
+        if self._cache is not None:
+            self._fill_cache(model, version, members, outputs)
+
+    def _fill_cache(self, model: str, version: str, members: list[_Work], outputs: list[Any]) -> None:
+        entries: dict[str, Any] = {}
+        offset = 0
+        for w in members:
+            keys = row_keys(model, version, w.rows)
+            entries.update(zip(keys, outputs[offset : offset + len(keys)], strict=True))
+            offset += len(keys)
+        try:
+            assert self._cache is not None
+            self._cache.put_many(entries)
+        except ClipperError as e:  # the replies went out; a cache miss later only costs a recomputation
+            logger.warning("cache not filled", extra={"model": model, "error": str(e)})
 
     def _deliver(self, work: _Work, reply: Reply, report: BatchReport, failed: bool) -> None:
         try:

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from clipper.adapters.endpoints import FixedEndpointResolver, HttpModelEndpoint
     from clipper.settings import BatcherSettings
-    from clipper.wiring import aws_client, reply_channel
+    from clipper.wiring import aws_client, prediction_cache, reply_channel
 
     settings = BatcherSettings()  # type: ignore[call-arg]
     dynamodb = aws_client("dynamodb")
@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         replies=reply_channel(settings, dynamodb),
         clock=SystemClock(),
         claims=S3ClaimStore(aws_client("s3"), settings.model_bucket) if settings.model_bucket else None,
+        cache=prediction_cache(settings, dynamodb),
     )
     controller: BatchSizeController = (
         FixedController(args.batch_size)

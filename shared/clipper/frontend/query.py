@@ -1,4 +1,5 @@
-"""The query path's core: validate, select, enqueue, wait for replies until the deadline, answer.
+"""The query path's core: validate, select, look up the cache, enqueue the misses, wait for replies
+until the deadline, answer.
 
 It never raises for a model failure: a model that fails, is slow or cannot be reached yields the
 application's default output with an explanation. It raises ``NotFound`` for an unknown application and
@@ -8,15 +9,19 @@ application's default output with an explanation. It raises ``NotFound`` for an 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from clipper.core.cache_keys import row_keys
 from clipper.core.domain import Application, ModelVersion
-from clipper.core.messages import QueryMessage, Reply, encode_rows, output_value
-from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, validate_query
-from clipper.errors import ClipperError, NotFound, Unavailable
-from clipper.ports import ClaimStore, Clock, Registry, ReplyChannel, RequestQueue
+from clipper.core.messages import QueryMessage, encode_rows, output_value
+from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, Rows, validate_query
+from clipper.errors import ClipperError, Unavailable
+from clipper.ports import ClaimStore, Clock, PredictionCache, Registry, ReplyChannel, RequestQueue
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +52,8 @@ class QueryResult:
     model: str | None = None
     version: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    cache_hits: int = 0
+    cache_misses: int = 0
 
     def as_dict(self, debug: bool = False) -> dict[str, Any]:
         body: dict[str, Any]
@@ -55,8 +62,30 @@ class QueryResult:
         else:
             body = self.predictions[0].as_dict()
         if debug:
-            body["debug"] = {"model": self.model, "version": self.version, "timings_ms": self.timings_ms}
+            body["debug"] = {
+                "model": self.model,
+                "version": self.version,
+                "timings_ms": self.timings_ms,
+                "cache": {"hits": self.cache_hits, "misses": self.cache_misses},
+            }
         return body
+
+
+@dataclass
+class ModelAnswer:
+    """One model's outputs for the rows of a query (``None`` where it gave none) and why not."""
+
+    model: ModelVersion
+    outputs: list[Any]
+    problem: str | None = None
+    hits: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _take(rows: Rows, index: list[int]) -> Rows:
+    if isinstance(rows, np.ndarray):
+        return rows[index]
+    return [rows[i] for i in index]  # type: ignore[return-value]
 
 
 class QueryProcessor:
@@ -69,6 +98,8 @@ class QueryProcessor:
         new_query_id: Callable[[], int],
         claims: ClaimStore | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
+        cache: PredictionCache | None = None,
+        cache_poll_s: float = 0.002,
     ) -> None:
         self._registry = registry
         self._queue = queue
@@ -77,6 +108,8 @@ class QueryProcessor:
         self._new_id = new_query_id
         self._claims = claims
         self._max_batch = max_batch
+        self._cache = cache
+        self._cache_poll = cache_poll_s
 
     def predict(self, app_name: str, body: Any) -> QueryResult:
         start = self._clock.now()
@@ -87,54 +120,168 @@ class QueryProcessor:
         first_id = self._new_id()
         ids = [first_id + i for i in range(query.count)]
 
-        def fallback(why: str, model: ModelVersion | None = None) -> QueryResult:
+        def fallback(why: str) -> QueryResult:
             logger.info("default output", extra={"app": app.name, "query_id": first_id, "reason": why})
-            preds = [Prediction(i, app.default_output, True, why) for i in ids]
             return QueryResult(
-                preds, query.batch, model.name if model else None, model.version if model else None, timings
+                [Prediction(i, app.default_output, True, why) for i in ids], query.batch, timings_ms=timings
             )
 
         try:
-            model = self._select(app)
+            models = self._select(app)
         except ClipperError as e:
             return fallback(f"no model to serve the query: {e}")
-        if model is None:
+        if not models:
             return fallback(f"no model is linked to application '{app.name}'")
-        t = self._clock.now()
-        timings["select"] = (t - start) * 1000 - timings["validate"]
-        name = f"model {model.name}:{model.version}"
-        try:
-            self._enqueue(app, model, query, first_id, deadline)
-        except Unavailable as e:
-            return fallback(f"{name}: queue unavailable ({e})", model)
-        t2 = self._clock.now()
-        timings["enqueue"] = (t2 - t) * 1000
-        try:
-            replies = self._replies.wait(str(first_id), 1, deadline - ANSWER_MARGIN_S - t2)
-        except Unavailable as e:
-            return fallback(f"{name}: reply channel unavailable ({e})", model)
-        timings["wait"] = (self._clock.now() - t2) * 1000
-        if not replies:
-            slo_ms = app.latency_slo_micros / 1000
-            return fallback(f"{name}: timeout, no reply within the SLO of {slo_ms:g} ms", model)
-        reply = replies[0]
-        timings.update({f"model_{k}": v for k, v in reply.timings.items()})
-        return self._answer(app, model, reply, ids, query, timings)
+        timings["select"] = (self._clock.now() - start) * 1000 - timings["validate"]
+        answers = self._gather(app, models, query, first_id, deadline, timings)
+        answer = answers[0]
+        timings.update(answer.timings_ms)
+        preds = []
+        for i, out in zip(ids, answer.outputs, strict=True):
+            if out is None:
+                why = answer.problem or f"model {answer.model.name}:{answer.model.version}: no output"
+                preds.append(Prediction(i, app.default_output, True, why))
+            else:
+                preds.append(Prediction(i, output_value(out), False))
+        return QueryResult(
+            preds,
+            query.batch,
+            answer.model.name,
+            answer.model.version,
+            timings,
+            cache_hits=answer.hits,
+            cache_misses=query.count - answer.hits,
+        )
 
-    def _select(self, app: Application) -> ModelVersion | None:
+    def _select(self, app: Application) -> list[ModelVersion]:
         linked = self._registry.linked_models(app.name)
-        if not linked:
-            return None
-        return self._registry.active_version(linked[0])
+        return [self._registry.active_version(linked[0])] if linked else []
 
-    def _enqueue(
-        self, app: Application, model: ModelVersion, query: QueryInput, query_id: int, deadline: float
+    # -- gathering outputs: cache, then the models ---------------------------------------------------
+    def _gather(
+        self,
+        app: Application,
+        models: list[ModelVersion],
+        query: QueryInput,
+        query_id: int,
+        deadline: float,
+        timings: dict[str, float],
+    ) -> list[ModelAnswer]:
+        n = query.count
+        answers = [ModelAnswer(m, [None] * n) for m in models]
+        keys: dict[str, list[str]] = {}
+        waiting: dict[str, list[int]] = {}
+        sent: dict[str, tuple[ModelAnswer, list[int]]] = {}
+        timings["cache"] = timings["enqueue"] = 0.0
+        for a in answers:
+            m = a.model
+            todo = list(range(n))
+            t0 = self._clock.now()
+            if self._cache is not None:
+                keys[m.name] = row_keys(m.name, m.version, query.rows)
+                todo, waiting[m.name] = self._from_cache(a, keys[m.name], deadline - t0)
+            t1 = self._clock.now()
+            timings["cache"] += (t1 - t0) * 1000
+            if not todo:
+                continue
+            try:
+                self._enqueue(app, m, _take(query.rows, todo), query_id, deadline)
+                sent[m.name] = (a, todo)
+            except Unavailable as e:
+                a.problem = f"model {m.name}:{m.version}: queue unavailable ({e})"
+            timings["enqueue"] += (self._clock.now() - t1) * 1000
+        t1 = self._clock.now()
+        if sent:
+            self._await_replies(app, sent, str(query_id), deadline)
+        timings["wait"] = (self._clock.now() - t1) * 1000
+        if any(waiting.values()):
+            self._await_cache(answers, keys, waiting, deadline)
+        for a in answers:
+            if a.problem is None and any(o is None for o in a.outputs):
+                a.problem = (
+                    f"model {a.model.name}:{a.model.version}: timeout, no reply within the SLO of "
+                    f"{app.latency_slo_micros / 1000:g} ms"
+                )
+        return answers
+
+    def _from_cache(self, answer: ModelAnswer, keys: list[str], ttl_s: float) -> tuple[list[int], list[int]]:
+        """Fill cached outputs; return (rows to compute, rows another query is computing)."""
+        assert self._cache is not None
+        try:
+            hits = self._cache.get_many(keys)
+            for i, k in enumerate(keys):
+                if k in hits:
+                    answer.outputs[i] = hits[k]
+            answer.hits = len([k for k in keys if k in hits])
+            missing = [i for i, k in enumerate(keys) if k not in hits]
+            if not missing:
+                return [], []
+            owned = self._cache.claim(list(dict.fromkeys(keys[i] for i in missing)), max(ttl_s, 0.001))
+        except Unavailable as e:
+            logger.warning("cache unavailable: %s", e)
+            return [i for i, o in enumerate(answer.outputs) if o is None], []
+        first_row: dict[str, int] = {}
+        todo, wait = [], []
+        for i in missing:
+            k = keys[i]
+            if k in owned and first_row.setdefault(k, i) == i:
+                todo.append(i)
+            else:
+                wait.append(i)  # a concurrent query, or an identical row of this one, computes it
+        return todo, wait
+
+    def _await_replies(
+        self, app: Application, sent: dict[str, tuple[ModelAnswer, list[int]]], reply_to: str, deadline: float
     ) -> None:
-        payload, blob = encode_rows(query.rows)
+        try:
+            replies = self._replies.wait(reply_to, len(sent), deadline - ANSWER_MARGIN_S - self._clock.now())
+        except Unavailable as e:
+            for a, _ in sent.values():
+                a.problem = f"model {a.model.name}:{a.model.version}: reply channel unavailable ({e})"
+            return
+        for reply in replies:
+            if reply.model not in sent:
+                continue
+            a, rows = sent[reply.model]
+            a.timings_ms = {f"model_{k}": v for k, v in reply.timings.items()}
+            name = f"model {a.model.name}:{a.model.version}"
+            if not reply.ok:
+                a.problem = f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}"
+            elif len(reply.outputs or []) != len(rows):
+                a.problem = f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs"
+            else:
+                for i, out in zip(rows, reply.outputs or [], strict=True):
+                    a.outputs[i] = out
+
+    def _await_cache(
+        self, answers: list[ModelAnswer], keys: dict[str, list[str]], waiting: dict[str, list[int]], deadline: float
+    ) -> None:
+        """Rows a concurrent query (or an identical row of this one) is computing: poll the cache."""
+        assert self._cache is not None
+        by_name = {a.model.name: a for a in answers}
+        while True:
+            for name, rows in waiting.items():
+                a = by_name[name]
+                pending = [i for i in rows if a.outputs[i] is None]
+                if not pending:
+                    continue
+                try:
+                    hits = self._cache.get_many([keys[name][i] for i in pending])
+                except Unavailable:
+                    return
+                for i in pending:
+                    a.outputs[i] = hits.get(keys[name][i], a.outputs[i])
+            remaining = deadline - ANSWER_MARGIN_S - self._clock.now()
+            if remaining <= 0 or all(by_name[n].outputs[i] is not None for n, rs in waiting.items() for i in rs):
+                return
+            time.sleep(min(self._cache_poll, remaining))
+
+    def _enqueue(self, app: Application, model: ModelVersion, rows: Rows, query_id: int, deadline: float) -> None:
+        payload, blob = encode_rows(rows)
         if blob is not None:
             if self._claims is None:
                 raise Unavailable("input too large for a queue message and no claim-check store is set")
-            key = f"claims/{query_id}"
+            key = f"claims/{query_id}-{model.name}"
             self._claims.put(key, blob)
             payload.s3_key = key
         message = QueryMessage(
@@ -143,33 +290,10 @@ class QueryProcessor:
             model=model.name,
             version=model.version,
             input_type=app.input_type,
-            rows=query.count,
+            rows=len(rows),
             payload=payload,
             deadline_ms=int(deadline * 1000),
             sent_ms=int(self._clock.now() * 1000),
             reply_to=str(query_id),
         )
         self._queue.send(model.queue_url, message.to_json())
-
-    @staticmethod
-    def _answer(
-        app: Application,
-        model: ModelVersion,
-        reply: Reply,
-        ids: list[int],
-        query: QueryInput,
-        timings: dict[str, float],
-    ) -> QueryResult:
-        name = f"model {model.name}:{model.version}"
-        if not reply.ok:
-            why = f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}"
-            preds = [Prediction(i, app.default_output, True, why) for i in ids]
-        elif len(reply.outputs or []) != len(ids):
-            why = f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(ids)} inputs"
-            preds = [Prediction(i, app.default_output, True, why) for i in ids]
-        else:
-            preds = [Prediction(i, output_value(o), False) for i, o in zip(ids, reply.outputs or [], strict=True)]
-        return QueryResult(preds, query.batch, model.name, model.version, timings)
-
-
-__all__ = ["NotFound", "Prediction", "QueryProcessor", "QueryResult"]

@@ -1,0 +1,79 @@
+"""The prediction cache in DynamoDB, for stacks without Redis: one item per key with a TTL attribute
+(DynamoDB deletes expired items lazily, so reads also check ``expires_at``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from clipper.adapters.aws_errors import aws_call, error_code, translate
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+else:
+    DynamoDBClient = Any
+
+
+class DynamoDBPredictionCache:
+    def __init__(self, client: DynamoDBClient, table: str, ttl_s: int = 3600) -> None:
+        self._client = client
+        self._table = table
+        self._ttl = ttl_s
+
+    def get_many(self, keys: list[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        now = int(time.time())
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 100):
+            request: dict[str, Any] = {self._table: {"Keys": [{"key": {"S": k}} for k in unique[start : start + 100]]}}
+            while request:
+                with aws_call("dynamodb.BatchGetItem(cache)"):
+                    resp = self._client.batch_get_item(RequestItems=request)
+                for item in resp.get("Responses", {}).get(self._table, []):
+                    if "output" in item and int(item.get("expires_at", {}).get("N", "0")) > now:
+                        out[item["key"]["S"]] = json.loads(item["output"]["S"])
+                request = resp.get("UnprocessedKeys") or {}
+        return out
+
+    def put_many(self, entries: dict[str, Any]) -> None:
+        expires = str(int(time.time()) + self._ttl)
+        items = [
+            {"PutRequest": {"Item": {"key": {"S": k}, "output": {"S": json.dumps(v)}, "expires_at": {"N": expires}}}}
+            for k, v in entries.items()
+        ]
+        for start in range(0, len(items), 25):
+            request: dict[str, Any] = {self._table: items[start : start + 25]}
+            while request:
+                with aws_call("dynamodb.BatchWriteItem(cache)"):
+                    resp = self._client.batch_write_item(RequestItems=request)
+                request = resp.get("UnprocessedItems") or {}
+
+    def claim(self, keys: list[str], ttl_s: float) -> set[str]:
+        now = time.time()
+        owned = set()
+        for k in dict.fromkeys(keys):
+            try:
+                self._client.put_item(
+                    TableName=self._table,
+                    Item={
+                        "key": {"S": k},
+                        "claimed_until": {"N": f"{now + ttl_s:.3f}"},
+                        "expires_at": {"N": str(int(now + ttl_s) + 1)},
+                    },
+                    # free, or an expired entry, or a claim whose owner gave up
+                    ConditionExpression="attribute_not_exists(#k) OR expires_at < :sec"
+                    " OR (attribute_not_exists(#o) AND claimed_until < :now)",
+                    ExpressionAttributeNames={"#k": "key", "#o": "output"},
+                    ExpressionAttributeValues={":now": {"N": f"{now:.3f}"}, ":sec": {"N": str(int(now))}},
+                )
+            except ClientError as e:
+                if error_code(e) == "ConditionalCheckFailedException":
+                    continue
+                raise translate(e, "dynamodb.PutItem(cache claim)") from e
+            except BotoCoreError as e:
+                raise translate(e, "dynamodb.PutItem(cache claim)") from e
+            owned.add(k)
+        return owned

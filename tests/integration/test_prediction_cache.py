@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from clipper.adapters.dynamodb_cache import DynamoDBPredictionCache
+from clipper.adapters.redis_cache import RedisPredictionCache
+from tests.integration.conftest import create_tables
+from tests.services import redis_url  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["redis", "dynamodb"])
+def cache(request):
+    if request.param == "redis":
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+        client.flushdb()
+        return RedisPredictionCache(client, ttl_s=60)
+    aws = request.getfixturevalue("aws")
+    aws.dynamodb.create_table(
+        TableName="cache",
+        KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    return DynamoDBPredictionCache(aws.dynamodb, "cache", ttl_s=60)
+
+
+def test_put_and_get_many(cache):
+    keys = [f"k{i}" for i in range(130)]  # more than one DynamoDB batch
+    cache.put_many({k: i for i, k in enumerate(keys)})
+    cache.put_many({"vec": [0.5, 1.5], "text": "seven"})
+    got = cache.get_many([*keys, "vec", "text", "absent"])
+    assert got["k0"] == 0 and got["k129"] == 129 and got["vec"] == [0.5, 1.5] and got["text"] == "seven"
+    assert "absent" not in got
+    assert cache.get_many([]) == {}
+
+
+def test_claim_is_exclusive_until_filled(cache):
+    assert cache.claim(["a", "b"], ttl_s=30) == {"a", "b"}
+    assert cache.claim(["a", "c"], ttl_s=30) == {"c"}
+    cache.put_many({"a": 1})
+    assert cache.get_many(["a"]) == {"a": 1}
+
+
+def test_expired_claim_can_be_taken_again(cache):
+    assert cache.claim(["x"], ttl_s=0.05) == {"x"}
+    import time
+
+    time.sleep(0.1)
+    assert cache.claim(["x"], ttl_s=30) == {"x"}
+
+
+def test_concurrent_claims_have_exactly_one_owner(cache):
+    owners: list[set[str]] = []
+    barrier = threading.Barrier(8)
+
+    def contend():
+        barrier.wait()
+        owners.append(cache.claim(["hot"], ttl_s=30))
+
+    threads = [threading.Thread(target=contend) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(len(o) for o in owners) == 1
+
+
+__all__ = ["create_tables"]

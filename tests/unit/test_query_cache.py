@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import pytest
+
+from clipper.batching.core import Batcher
+from clipper.core.cache_keys import row_keys
+from clipper.frontend.query import QueryProcessor
+from tests.fakes import FakeResolver, InMemoryCache, model_version
+from tests.unit.test_query_processor import InlineQueue, one_hot, world  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def cached(world):  # noqa: F811
+    processor, registry, queue, endpoint, clock = world
+    cache = InMemoryCache(clock=clock)
+    replies = processor._replies
+    queue.batcher = Batcher(FakeResolver(endpoint), replies, clock, cache=cache)
+    ids = iter(range(10**6, 10**9, 1000))
+    p = QueryProcessor(registry, queue, replies, clock, lambda: next(ids), cache=cache, cache_poll_s=0)
+    return p, registry, queue, endpoint, cache
+
+
+def test_a_hit_never_reaches_the_queue_or_the_model(cached):
+    p, _, queue, endpoint, _ = cached
+    first = p.predict("digits", {"input": one_hot(3)})
+    again = p.predict("digits", {"input": one_hot(3)})
+    assert first.predictions[0].output == again.predictions[0].output == 3
+    assert (first.cache_hits, again.cache_hits) == (0, 1)
+    assert len(queue.sent) == 1 and endpoint.calls == [1]
+
+
+def test_batch_sends_only_the_misses_and_answers_in_order(cached):
+    p, _, queue, endpoint, _ = cached
+    p.predict("digits", {"input_batch": [one_hot(1), one_hot(2)]})
+    result = p.predict("digits", {"input_batch": [one_hot(2), one_hot(5), one_hot(1), one_hot(6)]})
+    assert [x.output for x in result.predictions] == [2, 5, 1, 6]
+    assert result.cache_hits == 2 and endpoint.calls == [2, 2]
+
+
+def test_identical_rows_in_one_batch_are_computed_once(cached):
+    p, _, _, endpoint, _ = cached
+    result = p.predict("digits", {"input_batch": [one_hot(4)] * 3})
+    assert [x.output for x in result.predictions] == [4, 4, 4] and endpoint.calls == [1]
+
+
+def test_versions_never_share_entries(cached):
+    p, registry, _, endpoint, cache = cached
+    p.predict("digits", {"input": one_hot(3)})
+    registry.versions[("mlp", "2")] = model_version(version="2")
+    registry.active["mlp"] = "2"
+    result = p.predict("digits", {"input": one_hot(3)})
+    assert result.cache_hits == 0 and endpoint.calls == [1, 1]
+    assert row_keys("mlp", "1", [b"x"]) != row_keys("mlp", "2", [b"x"])
+
+
+def test_concurrent_identical_query_waits_for_the_first_computation(cached):
+    p, _, queue, endpoint, cache = cached
+    import numpy as np
+
+    key = row_keys("mlp", "1", np.asarray([one_hot(7)], dtype=np.float32))[0]
+    cache.claims.add(key)  # another frontend is computing this input right now
+    queue.batcher = None
+    original = cache.get_many
+    calls = {"n": 0}
+
+    def answer_later(keys):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the other query's batcher fills the cache meanwhile
+            cache.entries[key] = 7
+        return original(keys)
+
+    cache.get_many = answer_later
+    result = p.predict("digits", {"input": one_hot(7)})
+    assert result.predictions[0].output == 7 and not result.predictions[0].default
+    assert queue.sent == [] and endpoint.calls == []
+
+
+def test_cache_down_means_compute_not_fail(cached):
+    p, _, queue, endpoint, cache = cached
+    cache.down = True
+    result = p.predict("digits", {"input": one_hot(2)})
+    assert result.predictions[0].output == 2 and endpoint.calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (("m", "1", [b"ab"]), ("m", "1", ["ab"])),  # bytes vs string
+        (("m", "1", [b"ab"]), ("m", "11", [b"ab"])),
+        (("m1", "1", [b"x"]), ("m", "11", [b"x"])),  # no ambiguity from concatenation
+    ],
+)
+def test_keys_do_not_collide(a, b):
+    assert row_keys(*a) != row_keys(*b)
+
+
+def test_numeric_keys_depend_on_dtype_and_shape():
+    import numpy as np
+
+    x = np.arange(8, dtype=np.int32)
+    assert row_keys("m", "1", x.reshape(1, 8)) != row_keys("m", "1", x.reshape(1, 2, 4))
+    assert row_keys("m", "1", x.reshape(1, 8)) != row_keys("m", "1", x.view(np.float32).reshape(1, 8))
+    assert row_keys("m", "1", x.reshape(1, 8)) == row_keys("m", "1", x.copy().reshape(1, 8))
