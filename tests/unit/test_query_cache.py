@@ -32,7 +32,7 @@ def test_a_hit_never_reaches_the_queue_or_the_model(cached):
 
 
 def test_batch_sends_only_the_misses_and_answers_in_order(cached):
-    p, _, queue, endpoint, _ = cached
+    p, _, _queue, endpoint, _ = cached
     p.predict("digits", {"input_batch": [one_hot(1), one_hot(2)]})
     result = p.predict("digits", {"input_batch": [one_hot(2), one_hot(5), one_hot(1), one_hot(6)]})
     assert [x.output for x in result.predictions] == [2, 5, 1, 6]
@@ -46,7 +46,7 @@ def test_identical_rows_in_one_batch_are_computed_once(cached):
 
 
 def test_versions_never_share_entries(cached):
-    p, registry, _, endpoint, cache = cached
+    p, registry, _, endpoint, _cache = cached
     p.predict("digits", {"input": one_hot(3)})
     registry.versions[("mlp", "2")] = model_version(version="2")
     registry.active["mlp"] = "2"
@@ -78,7 +78,7 @@ def test_concurrent_identical_query_waits_for_the_first_computation(cached):
 
 
 def test_cache_down_means_compute_not_fail(cached):
-    p, _, queue, endpoint, cache = cached
+    p, _, _queue, endpoint, cache = cached
     cache.down = True
     result = p.predict("digits", {"input": one_hot(2)})
     assert result.predictions[0].output == 2 and endpoint.calls == [1]
