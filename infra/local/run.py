@@ -209,6 +209,10 @@ class LocalStack:
                     str(self.args.slo_ms / 2),
                     "--batch-wait-ms",
                     "1",
+                    "--model",
+                    m["name"],
+                    "--version",
+                    "1",
                 ],
             )
             log(f"model {m['name']} (held-out accuracy {m['accuracy']:.3f}) served at {endpoints[m['name']]}")

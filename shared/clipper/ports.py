@@ -78,6 +78,14 @@ class PredictionCache(Protocol):
         ...
 
 
+class ControllerStateStore(Protocol):
+    """Where a batching controller's state survives cold starts."""
+
+    def load(self, model: str, version: str) -> dict[str, Any] | None: ...
+
+    def save(self, model: str, version: str, state: dict[str, Any]) -> None: ...
+
+
 class Registry(Protocol):
     def get_app(self, name: str) -> Application: ...
 

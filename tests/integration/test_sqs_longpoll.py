@@ -123,3 +123,24 @@ def test_large_input_travels_through_s3_as_a_claim_check(aws, world):
     report = batcher.process([Inbound(msg["MessageId"], msg["Body"])])
     assert report.answered == 1
     assert replies.lists[parsed.reply_to][0].outputs == [n - 1]
+
+
+def test_controller_state_survives_a_new_driver(aws, world):
+    from clipper.adapters.dynamodb_registry import DynamoDBControllerStore
+
+    processor, batcher, _, _ = world
+    store = DynamoDBControllerStore(aws.dynamodb, aws.registry_table)
+    reader = SqsQueueReader(aws.sqs, aws.queue_url)
+    first = LongPollDriver(
+        reader, batcher, AimdController(slo_s=1.0), idle_wait_s=0, state_store=store, state_key=("mlp", "1")
+    )
+    enqueue(processor, 12)
+    stop = threading.Event()
+    while depth(aws, aws.queue_url):
+        first.handle(first.collect(stop))
+    grown = first._controller.max_batch_size()
+    assert grown > 1
+    first.save_state()
+    # a cold start: a new controller starts at 1 but restores the stored size
+    second = LongPollDriver(reader, batcher, AimdController(slo_s=1.0), state_store=store, state_key=("mlp", "1"))
+    assert second._controller.max_batch_size() == grown

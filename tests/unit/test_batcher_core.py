@@ -123,3 +123,19 @@ def test_reply_channel_down_fails_messages_for_retry(setup):
     clock, _, replies, batcher = setup
     replies.down = True
     assert batcher.process([message(1, one_hot(1), clock)]).failed == ["m1"]
+
+
+def test_query_that_cannot_be_answered_in_time_is_dropped(setup):
+    clock, endpoint, _, batcher = setup
+
+    def slow_predict(rows, inner=endpoint.predict):
+        clock.advance(0.03)  # every batch takes 30 ms
+        return inner(rows)
+
+    endpoint.predict = slow_predict
+    assert batcher.process([message(1, one_hot(1), clock)]).answered == 1
+    assert batcher.latency_floor_s == pytest.approx(0.03)
+    tight = message(2, one_hot(2), clock, ttl_s=0.02)  # 20 ms left, batches take 30
+    roomy = message(3, one_hot(3), clock, ttl_s=0.1)
+    report = batcher.process([tight, roomy])
+    assert report.expired == 1 and report.answered == 1 and endpoint.calls == [1, 1]

@@ -53,3 +53,50 @@ def test_fixed_controller_never_adapts():
     assert c.max_batch_size() == 8
     with pytest.raises(ValueError):
         FixedController(0)
+
+
+def _latency(size: int) -> float:
+    return 0.002 + 0.0005 * size  # 2 ms overhead + 0.5 ms per row
+
+
+def test_quantile_controller_fits_the_slo_from_samples():
+    from clipper.batching.controller import QuantileController
+
+    c = QuantileController(slo_s=0.02, samples_needed=200, refit_every=50)
+    for _ in range(400):
+        n = c.max_batch_size()
+        c.observe(n, _latency(n))
+    # (20 ms - 2 ms) / 0.5 ms = 36 rows
+    assert c.coefficients is not None and 34 <= c.max_batch_size() <= 36
+
+
+@given(st.lists(st.tuples(st.integers(1, 300), st.floats(0, 1, allow_nan=False)), max_size=300))
+def test_quantile_controller_stays_within_bounds(observations):
+    from clipper.batching.controller import QuantileController
+
+    c = QuantileController(slo_s=0.02, samples_needed=50, refit_every=10, upper=256)
+    for size, latency in observations:
+        c.observe(size, latency)
+        assert 1 <= c.max_batch_size() <= 256
+
+
+def test_state_round_trips_across_instances():
+    from clipper.batching.controller import QuantileController, make_controller
+
+    a = AimdController(slo_s=0.02)
+    for _ in range(10):
+        a.observe(a.max_batch_size(), 0.001)
+    b = AimdController(slo_s=0.02)
+    b.restore(a.state())
+    assert b.max_batch_size() == a.max_batch_size() == 21
+    q = QuantileController(slo_s=0.02, samples_needed=100, refit_every=20)
+    for _ in range(200):
+        q.observe(q.max_batch_size(), _latency(q.max_batch_size()))
+    q2 = make_controller("quantile", 0.02)
+    q2.restore(q.state())
+    assert q2.max_batch_size() == q.max_batch_size()
+    fixed = make_controller("aimd", 0.02, batch_size=8)
+    fixed.restore(a.state())
+    assert fixed.max_batch_size() == 8  # the user's fixed size wins
+    with pytest.raises(ValueError):
+        make_controller("clock", 0.02)

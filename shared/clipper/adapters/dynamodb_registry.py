@@ -5,10 +5,12 @@ Items (``pk``, ``sk``):
     APP#<app>     LINK#<model>   a link from the application to a model
     MODEL#<model> MODEL          the model (its active version)
     MODEL#<model> VERSION#<v>    a deployed version (input type, shape, queue URL, endpoint, labels)
+    MODEL#<model> BATCHER#<v>    the batching controller's state for that version (survives cold starts)
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -160,3 +162,34 @@ class DynamoDBRegistry:
 
     def set_active_version(self, model: str, version: str) -> None:
         self._put({"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}, "active_version": {"S": version}})
+
+
+class DynamoDBControllerStore:
+    """Batching controller state in the registry table (``MODEL#<model>`` / ``BATCHER#<version>``)."""
+
+    def __init__(self, client: DynamoDBClient, table: str) -> None:
+        self._client = client
+        self._table = table
+
+    def load(self, model: str, version: str) -> dict[str, Any] | None:
+        with aws_call("dynamodb.GetItem(controller)"):
+            resp = self._client.get_item(
+                TableName=self._table, Key={"pk": {"S": f"MODEL#{model}"}, "sk": {"S": f"BATCHER#{version}"}}
+            )
+        item = resp.get("Item")
+        if not item:
+            return None
+        state: dict[str, Any] = json.loads(item["state"]["S"])
+        return state
+
+    def save(self, model: str, version: str, state: dict[str, Any]) -> None:
+        with aws_call("dynamodb.PutItem(controller)"):
+            self._client.put_item(
+                TableName=self._table,
+                Item={
+                    "pk": {"S": f"MODEL#{model}"},
+                    "sk": {"S": f"BATCHER#{version}"},
+                    "state": {"S": json.dumps(state)},
+                    "updated_at": {"N": str(int(time.time()))},
+                },
+            )

@@ -10,6 +10,7 @@ others.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,12 @@ class Batcher:
         self._clock = clock
         self._claims = claims
         self._cache = cache
+        # The fastest recent batches: no query whose remaining time is under this can still be answered.
+        self._recent_latency: deque[float] = deque(maxlen=50)
+
+    @property
+    def latency_floor_s(self) -> float:
+        return min(self._recent_latency, default=0.0)
 
     def decode(self, inbound: Inbound) -> _Work:
         message = QueryMessage.from_json(inbound.body)
@@ -96,6 +103,7 @@ class Batcher:
     def process(self, inbound: Sequence[Inbound]) -> BatchReport:
         report = BatchReport()
         now_ms = self._clock.now() * 1000
+        floor_ms = self.latency_floor_s * 1000
         seen: set[tuple[str, str]] = set()
         groups: dict[tuple[str, str, str, tuple[int, ...]], list[_Work]] = {}
         for item in inbound:
@@ -106,7 +114,7 @@ class Batcher:
                 report.failed.append(item.message_id)
                 continue
             msg = work.message
-            if msg.deadline_ms <= now_ms:
+            if msg.deadline_ms <= now_ms + floor_ms:  # expired, or cannot be answered in time any more
                 report.expired += 1
                 continue
             key = (msg.reply_to, msg.model)
@@ -149,6 +157,7 @@ class Batcher:
                 )
             return
         end = self._clock.now()
+        self._recent_latency.append(end - start)
         report.batches.append((model, len(rows), end - start))
         offset = 0
         for w in members:

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
 
-from clipper.batching.controller import AimdController, BatchSizeController, FixedController
+from clipper.batching.controller import BatchSizeController, make_controller
 from clipper.batching.core import Batcher, BatchReport, Inbound
 from clipper.errors import ClipperError
-from clipper.ports import QueueReader, ReceivedMessage
+from clipper.ports import ControllerStateStore, QueueReader, ReceivedMessage
 
 logger = logging.getLogger("clipper.batcher")
 
@@ -43,6 +44,9 @@ class LongPollDriver:
         batch_wait_s: float = 0.001,
         idle_wait_s: int = 1,
         max_backoff_s: int = 30,
+        state_store: ControllerStateStore | None = None,
+        state_key: tuple[str, str] | None = None,
+        save_every_s: float = 5.0,
     ) -> None:
         self._reader = reader
         self._batcher = batcher
@@ -50,7 +54,33 @@ class LongPollDriver:
         self._batch_wait = batch_wait_s
         self._idle_wait = idle_wait_s
         self._max_backoff = max_backoff_s
+        self._store = state_store if state_key else None
+        self._key = state_key
+        self._save_every = save_every_s
+        self._saved_at = time.monotonic()
         self.stats = DriverStats()
+        self._restore()
+
+    def _restore(self) -> None:
+        if self._store is None or self._key is None:
+            return
+        try:
+            state = self._store.load(*self._key)
+        except ClipperError as e:
+            logger.warning("controller state not loaded: %s", e)
+            return
+        if state:
+            self._controller.restore(state)
+            logger.info("controller restored: %s", state)
+
+    def save_state(self) -> None:
+        if self._store is None or self._key is None:
+            return
+        try:
+            self._store.save(*self._key, self._controller.state())
+        except ClipperError as e:
+            logger.warning("controller state not saved: %s", e)
+        self._saved_at = time.monotonic()
 
     def collect(self, stop: threading.Event) -> list[ReceivedMessage]:
         """Receive one batch: block (long poll) until a message arrives, then fill until full or late."""
@@ -98,6 +128,8 @@ class LongPollDriver:
         s.expired += report.expired
         s.duplicates += report.duplicates
         s.failed += len(failed)
+        if time.monotonic() - self._saved_at >= self._save_every:
+            self.save_state()
         return report
 
     def run(self, stop: threading.Event) -> None:
@@ -105,6 +137,7 @@ class LongPollDriver:
             batch = self.collect(stop)
             if batch:
                 self.handle(batch)
+        self.save_state()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -112,7 +145,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--queue-url", required=True, help="the model's request queue")
     p.add_argument("--endpoint-url", required=True, help="the model server, e.g. http://127.0.0.1:8080")
     p.add_argument("--slo-ms", type=float, default=100.0, help="latency objective of a batch (AIMD)")
-    p.add_argument("--batch-size", type=int, default=0, help="fix the batch size (0: adapt with AIMD)")
+    p.add_argument("--batch-size", type=int, default=0, help="fix the batch size (0: adapt)")
+    p.add_argument("--controller", choices=["aimd", "quantile"], default="aimd", help="how the size adapts")
+    p.add_argument("--model", default=os.environ.get("CLIPPER_MODEL_NAME", ""), help="model name (state key)")
+    p.add_argument("--version", default=os.environ.get("CLIPPER_MODEL_VERSION", ""), help="model version")
     p.add_argument("--max-batch-size", type=int, default=256, help="upper bound of the adaptive size")
     p.add_argument("--batch-wait-ms", type=float, default=1.0, help="how long a batch waits to fill")
     p.add_argument("--log-level", default="INFO")
@@ -141,15 +177,17 @@ def main(argv: list[str] | None = None) -> int:
         claims=S3ClaimStore(aws_client("s3"), settings.model_bucket) if settings.model_bucket else None,
         cache=prediction_cache(settings, dynamodb),
     )
-    controller: BatchSizeController = (
-        FixedController(args.batch_size)
-        if args.batch_size
-        else AimdController(slo_s=args.slo_ms / 1000, upper=args.max_batch_size)
-    )
+    controller = make_controller(args.controller, args.slo_ms / 1000, args.batch_size, args.max_batch_size)
+    from clipper.adapters.dynamodb_registry import DynamoDBControllerStore
+
+    store = DynamoDBControllerStore(dynamodb, settings.registry_table)
+    key = (args.model, args.version) if args.model and args.version else None
     from clipper.adapters.sqs import SqsQueueReader
 
     reader = SqsQueueReader(aws_client("sqs", read_timeout=30), args.queue_url)
-    driver = LongPollDriver(reader, batcher, controller, batch_wait_s=args.batch_wait_ms / 1000)
+    driver = LongPollDriver(
+        reader, batcher, controller, batch_wait_s=args.batch_wait_ms / 1000, state_store=store, state_key=key
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
