@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 PORT ?= 8080
 MODELS := build/models
 
-.PHONY: help venv models run test test-unit test-integration test-iac test-e2e lint typecheck redis clean
+.PHONY: help venv models run test test-unit test-integration test-iac test-e2e lint redis clean \
+	bench-batching bench-cache bench-selection
 
 help:
 	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT))"
@@ -56,6 +57,16 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# Benchmarks: each prints its figures, writes bench/results/<name>.json and a PNG plot.
+bench-batching: venv models
+	$(PY) bench/batching.py $(BENCH_ARGS)
+
+bench-cache: venv models redis
+	$(PY) bench/cache.py $(BENCH_ARGS)
+
+bench-selection: venv models
+	$(PY) bench/selection.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache .local-stack

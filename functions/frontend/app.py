@@ -24,7 +24,7 @@ processor = build_query_processor(
     sqs=aws_client("sqs", max_attempts=2),
     s3=aws_client("s3"),
 )
-app = create_app(processor, settings.max_body_bytes)
+app = create_app(processor, settings.max_body_bytes, inline=settings.inline_predict)
 _asgi_handler = Mangum(app, lifespan="off", api_gateway_base_path=settings.api_base_path)
 
 

@@ -24,6 +24,8 @@ class CommonSettings(BaseSettings):
 
 class FrontendSettings(CommonSettings):
     api_base_path: str = Field("/", pattern=r"^/")
+    # Run the query on the event loop's thread: true in Lambda (one event at a time), false under uvicorn.
+    inline_predict: bool = False
     config_ttl_s: float = Field(2.0, ge=0)
     max_body_bytes: int = Field(5 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1000, ge=1)

@@ -52,7 +52,11 @@ def _truthy(value: str | None) -> bool:
     return (value or "").lower() in {"1", "true", "yes"}
 
 
-def create_app(processor: QueryProcessor, max_body_bytes: int, title: str = "Clipper query API") -> FastAPI:
+def create_app(
+    processor: QueryProcessor, max_body_bytes: int, title: str = "Clipper query API", inline: bool = False
+) -> FastAPI:
+    """``inline`` runs the (blocking) query on the event loop's thread: right in Lambda, where Mangum serves
+    one event per invocation and a thread hop only adds latency; wrong under uvicorn, which serves many."""
     app = FastAPI(title=title, version="1", description="Clipper's prediction API, served on AWS Lambda.")
 
     @app.get("/health", tags=["ops"])
@@ -87,7 +91,10 @@ def create_app(processor: QueryProcessor, max_body_bytes: int, title: str = "Cli
             return _error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
         debug = _truthy(request.query_params.get("debug")) or _truthy(request.headers.get("x-clipper-debug"))
         try:
-            result = await run_in_threadpool(processor.predict, app_name, body)
+            if inline:
+                result = processor.predict(app_name, body)
+            else:
+                result = await run_in_threadpool(processor.predict, app_name, body)
         except NotFound as e:
             return _error(404, "unknown application", str(e))
         except InvalidInput as e:

@@ -1,0 +1,214 @@
+"""The bandit state of one application (or of one user of it): a value, serialised to the store.
+
+A :class:`SelectionState` holds, per linked model, a weight and two counters, plus the policy's name and a
+``version`` that every change increases by one. The store writes a new state conditionally on the version
+it read (version 0 means "never stored"); on a conflict the caller reads again and reapplies the change,
+so no update is lost.
+
+Weights are a probability distribution: every weight is finite and positive and they sum to 1. Exp3 and
+Exp4 reweight through :func:`reweighted`, which keeps every weight at least ``min_ratio`` times the
+largest: the floor bounds how far a model can fall behind, so a model that was bad and became good again
+is picked again within a bounded number of queries.
+
+Contextual (per-user) selection is a matter of which state is loaded: :func:`state_key` names it. The
+rule: a query with a user id loads the user's state; a user without one starts from a copy of the
+application's state (:func:`state_for_user`), and the first feedback for that user writes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import quote
+
+from clipper.errors import InvalidInput
+
+SCHEMA = 1
+# The smallest weight a model can have, relative to the largest one. It bounds recovery time: a model's
+# log-weight is never more than ln(1 / DEFAULT_MIN_RATIO) ~ 9.2 below the best one's.
+DEFAULT_MIN_RATIO = 1e-4
+MAX_LOG_DELTA = 1e6
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One linked model: its weight, how many feedback labels judged it, and the sum of its losses."""
+
+    model: str
+    weight: float
+    pulls: int = 0
+    losses: float = 0.0
+
+    @property
+    def mean_loss(self) -> float | None:
+        return self.losses / self.pulls if self.pulls else None
+
+
+@dataclass(frozen=True)
+class SelectionState:
+    """The state a policy reads and replaces. Immutable: every change returns a new value."""
+
+    policy: str
+    arms: tuple[Arm, ...]
+    version: int = 0
+    updates: int = 0
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(a.model for a in self.arms)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {a.model: a.weight for a in self.arms}
+
+    def arm(self, model: str) -> Arm | None:
+        return next((a for a in self.arms if a.model == model), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict (str, int, finite float, list, dict). Arms are a list, so their order survives
+        stores whose maps are unordered (DynamoDB)."""
+        return {
+            "schema": SCHEMA,
+            "policy": self.policy,
+            "version": self.version,
+            "updates": self.updates,
+            "arms": [{"model": a.model, "weight": a.weight, "pulls": a.pulls, "losses": a.losses} for a in self.arms],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SelectionState:
+        """The state :meth:`to_dict` wrote. Numbers may come back as ``Decimal`` (DynamoDB) or ``str``.
+
+        Raises ``ValueError`` for a corrupt state (missing fields, a non-positive or non-finite weight,
+        a duplicated model, an unknown schema).
+        """
+        try:
+            if int(data.get("schema", SCHEMA)) != SCHEMA:
+                raise ValueError(f"unknown selection state schema {data.get('schema')!r}")
+            arms = tuple(
+                Arm(str(a["model"]), float(a["weight"]), int(a.get("pulls", 0)), float(a.get("losses", 0.0)))
+                for a in data["arms"]
+            )
+            state = cls(str(data["policy"]), arms, int(data["version"]), int(data.get("updates", 0)))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"corrupt selection state: {e!r}") from e
+        if len(set(state.models)) != len(arms):
+            raise ValueError("corrupt selection state: a model appears twice")
+        for a in arms:
+            if not (math.isfinite(a.weight) and a.weight > 0 and math.isfinite(a.losses) and a.losses >= 0):
+                raise ValueError(f"corrupt selection state: model {a.model!r} has weight {a.weight}")
+            if a.pulls < 0:
+                raise ValueError(f"corrupt selection state: model {a.model!r} has {a.pulls} pulls")
+        if state.version < 0:
+            raise ValueError("corrupt selection state: negative version")
+        return replace(state, arms=tuple(_normalised(arms)))
+
+
+def _normalised(arms: Iterable[Arm]) -> list[Arm]:
+    """The arms with weights summing to 1 (left as they are when they already do, so that a state read
+    back from the store equals the one written)."""
+    arms = list(arms)
+    total = math.fsum(a.weight for a in arms)
+    if abs(total - 1.0) <= 1e-12:
+        return arms
+    return [Arm(a.model, a.weight / total, a.pulls, a.losses) for a in arms]
+
+
+def reweighted(
+    arms: Sequence[Arm], log_deltas: Mapping[str, float], min_ratio: float = DEFAULT_MIN_RATIO
+) -> tuple[Arm, ...]:
+    """Multiply each weight by ``exp(log_deltas[model])`` (absent: 1), in log space, then lift every weight
+    to at least ``min_ratio`` times the largest and normalise. Never NaN, never 0, whatever the deltas
+    (a NaN delta counts as 0, an infinite one as +-``MAX_LOG_DELTA``)."""
+    if not arms:
+        return ()
+    logs = []
+    for a in arms:
+        delta = log_deltas.get(a.model, 0.0)
+        delta = 0.0 if math.isnan(delta) else min(max(delta, -MAX_LOG_DELTA), MAX_LOG_DELTA)
+        logs.append(math.log(a.weight) + delta)
+    top = max(logs)
+    floor = math.log(min_ratio)
+    weights = [math.exp(max(x - top, floor)) for x in logs]
+    total = math.fsum(weights)
+    return tuple(Arm(a.model, w / total, a.pulls, a.losses) for a, w in zip(arms, weights, strict=True))
+
+
+def with_losses(arms: Sequence[Arm], losses: Mapping[str, float]) -> tuple[Arm, ...]:
+    """The arms with their counters advanced by one judged output each (models in ``losses``)."""
+    return tuple(
+        Arm(a.model, a.weight, a.pulls + 1, a.losses + losses[a.model]) if a.model in losses else a for a in arms
+    )
+
+
+def initial_state(policy: str, models: Sequence[str]) -> SelectionState:
+    """A never-stored state (version 0): every model with the same weight, counters at zero."""
+    unique = list(dict.fromkeys(models))
+    arms = tuple(Arm(m, 1.0 / len(unique)) for m in unique)  # empty when no model is linked
+    return SelectionState(policy, arms)
+
+
+def reconcile(state: SelectionState, models: Sequence[str]) -> SelectionState:
+    """Follow a change of the linked models: a new model gets the mean weight of the others (then all are
+    normalised), a model no longer linked is dropped, the order becomes that of ``models``. Returns
+    ``state`` itself when nothing changed, else a new state with ``version + 1``."""
+    wanted = list(dict.fromkeys(models))
+    if list(state.models) == wanted:
+        return state
+    known = {a.model: a for a in state.arms}
+    kept = [known[m] for m in wanted if m in known]
+    mean = math.fsum(a.weight for a in kept) / len(kept) if kept else 1.0
+    arms = [known.get(m) or Arm(m, mean) for m in wanted]
+    return replace(state, arms=tuple(_normalised(arms)), version=state.version + 1)
+
+
+def ensure_state(state: SelectionState | None, policy: str, models: Sequence[str]) -> SelectionState:
+    """The state to use for ``policy`` over ``models``: a fresh one when there is none or when the
+    application switched policy (its version continues the old one, so the conditional write still
+    applies), else the stored one reconciled with the linked models."""
+    if state is None:
+        return initial_state(policy, models)
+    if state.policy != policy:
+        return replace(initial_state(policy, models), version=state.version + 1)
+    return reconcile(state, models)
+
+
+def state_key(app: str, user_id: str | None = None) -> str:
+    """The store key of an application's state (``user_id`` None) or of one user's state within it.
+
+    Both parts are percent-encoded, so different (app, user) pairs never share a key:
+    ``state_key("digits")`` is ``"app/digits"``, ``state_key("digits", "u 1")`` is ``"app/digits/user/u%201"``.
+    """
+    if not app:
+        raise InvalidInput("app", "a non-empty application name")
+    key = f"app/{quote(app, safe='')}"
+    if user_id is None:
+        return key
+    if not user_id:
+        raise InvalidInput("user_id", "a non-empty string when given")
+    return f"{key}/user/{quote(user_id, safe='')}"
+
+
+def state_for_user(app_state: SelectionState, user_state: SelectionState | None) -> SelectionState:
+    """The fallback rule of contextual selection: the user's own state when it exists; otherwise a copy of
+    the application's weights with zeroed counters and version 0 (not yet stored under the user's key)."""
+    if user_state is not None:
+        return user_state
+    arms = tuple(Arm(a.model, a.weight) for a in app_state.arms)
+    return SelectionState(app_state.policy, arms)
+
+
+__all__ = [
+    "DEFAULT_MIN_RATIO",
+    "Arm",
+    "SelectionState",
+    "ensure_state",
+    "initial_state",
+    "reconcile",
+    "reweighted",
+    "state_for_user",
+    "state_key",
+    "with_losses",
+]
