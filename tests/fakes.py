@@ -163,3 +163,27 @@ class InMemoryCache:
         owned = {k for k in keys if k not in self.claims}
         self.claims |= owned
         return owned
+
+
+@dataclass
+class InMemorySelectionStore:
+    """Versioned states with the same conditional-write rules as the DynamoDB store."""
+
+    states: dict[str, Any] = field(default_factory=dict)
+    applied: set[tuple[str, str]] = field(default_factory=set)
+
+    def load(self, key: str) -> Any:
+        return self.states.get(key)
+
+    def save(self, key: str, state: Any, expected_version: int, feedback_id: str | None = None) -> bool:
+        from clipper.errors import Conflict
+
+        current = self.states.get(key)
+        if (current.version if current else 0) != expected_version:
+            raise Conflict(key)
+        if feedback_id is not None and (key, feedback_id) in self.applied:
+            return False
+        self.states[key] = state
+        if feedback_id is not None:
+            self.applied.add((key, feedback_id))
+        return True

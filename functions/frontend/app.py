@@ -14,7 +14,7 @@ from mangum import Mangum
 
 from clipper.frontend.api import create_app
 from clipper.settings import FrontendSettings
-from clipper.wiring import aws_client, build_query_processor
+from clipper.wiring import aws_client, build_feedback_receiver, build_query_processor
 
 logger = Logger(service="clipper-frontend")
 settings = FrontendSettings()  # type: ignore[call-arg]
@@ -24,7 +24,13 @@ processor = build_query_processor(
     sqs=aws_client("sqs", max_attempts=2),
     s3=aws_client("s3"),
 )
-app = create_app(processor, settings.max_body_bytes, inline=settings.inline_predict)
+sqs = aws_client("sqs", max_attempts=2)
+app = create_app(
+    processor,
+    settings.max_body_bytes,
+    inline=settings.inline_predict,
+    feedback=build_feedback_receiver(settings, processor.registry, sqs),
+)
 _asgi_handler = Mangum(app, lifespan="off", api_gateway_base_path=settings.api_base_path)
 
 

@@ -167,7 +167,9 @@ class LocalStack:
 
         clients = {s: boto3.client(s) for s in ("cloudformation", "s3", "dynamodb", "lambda")}
         log("creating the stack from template.yaml in moto's CloudFormation (translated offline)")
-        outputs = cfn.deploy_service(clients, STACK, REPO, {"RedisUrl": self.env.get("REDIS_URL", "")})
+        outputs = cfn.deploy_service(
+            clients, STACK, REPO, {"RedisUrl": self.env.get("REDIS_URL", ""), "FeedbackMappingEnabled": "false"}
+        )
         model_outputs = {}
         for m in models:
             model_outputs[m["name"]] = cfn.deploy_model_stack(clients["cloudformation"], STACK, m["name"])
@@ -226,11 +228,19 @@ class LocalStack:
         from clipper.errors import Conflict
 
         registry = DynamoDBRegistry(boto3.client("dynamodb"), self.env["CLIPPER_REGISTRY_TABLE"])
-        app = Application(DEMO_APP, InputType.FLOATS, "-1", int(self.args.slo_ms * 1000), (64,))
-        try:
-            registry.put_app(app)
-        except Conflict:
-            registry.put_app(app, overwrite=True)
+        slo = int(self.args.slo_ms * 1000)
+        apps = [
+            Application(DEMO_APP, InputType.FLOATS, "-1", slo, (64,)),
+            Application(f"{DEMO_APP}-exp3", InputType.FLOATS, "-1", slo, (64,), policy="exp3"),
+            Application(
+                f"{DEMO_APP}-exp4", InputType.FLOATS, "-1", slo, (64,), policy="exp4", confidence_threshold=0.75
+            ),
+        ]
+        for app in apps:
+            try:
+                registry.put_app(app)
+            except Conflict:
+                registry.put_app(app, overwrite=True)
         for m in models:
             registry.put_version(
                 ModelVersion(
@@ -245,9 +255,13 @@ class LocalStack:
                 activate=True,
             )
         registry.link(DEMO_APP, DEMO_MODEL)
+        for app in apps[1:]:
+            for m in models:
+                registry.link(app.name, m["name"])
         log(
             f"registered {len(models)} demo models; application '{DEMO_APP}' (SLO {self.args.slo_ms:g} ms) "
-            f"answers from '{DEMO_MODEL}'"
+            f"answers from '{DEMO_MODEL}'; '{DEMO_APP}-exp3' and '{DEMO_APP}-exp4' select among all of them "
+            "and learn from POST /<app>/update"
         )
 
     def start_frontend(self) -> str:
@@ -285,6 +299,8 @@ class LocalStack:
                 "CLIPPER_REGISTRY_TABLE": outputs["RegistryTableName"],
                 "CLIPPER_REPLIES_TABLE": outputs["RepliesTableName"],
                 "CLIPPER_CACHE_TABLE": outputs["CacheTableName"],
+                "CLIPPER_SELECTION_TABLE": outputs["SelectionTableName"],
+                "CLIPPER_FEEDBACK_QUEUE_URL": outputs["FeedbackQueueUrl"],
                 "CLIPPER_MODEL_BUCKET": outputs["ModelBucketName"],
                 "CLIPPER_CONFIG_TTL_S": "2",
                 "POWERTOOLS_LOG_LEVEL": "WARNING",
@@ -292,6 +308,7 @@ class LocalStack:
             }
         )
         endpoints = self.start_models(models, queues)
+        self.spawn("feedback", [sys.executable, "-m", "clipper.feedback", "--queue-url", outputs["FeedbackQueueUrl"]])
         self.seed(models, endpoints, queues)
         url = self.start_frontend()
         import numpy as np

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import Reply
 from clipper.core.validation import Rows
+from clipper.selection.state import SelectionState
 
 
 class Clock(Protocol):
@@ -84,6 +85,18 @@ class ControllerStateStore(Protocol):
     def load(self, model: str, version: str) -> dict[str, Any] | None: ...
 
     def save(self, model: str, version: str, state: dict[str, Any]) -> None: ...
+
+
+class SelectionStore(Protocol):
+    """Bandit state per key (``clipper.selection.state_key``), written with optimistic concurrency."""
+
+    def load(self, key: str) -> SelectionState | None: ...
+
+    def save(self, key: str, state: SelectionState, expected_version: int, feedback_id: str | None = None) -> bool:
+        """Write ``state`` if the stored version is still ``expected_version`` (0: none stored yet), and
+        mark ``feedback_id`` applied in the same transaction. Returns False when that feedback was already
+        applied (a redelivery: nothing changes); raises ``Conflict`` when another writer got there first."""
+        ...
 
 
 class Registry(Protocol):

@@ -19,11 +19,14 @@ class CommonSettings(BaseSettings):
     cache_table: str = Field("", description="DynamoDB prediction cache table (used when Redis is not)")
     cache_ttl_s: int = Field(3600, ge=1)
     cache_enabled: bool = True
+    selection_table: str = Field("", description="DynamoDB table of bandit states (empty: no learning)")
     aws_endpoint_url: str = Field("", validation_alias=AliasChoices("AWS_ENDPOINT_URL"))
 
 
 class FrontendSettings(CommonSettings):
     api_base_path: str = Field("/", pattern=r"^/")
+    feedback_queue_url: str = ""
+    selection_ttl_s: float = Field(1.0, ge=0, description="how long a warm frontend reuses a bandit state")
     # Run the query on the event loop's thread: true in Lambda (one event at a time), false under uvicorn.
     inline_predict: bool = False
     config_ttl_s: float = Field(2.0, ge=0)

@@ -13,8 +13,10 @@ from clipper.adapters.s3_claims import S3ClaimStore
 from clipper.adapters.sqs import SqsRequestQueue
 from clipper.batching.core import Batcher
 from clipper.core.registry_cache import CachedRegistry
+from clipper.feedback import FeedbackProcessor, FeedbackReceiver
 from clipper.frontend.query import QueryProcessor
-from clipper.ports import Clock, PredictionCache, ReplyChannel
+from clipper.frontend.selection import Selector
+from clipper.ports import Clock, PredictionCache, Registry, ReplyChannel, SelectionStore
 from clipper.settings import BatcherSettings, CommonSettings, FrontendSettings
 
 
@@ -77,6 +79,29 @@ def prediction_cache(settings: CommonSettings, dynamodb: Any) -> PredictionCache
     return None
 
 
+def selection_store(settings: CommonSettings, dynamodb: Any) -> SelectionStore | None:
+    if not settings.selection_table:
+        return None
+    from clipper.adapters.dynamodb_selection import DynamoDBSelectionStore
+
+    return DynamoDBSelectionStore(dynamodb, settings.selection_table)
+
+
+def build_feedback_processor(settings: CommonSettings, dynamodb: Any) -> FeedbackProcessor:
+    store = selection_store(settings, dynamodb)
+    cache = prediction_cache(settings, dynamodb)
+    if store is None or cache is None:
+        raise ValueError(
+            "feedback needs CLIPPER_SELECTION_TABLE and a prediction cache (REDIS_URL or CLIPPER_CACHE_TABLE)"
+        )
+    registry = CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), SystemClock(), 2.0)
+    return FeedbackProcessor(registry, store, cache)
+
+
+def build_feedback_receiver(settings: FrontendSettings, registry: Registry, sqs: Any) -> FeedbackReceiver:
+    return FeedbackReceiver(registry, SqsRequestQueue(sqs), settings.feedback_queue_url)
+
+
 def build_query_processor(
     settings: FrontendSettings,
     dynamodb: Any,
@@ -87,6 +112,7 @@ def build_query_processor(
 ) -> QueryProcessor:
     clock = clock or SystemClock()
     registry = CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), clock, settings.config_ttl_s)
+    selector = Selector(registry, selection_store(settings, dynamodb), clock, random.Random(), settings.selection_ttl_s)
     return QueryProcessor(
         registry=registry,
         queue=SqsRequestQueue(sqs),
@@ -97,6 +123,7 @@ def build_query_processor(
         max_batch=settings.max_batch,
         cache=prediction_cache(settings, dynamodb),
         cache_poll_s=0.002 if settings.redis_url else 0.01,
+        selector=selector,
     )
 
 

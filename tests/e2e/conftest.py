@@ -99,6 +99,7 @@ def stack(request, aws_env, demo_models, monkeypatch) -> Iterator[Stack]:  # noq
         "CLIPPER_REGISTRY_TABLE": "e2e-registry",
         "CLIPPER_REPLIES_TABLE": "e2e-replies",
         "CLIPPER_CACHE_TABLE": "e2e-cache",
+        "CLIPPER_SELECTION_TABLE": "e2e-selection",
         "CLIPPER_MODEL_BUCKET": "e2e-models",
         "CLIPPER_CONFIG_TTL_S": "0",
         "POWERTOOLS_LOG_LEVEL": "WARNING",
@@ -124,6 +125,17 @@ def stack(request, aws_env, demo_models, monkeypatch) -> Iterator[Stack]:  # noq
             )
             s3.create_bucket(Bucket="e2e-models")
             queue_url, dlq_url = create_queue(sqs, "e2e-model-mlp", max_receive=3)
+            feedback_url, _ = create_queue(sqs, "e2e-feedback", max_receive=5)
+            monkeypatch.setenv("CLIPPER_FEEDBACK_QUEUE_URL", feedback_url)
+            dynamodb.create_table(
+                TableName="e2e-selection",
+                KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+                AttributeDefinitions=[
+                    {"AttributeName": "pk", "AttributeType": "S"},
+                    {"AttributeName": "sk", "AttributeType": "S"},
+                ],
+                BillingMode="PAY_PER_REQUEST",
+            )
             registry = DynamoDBRegistry(dynamodb, "e2e-registry")
             registry.put_app(Application("digits", InputType.FLOATS, "-1", 3_000_000, (64,)))
             registry.link("digits", "mlp")
@@ -133,7 +145,8 @@ def stack(request, aws_env, demo_models, monkeypatch) -> Iterator[Stack]:  # noq
             esm = EventSourceMapping(sqs, queue_url, batcher.handler)
             esm.start()
             try:
-                yield Stack(frontend, batcher, esm, registry, sqs, queue_url, dlq_url, url, x, expected)
+                extra = {"feedback_url": feedback_url, "dynamodb": dynamodb}
+                yield Stack(frontend, batcher, esm, registry, sqs, queue_url, dlq_url, url, x, expected, extra)
             finally:
                 esm.halt.set()
                 esm.join(timeout=10)

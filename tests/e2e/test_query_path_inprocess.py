@@ -123,3 +123,36 @@ def test_a_cached_prediction_is_answered_without_the_queue(stack):
     status, switched = call(stack, "POST", "/digits/predict", {"input": row}, "debug=1")
     assert switched["default"] is True and "timeout" in switched["default_explanation"]
     assert switched["debug"]["version"] == "3" and switched["debug"]["cache"]["hits"] == 0
+
+
+def test_exp4_query_then_feedback_updates_the_bandit_state(stack):
+    from clipper.adapters.dynamodb_selection import DynamoDBSelectionStore
+    from clipper.selection import state_key
+    from tests.e2e.conftest import fresh_import
+    from tests.events import sqs_event
+
+    stack.registry.put_app(Application("ens", InputType.FLOATS, "-1", 3_000_000, (64,), policy="exp4"))
+    stack.registry.link("ens", "mlp")
+    row = stack.holdout_x[4].tolist()
+    status, body = call(stack, "POST", "/ens/predict", {"input": row})
+    assert status == 200 and body["default"] is False and body["output"] == int(stack.expected[4])
+    status, accepted = call(stack, "POST", "/ens/update", {"input": row, "label": int(stack.expected[4])})
+    assert status == 200 and accepted["accepted"] is True
+    status, bad = call(stack, "POST", "/ens/update", {"input": row, "label": {"x": 1}})
+    assert status == 400 and bad["cause"].startswith("label:")
+    status, bad = call(stack, "POST", "/nope/update", {"input": row, "label": 1})
+    assert status == 404
+    # the feedback function consumes the queue (as its event source mapping would)
+    feedback = fresh_import("functions.feedback.app")
+    url = stack.extra["feedback_url"]
+    got = stack.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"])
+    (message,) = got["Messages"]
+    arn = stack.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    result = feedback.handler(sqs_event([message], arn), LambdaContext(function_name="feedback"))
+    assert result["batchItemFailures"] == []
+    state = DynamoDBSelectionStore(stack.extra["dynamodb"], "e2e-selection").load(state_key("ens"))
+    assert state is not None and state.updates == 1 and state.policy == "exp4"
+    # redelivered: nothing changes
+    assert feedback.handler(sqs_event([message], arn), LambdaContext())["batchItemFailures"] == []
+    again = DynamoDBSelectionStore(stack.extra["dynamodb"], "e2e-selection").load(state_key("ens"))
+    assert again == state

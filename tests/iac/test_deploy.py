@@ -51,6 +51,10 @@ def test_service_stack_is_complete_with_all_outputs(session: Any, service: dict[
         "RegistryTableName",
         "RepliesTableName",
         "CacheTableName",
+        "SelectionTableName",
+        "FeedbackQueueUrl",
+        "FeedbackDeadLetterQueueUrl",
+        "FeedbackFunctionName",
         "ModelBucketName",
         "FrontendFunctionName",
         "BatcherFunctionName",
@@ -101,7 +105,12 @@ def test_code_was_uploaded_to_the_artifacts_bucket(session: Any, service: dict[s
     listing = session.client("s3").list_objects_v2(Bucket=cfn.artifacts_bucket_name(STACK))
 
     keys = sorted(o["Key"] for o in listing.get("Contents", []))
-    assert [k.rsplit("-", 1)[0] for k in keys] == ["code/functions-batcher", "code/functions-frontend", "code/shared"]
+    assert [k.rsplit("-", 1)[0] for k in keys] == [
+        "code/functions-batcher",
+        "code/functions-feedback",
+        "code/functions-frontend",
+        "code/shared",
+    ]
 
 
 def test_shared_layer_output_is_its_arn(session: Any, service: dict[str, str]) -> None:
@@ -237,3 +246,13 @@ def test_deploy_stack_failure_names_the_failed_resources() -> None:
 
     with pytest.raises(cfn.StackDeployError, match=r"ROLLBACK_COMPLETE: RequestQueue: bad name$"):
         cfn.deploy_stack(client, "s", "{}", poll_s=0)
+
+
+def test_feedback_mapping_reports_partial_failures_and_can_be_disabled(session: Any, service: dict[str, str]) -> None:
+    lam = session.client("lambda")
+    (mapping,) = lam.list_event_source_mappings(FunctionName=service["FeedbackFunctionName"])["EventSourceMappings"]
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert mapping["BatchSize"] == 10
+    translated = cfn.translate_sam(cfn.REPO_ROOT / "template.yaml")
+    (esm,) = [r for r in translated["Resources"].values() if r["Type"] == "AWS::Lambda::EventSourceMapping"]
+    assert esm["Properties"]["Enabled"] == {"Fn::If": ["FeedbackMappingOn", True, False]}

@@ -42,8 +42,12 @@ def test_functions_have_handlers_runtime_layer_and_local_code(translated: dict[s
     functions = of_type(translated, "AWS::Lambda::Function")
     (layer_id,) = of_type(translated, "AWS::Lambda::LayerVersion")
 
-    assert set(functions) == {"FrontendFunction", "BatcherFunction"}
-    for name, folder in [("FrontendFunction", "functions/frontend"), ("BatcherFunction", "functions/batcher")]:
+    assert set(functions) == {"FrontendFunction", "BatcherFunction", "FeedbackFunction"}
+    for name, folder in [
+        ("FrontendFunction", "functions/frontend"),
+        ("BatcherFunction", "functions/batcher"),
+        ("FeedbackFunction", "functions/feedback"),
+    ]:
         props = functions[name]["Properties"]
         assert props["Handler"] == "app.handler"
         assert props["Runtime"] == "python3.12"
@@ -131,6 +135,7 @@ def test_http_api_has_exactly_the_query_routes(translated: dict[str, Any]) -> No
 
     assert {(path, method) for path, methods in paths.items() for method in methods} == {
         ("/{app}/predict", "post"),
+        ("/{app}/update", "post"),
         ("/health", "get"),
     }
     (stage,) = of_type(translated, "AWS::ApiGatewayV2::Stage").values()
@@ -152,8 +157,10 @@ def test_policies_are_scoped_to_this_stack(translated: dict[str, Any]) -> None:
     queues = {"Fn::Sub": "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}-model-*"}
 
     assert all(s["Resource"] != "*" for s in frontend + batcher)
-    send = next(s for s in frontend if "sqs:SendMessage" in s["Action"])
-    assert send["Resource"] == queues
+    send = next(s for s in frontend if "sqs:SendMessage" in s["Action"] and s["Resource"] == queues)
+    assert "sqs:SendMessage" in send["Action"]
+    feedback = next(s for s in frontend if s["Action"] == "sqs:SendMessage")
+    assert feedback["Resource"] == {"Fn::GetAtt": ["FeedbackQueue", "Arn"]}
     consume = next(s for s in batcher if "sqs:ReceiveMessage" in s["Action"])
     assert set(consume["Action"]) >= {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"}
     assert consume["Resource"] == queues

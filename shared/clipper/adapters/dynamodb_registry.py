@@ -70,6 +70,8 @@ class DynamoDBRegistry:
             latency_slo_micros=int(app_item["latency_slo_micros"]["N"]),
             input_shape=_shape_of(app_item.get("input_shape")),
             policy=app_item.get("policy", {}).get("S", "single"),
+            confidence_threshold=float(app_item.get("confidence_threshold", {}).get("N", "0")),
+            default_when_unsure=bool(app_item.get("default_when_unsure", {}).get("BOOL", False)),
         )
         return app, links
 
@@ -136,6 +138,8 @@ class DynamoDBRegistry:
                 "latency_slo_micros": {"N": str(app.latency_slo_micros)},
                 "input_shape": _shape_attr(app.input_shape),
                 "policy": {"S": app.policy},
+                "confidence_threshold": {"N": repr(float(app.confidence_threshold))},
+                "default_when_unsure": {"BOOL": app.default_when_unsure},
                 "updated_at": {"N": str(int(time.time()))},
             },
             None if overwrite else "attribute_not_exists(pk)",

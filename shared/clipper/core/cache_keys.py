@@ -30,3 +30,8 @@ def row_keys(model: str, version: str, rows: Rows) -> list[str]:
         h.update(row if isinstance(row, bytes) else row.encode())
         keys.append(h.hexdigest())
     return keys
+
+
+def record_keys(app: str, user: str | None, rows: Rows) -> list[str]:
+    """Keys of the query records that feedback joins with: (app, user, input), whatever the models."""
+    return ["rec:" + k for k in row_keys(f"app\x00{app}", user or "", rows)]

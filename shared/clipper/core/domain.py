@@ -39,6 +39,9 @@ class Application:
     latency_slo_micros: int
     input_shape: tuple[int, ...] | None = None
     policy: str = "single"
+    # Exp4: under this confidence the response says so; with default_when_unsure it carries the default.
+    confidence_threshold: float = 0.0
+    default_when_unsure: bool = False
 
     @property
     def slo_seconds(self) -> float:

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
+from clipper.feedback import FeedbackReceiver
 from clipper.frontend.query import QueryProcessor
 
 
@@ -52,8 +53,23 @@ def _truthy(value: str | None) -> bool:
     return (value or "").lower() in {"1", "true", "yes"}
 
 
+class FeedbackRequest(BaseModel):
+    uid: int | str | None = Field(None, description="The user, when the application learns per user")
+    input: list[Any] | str = Field(description="The input the feedback is about, as it was queried")
+    label: float | int | str = Field(description="The true output for that input")
+
+
+class FeedbackAccepted(BaseModel):
+    accepted: bool
+    feedback_id: str
+
+
 def create_app(
-    processor: QueryProcessor, max_body_bytes: int, title: str = "Clipper query API", inline: bool = False
+    processor: QueryProcessor,
+    max_body_bytes: int,
+    title: str = "Clipper query API",
+    inline: bool = False,
+    feedback: FeedbackReceiver | None = None,
 ) -> FastAPI:
     """``inline`` runs the (blocking) query on the event loop's thread: right in Lambda, where Mangum serves
     one event per invocation and a thread hop only adds latency; wrong under uvicorn, which serves many."""
@@ -104,5 +120,40 @@ def create_app(
         except ClipperError as e:
             return _error(500, "internal error", str(e))
         return JSONResponse(result.as_dict(debug))
+
+    @app.post(
+        "/{app_name}/update",
+        tags=["query"],
+        response_model=FeedbackAccepted,
+        responses={400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": FeedbackRequest.model_json_schema()}},
+            }
+        },
+        summary="Feedback: the true label of an input, for the application's bandit",
+    )
+    async def update(app_name: str, request: Request) -> Any:
+        """Clipper's feedback: ``{"uid"?, "input": [...], "label": ...}``. It is queued durably and applied
+        to the bandit state shortly after; the answer only says it was accepted."""
+        raw = await request.body()
+        if len(raw) > max_body_bytes:
+            return _error(413, "payload too large", f"body: expected at most {max_body_bytes} bytes")
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            return _error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
+        if feedback is None:
+            return _error(503, "service unavailable", "feedback is not configured on this frontend")
+        try:
+            accepted = await run_in_threadpool(feedback.accept, app_name, body)
+        except NotFound as e:
+            return _error(404, "unknown application", str(e))
+        except InvalidInput as e:
+            return _error(400, "invalid input", str(e))
+        except Unavailable as e:
+            return _error(503, "service unavailable", str(e))
+        return JSONResponse(accepted)
 
     return app

@@ -9,6 +9,7 @@ application's default output with an explanation. It raises ``NotFound`` for an 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from clipper.core.cache_keys import row_keys
+from clipper.core.cache_keys import record_keys, row_keys
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import QueryMessage, encode_rows, output_value
 from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, Rows, validate_query
-from clipper.errors import ClipperError, Unavailable
+from clipper.errors import ClipperError, InvalidInput, Unavailable
+from clipper.frontend.selection import Choice, Selector
 from clipper.ports import ClaimStore, Clock, PredictionCache, Registry, ReplyChannel, RequestQueue
+from clipper.selection import resolve
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +38,17 @@ class Prediction:
     output: Any
     default: bool
     default_explanation: str | None = None
+    confidence: float | None = None
+    low_confidence: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"query_id": self.query_id, "output": self.output, "default": self.default}
         if self.default_explanation is not None:
             out["default_explanation"] = self.default_explanation
+        if self.confidence is not None:
+            out["confidence"] = round(self.confidence, 4)
+        if self.low_confidence is not None:
+            out["low_confidence"] = self.low_confidence
         return out
 
 
@@ -51,6 +60,7 @@ class QueryResult:
     batch: bool
     model: str | None = None
     version: str | None = None
+    models: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
     cache_hits: int = 0
     cache_misses: int = 0
@@ -65,6 +75,7 @@ class QueryResult:
             body["debug"] = {
                 "model": self.model,
                 "version": self.version,
+                "models": self.models,
                 "timings_ms": self.timings_ms,
                 "cache": {"hits": self.cache_hits, "misses": self.cache_misses},
             }
@@ -80,6 +91,16 @@ class ModelAnswer:
     problem: str | None = None
     hits: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def user_id(body: Any) -> str | None:
+    """Clipper's optional ``uid``: an integer or a non-empty string; per-user selection keys on it."""
+    uid = body.get("uid") if isinstance(body, dict) else None
+    if uid is None:
+        return None
+    if isinstance(uid, bool) or not isinstance(uid, int | str) or uid == "":
+        raise InvalidInput("uid", "an integer or a non-empty string", type(uid).__name__)
+    return str(uid)
 
 
 def _take(rows: Rows, index: list[int]) -> Rows:
@@ -100,6 +121,7 @@ class QueryProcessor:
         max_batch: int = DEFAULT_MAX_BATCH,
         cache: PredictionCache | None = None,
         cache_poll_s: float = 0.002,
+        selector: Selector | None = None,
     ) -> None:
         self._registry = registry
         self._queue = queue
@@ -110,11 +132,17 @@ class QueryProcessor:
         self._max_batch = max_batch
         self._cache = cache
         self._cache_poll = cache_poll_s
+        self._selector = selector or Selector(registry, None, clock, random.Random(), 0.0)
+
+    @property
+    def registry(self) -> Registry:
+        return self._registry
 
     def predict(self, app_name: str, body: Any) -> QueryResult:
         start = self._clock.now()
         app = self._registry.get_app(app_name)
         query = validate_query(app, body, self._max_batch)
+        user = user_id(body)
         deadline = start + app.slo_seconds
         timings: dict[str, float] = {"validate": (self._clock.now() - start) * 1000}
         first_id = self._new_id()
@@ -127,35 +155,64 @@ class QueryProcessor:
             )
 
         try:
-            models = self._select(app)
+            choice = self._selector.choose(app, user)
         except ClipperError as e:
             return fallback(f"no model to serve the query: {e}")
-        if not models:
+        if choice is None:
             return fallback(f"no model is linked to application '{app.name}'")
         timings["select"] = (self._clock.now() - start) * 1000 - timings["validate"]
-        answers = self._gather(app, models, query, first_id, deadline, timings)
-        answer = answers[0]
-        timings.update(answer.timings_ms)
-        preds = []
-        for i, out in zip(ids, answer.outputs, strict=True):
-            if out is None:
-                why = answer.problem or f"model {answer.model.name}:{answer.model.version}: no output"
-                preds.append(Prediction(i, app.default_output, True, why))
-            else:
-                preds.append(Prediction(i, output_value(out), False))
+        answers = self._gather(app, choice.models, query, first_id, deadline, timings)
+        for a in answers:
+            timings.update(a.timings_ms)
+        preds = [self._combine(app, choice, answers, qid, row) for row, qid in enumerate(ids)]
+        if choice.selection.policy != "single":
+            self._record(app, user, query, choice, answers)
+        hits = sum(a.hits for a in answers)
+        first = answers[0].model
         return QueryResult(
             preds,
             query.batch,
-            answer.model.name,
-            answer.model.version,
-            timings,
-            cache_hits=answer.hits,
-            cache_misses=query.count - answer.hits,
+            first.name,
+            first.version,
+            timings_ms=timings,
+            models=[a.model.name for a in answers],
+            cache_hits=hits,
+            cache_misses=query.count * len(answers) - hits,
         )
 
-    def _select(self, app: Application) -> list[ModelVersion]:
-        linked = self._registry.linked_models(app.name)
-        return [self._registry.active_version(linked[0])] if linked else []
+    @staticmethod
+    def _combine(app: Application, choice: Choice, answers: list[ModelAnswer], qid: int, row: int) -> Prediction:
+        outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
+        missing = {m for m in choice.selection.models if m not in outputs}
+        combined = choice.policy.combine(choice.state, choice.selection, outputs, missing)
+        res = resolve(combined, app.default_output, app.confidence_threshold, app.default_when_unsure)
+        several = len(choice.selection.models) > 1
+        confidence = combined.confidence if several and combined.answered else None
+        if res.default:
+            problems = [a.problem for a in answers if a.outputs[row] is None and a.problem]
+            if not combined.answered:
+                why = "; ".join(problems) or (res.explanation or "no model replied")
+            else:
+                why = res.explanation or "low confidence"
+            return Prediction(qid, app.default_output, True, why, confidence)
+        low = res.explanation if res.low_confidence else None
+        return Prediction(qid, output_value(res.output), False, None, confidence, low)
+
+    def _record(
+        self, app: Application, user: str | None, query: QueryInput, choice: Choice, answers: list[ModelAnswer]
+    ) -> None:
+        """Keep what each model answered, and the selection, so that feedback can update the bandit."""
+        if self._cache is None:
+            return
+        entries = {}
+        for row, key in enumerate(record_keys(app.name, user, query.rows)):
+            outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
+            if outputs:
+                entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs}
+        try:
+            self._cache.put_many(entries)
+        except Unavailable as e:
+            logger.warning("query record not kept: %s", e)
 
     # -- gathering outputs: cache, then the models ---------------------------------------------------
     def _gather(

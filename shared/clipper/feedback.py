@@ -1,0 +1,190 @@
+"""Feedback (Clipper's ``POST /<app>/update``): accepted quickly into a durable queue, then joined with
+the predictions recorded for that input and applied to the bandit state.
+
+The join: the frontend records, per (app, user, input), the selection and each model's output (in the
+prediction cache). Feedback for an input with no recorded prediction (never queried, or its record
+expired or was evicted) is skipped and counted: it says nothing about the models that were not asked.
+
+Updates are concurrency-safe and idempotent: each is a conditional write on the version read, retried on
+conflict, with the feedback id marked in the same transaction, so a redelivered message changes nothing
+and no concurrent update is lost. A per-user update also updates the app-wide state, from which new
+users start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from clipper.core.cache_keys import record_keys
+from clipper.core.domain import Application
+from clipper.core.messages import Payload, decode_rows, encode_rows
+from clipper.core.validation import validate_query
+from clipper.errors import Conflict, InvalidInput, MalformedMessage, Unavailable
+from clipper.ports import PredictionCache, Registry, RequestQueue, SelectionStore
+from clipper.selection import Selection, ensure_state, policy_for, state_for_user, state_key
+
+logger = logging.getLogger(__name__)
+
+Outcome = Literal["applied", "duplicate", "no_record", "not_learning"]
+
+
+class FeedbackMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    v: Literal[1] = 1
+    feedback_id: str
+    app: str
+    user: str | None = None
+    payload: Payload
+    label: float | int | str
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+    @classmethod
+    def from_json(cls, body: str | bytes) -> FeedbackMessage:
+        try:
+            return cls.model_validate_json(body)
+        except ValidationError as e:
+            raise MalformedMessage(f"not a feedback message: {e.errors()[0]}") from e
+
+
+def validate_label(body: dict[str, Any]) -> float | int | str:
+    if "label" not in body:
+        raise InvalidInput("label", "the true output for the input (a number or a string)")
+    label = body["label"]
+    if isinstance(label, bool) or not isinstance(label, int | float | str):
+        raise InvalidInput("label", "a number or a string", type(label).__name__)
+    if isinstance(label, float) and not math.isfinite(label):
+        raise InvalidInput("label", "a finite number", str(label))
+    return label
+
+
+class FeedbackReceiver:
+    """The frontend's side: validate, enqueue, answer at once."""
+
+    def __init__(self, registry: Registry, queue: RequestQueue, queue_url: str) -> None:
+        self._registry = registry
+        self._queue = queue
+        self._url = queue_url
+
+    def accept(self, app_name: str, body: Any) -> dict[str, Any]:
+        from clipper.frontend.query import user_id
+
+        app = self._registry.get_app(app_name)
+        if not isinstance(body, dict):
+            raise InvalidInput("body", 'a JSON object with "input" and "label"', type(body).__name__)
+        if "input_batch" in body:
+            raise InvalidInput("input_batch", 'one "input" per feedback')
+        query = validate_query(app, {"input": body.get("input")} if "input" in body else {})
+        label = validate_label(body)
+        payload, blob = encode_rows(query.rows)
+        if blob is not None:
+            raise InvalidInput("input", "an input small enough for a queue message")
+        message = FeedbackMessage(
+            feedback_id=uuid.uuid4().hex, app=app.name, user=user_id(body), payload=payload, label=label
+        )
+        if not self._url:
+            raise Unavailable("no feedback queue is configured (CLIPPER_FEEDBACK_QUEUE_URL)")
+        self._queue.send(self._url, message.to_json())
+        return {"accepted": True, "feedback_id": message.feedback_id}
+
+
+@dataclass
+class FeedbackProcessor:
+    """The worker's side: join with the recorded predictions, update the state(s)."""
+
+    registry: Registry
+    store: SelectionStore
+    cache: PredictionCache
+    max_attempts: int = 20
+
+    def process(self, message: FeedbackMessage) -> Outcome:
+        app = self.registry.get_app(message.app)
+        if app.policy == "single":
+            return "not_learning"
+        rows = decode_rows(message.payload)
+        (key,) = record_keys(app.name, message.user, rows)
+        record = self.cache.get_many([key]).get(key)
+        if record is None:
+            logger.info("feedback without a recorded prediction", extra={"app": app.name})
+            return "no_record"
+        selection = Selection.from_dict(record["selection"])
+        outputs: dict[str, Any] = record["outputs"]
+        keys = [state_key(app.name)] + ([state_key(app.name, message.user)] if message.user else [])
+        outcome: Outcome = "duplicate"
+        for k in keys:
+            if self._apply(app, k, message, selection, outputs):
+                outcome = "applied"
+        return outcome
+
+    def _apply(self, app: Application, key: str, msg: FeedbackMessage, sel: Selection, outputs: dict[str, Any]) -> bool:
+        linked = self.registry.linked_models(app.name)
+        policy = policy_for(app.policy)
+        for _ in range(self.max_attempts):
+            stored = self.store.load(key)
+            if key != state_key(app.name) and stored is None:
+                base = state_for_user(ensure_state(self.store.load(state_key(app.name)), app.policy, linked), None)
+            else:
+                base = ensure_state(stored, app.policy, linked)
+            expected = stored.version if stored is not None else 0
+            updated = policy.update(base, sel, outputs, msg.label)
+            if updated.version <= expected:
+                updated = type(updated)(updated.policy, updated.arms, expected + 1, updated.updates)
+            try:
+                return self.store.save(key, updated, expected, msg.feedback_id)
+            except Conflict:
+                continue  # another update won the race: read it and apply this one on top
+        raise Unavailable(f"feedback {msg.feedback_id}: state {key} kept changing; will retry")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``clipper-feedback``: the long-poll feedback worker (the local stack's; AWS runs functions/feedback)."""
+    p = argparse.ArgumentParser(prog="clipper-feedback", description=main.__doc__)
+    p.add_argument("--queue-url", required=True)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import signal
+
+    from clipper.adapters.sqs import SqsQueueReader
+    from clipper.settings import CommonSettings
+    from clipper.wiring import aws_client, build_feedback_processor
+
+    processor = build_feedback_processor(CommonSettings(), aws_client("dynamodb"))  # type: ignore[call-arg]
+    reader = SqsQueueReader(aws_client("sqs"), args.queue_url)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    logger.info("feedback worker polling %s", args.queue_url)
+    while not stop.is_set():
+        try:
+            messages = reader.receive(10, 1)
+        except Unavailable as e:
+            logger.warning("receive failed: %s", e)
+            stop.wait(1)
+            continue
+        done = []
+        for m in messages:
+            try:
+                outcome = processor.process(FeedbackMessage.from_json(m.body))
+                logger.info("feedback %s", outcome)
+                done.append(m.receipt_handle)
+            except (Unavailable, MalformedMessage) as e:
+                logger.warning("feedback failed (will retry, then dead-letter): %s", e)
+        if done:
+            reader.delete(done)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Model selection for the frontend: which models a query goes to, from the application's policy and its
+bandit state (per application, or per (application, user) when the query carries a user id).
+
+States are read from the store and kept for ``ttl_s`` in the warm container (a bandit tolerates weights a
+moment old); the single-model policy needs no state at all.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from clipper.core.domain import Application, ModelVersion
+from clipper.errors import ClipperError
+from clipper.ports import Clock, Registry, SelectionStore
+from clipper.selection import (
+    Selection,
+    SelectionPolicy,
+    SelectionState,
+    ensure_state,
+    initial_state,
+    policy_for,
+    state_for_user,
+    state_key,
+)
+
+
+@dataclass(frozen=True)
+class Choice:
+    policy: SelectionPolicy
+    state: SelectionState
+    selection: Selection
+    models: list[ModelVersion]
+
+
+class Selector:
+    def __init__(
+        self, registry: Registry, store: SelectionStore | None, clock: Clock, rng: random.Random, ttl_s: float
+    ) -> None:
+        self._registry = registry
+        self._store = store
+        self._clock = clock
+        self._rng = rng
+        self._ttl = ttl_s
+        self._states: dict[str, tuple[float, SelectionState | None]] = {}
+
+    def _load(self, key: str) -> SelectionState | None:
+        now = self._clock.now()
+        hit = self._states.get(key)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        state = self._store.load(key) if self._store is not None else None
+        self._states[key] = (now, state)
+        return state
+
+    def state_for(self, app: Application, linked: list[str], user: str | None) -> SelectionState:
+        if app.policy == "single" or self._store is None:
+            return initial_state(app.policy, linked)
+        state = self._load(state_key(app.name))
+        if user is not None:
+            state = state_for_user(ensure_state(state, app.policy, linked), self._load(state_key(app.name, user)))
+        return ensure_state(state, app.policy, linked)
+
+    def choose(self, app: Application, user: str | None) -> Choice | None:
+        linked = self._registry.linked_models(app.name)
+        if not linked:
+            return None
+        policy = policy_for(app.policy)
+        state = self.state_for(app, linked, user)
+        selection = policy.select(state, self._rng)
+        models = []
+        for name in selection.models:
+            try:
+                models.append(self._registry.active_version(name))
+            except ClipperError:
+                continue  # a linked model without an active version cannot answer; the others can
+        return Choice(policy, state, selection, models) if models else None

@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from clipper.errors import InvalidInput, NotFound
+from clipper.feedback import FeedbackMessage, FeedbackProcessor, FeedbackReceiver
+from clipper.frontend.query import QueryProcessor
+from clipper.frontend.selection import Selector
+from clipper.selection import state_key
+from tests.fakes import InMemoryCache, InMemorySelectionStore, ListQueue, digits_app, model_version
+from tests.unit.test_query_processor import InlineQueue, one_hot, world  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def learning(world):  # noqa: F811
+    """digits-exp4 over three fake models: "good" is always right, "bad" always answers 0."""
+    processor, registry, queue, endpoint, clock = world
+    registry.apps["ens"] = digits_app(name="ens", policy="exp4")
+    registry.links["ens"] = ["good", "bad"]
+    for name in ("good", "bad"):
+        registry.versions[(name, "1")] = model_version(name)
+        registry.active[name] = "1"
+    original = endpoint.predict
+
+    def predict(rows, model="good"):
+        return original(rows)
+
+    from clipper.batching.core import Batcher
+    from tests.fakes import FakeEndpoint
+
+    class BadEndpoint(FakeEndpoint):
+        def predict(self, rows):
+            return [0] * len(rows)
+
+    class Resolver:
+        def endpoint_for(self, model, version):
+            return endpoint if model == "good" else BadEndpoint()
+
+    cache, store = InMemoryCache(), InMemorySelectionStore()
+    queue.batcher = Batcher(Resolver(), processor._replies, clock, cache=cache)
+    ids = iter(range(10**6, 10**9, 1000))
+    selector = Selector(registry, store, clock, random.Random(1), ttl_s=0)
+    p = QueryProcessor(registry, queue, processor._replies, clock, lambda: next(ids), cache=cache, selector=selector)
+    return p, registry, cache, store
+
+
+def test_exp4_combines_and_reports_confidence(learning):
+    p, *_ = learning
+    body = p.predict("ens", {"input": one_hot(5)}).as_dict(debug=True)
+    assert body["output"] in (5, 0) and body["confidence"] == pytest.approx(0.5)
+    assert sorted(body["debug"]["models"]) == ["bad", "good"]
+
+
+def test_feedback_moves_weight_to_the_model_that_is_right(learning):
+    p, registry, cache, store = learning
+    feedback = FeedbackProcessor(registry, store, cache)
+    for i in range(1, 30):
+        p.predict("ens", {"input": one_hot(i % 63 + 1)})
+        msg = FeedbackMessage(feedback_id=f"f{i}", app="ens", payload=_payload(one_hot(i % 63 + 1)), label=i % 63 + 1)
+        assert feedback.process(msg) == "applied"
+    weights = store.states[state_key("ens")].weights
+    assert weights["good"] > 10 * weights["bad"]
+    body = p.predict("ens", {"input": one_hot(9)}).as_dict()
+    assert body["output"] == 9 and body["confidence"] > 0.9
+
+
+def test_redelivered_feedback_changes_nothing(learning):
+    p, registry, cache, store = learning
+    feedback = FeedbackProcessor(registry, store, cache)
+    p.predict("ens", {"input": one_hot(3)})
+    msg = FeedbackMessage(feedback_id="once", app="ens", payload=_payload(one_hot(3)), label=3)
+    assert feedback.process(msg) == "applied"
+    before = store.states[state_key("ens")]
+    assert feedback.process(msg) == "duplicate"
+    assert store.states[state_key("ens")] == before
+
+
+def test_feedback_without_a_recorded_prediction_is_skipped(learning):
+    _, registry, cache, store = learning
+    feedback = FeedbackProcessor(registry, store, cache)
+    msg = FeedbackMessage(feedback_id="x", app="ens", payload=_payload(one_hot(8)), label=8)
+    assert feedback.process(msg) == "no_record" and store.states == {}
+
+
+def test_per_user_state_falls_back_to_the_app_and_learns_separately(learning):
+    p, registry, cache, store = learning
+    registry.apps["ens"] = digits_app(name="ens", policy="exp3")
+    feedback = FeedbackProcessor(registry, store, cache)
+    p.predict("ens", {"uid": 42, "input": one_hot(4)})
+    msg = FeedbackMessage(feedback_id="u", app="ens", user="42", payload=_payload(one_hot(4)), label=4)
+    assert feedback.process(msg) == "applied"
+    assert state_key("ens", "42") in store.states and state_key("ens") in store.states
+
+
+def test_receiver_validates_before_queueing(learning):
+    _, registry, *_ = learning
+    queue = ListQueue()
+    receiver = FeedbackReceiver(registry, queue, "https://sqs.local/feedback")
+    ok = receiver.accept("ens", {"uid": "u1", "input": one_hot(1), "label": 1})
+    assert ok["accepted"] and len(queue.sent) == 1
+    for body, field in [
+        ({"input": one_hot(1), "label": [1]}, "label"),
+        ({"input": one_hot(1), "label": True}, "label"),
+        ({"input": one_hot(1)}, "label"),
+        ({"input": [1.0], "label": 1}, "input"),
+        ({"uid": [], "input": one_hot(1), "label": 1}, "uid"),
+    ]:
+        with pytest.raises(InvalidInput) as e:
+            receiver.accept("ens", body)
+        assert e.value.field == field
+    with pytest.raises(NotFound):
+        receiver.accept("nope", {"input": one_hot(1), "label": 1})
+    assert len(queue.sent) == 1
+
+
+def _payload(row):
+    import numpy as np
+
+    from clipper.core.messages import encode_rows
+
+    return encode_rows(np.asarray([row], dtype=np.float32))[0]
