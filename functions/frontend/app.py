@@ -13,6 +13,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from mangum import Mangum
 
 from clipper.frontend.api import create_app
+from clipper.frontend.metrics import EmfQueryMetrics
 from clipper.settings import FrontendSettings
 from clipper.wiring import aws_client, build_feedback_receiver, build_query_processor
 
@@ -30,6 +31,7 @@ app = create_app(
     settings.max_body_bytes,
     inline=settings.inline_predict,
     feedback=build_feedback_receiver(settings, processor.registry, sqs),
+    observe=EmfQueryMetrics(),
 )
 _asgi_handler = Mangum(app, lifespan="off", api_gateway_base_path=settings.api_base_path)
 

@@ -123,3 +123,46 @@ def _payload(row):
     from clipper.core.messages import encode_rows
 
     return encode_rows(np.asarray([row], dtype=np.float32))[0]
+
+
+def test_exp4_answers_with_the_models_that_replied_and_names_the_missing(learning):
+    p, registry, *_ = learning
+    registry.links["ens"] = ["good", "bad", "ghost"]
+    registry.versions[("ghost", "1")] = model_version("ghost", queue_url="https://sqs.local/nobody")
+    registry.active["ghost"] = "1"
+
+    queue = p._queue
+    inner_send = queue.send
+
+    def send(url, body):  # nobody consumes the ghost's queue
+        if url.endswith("/nobody"):
+            return ListQueue.send(queue, url, body)
+        return inner_send(url, body)
+
+    queue.send = send
+    body = p.predict("ens", {"input": one_hot(6)}).as_dict()
+    assert body["default"] is False and body["missing_models"] == ["ghost"]
+    assert body["confidence"] < 0.7  # a straggler lowers the confidence
+
+
+def test_metrics_name_each_models_cache_hits(learning, capsys, monkeypatch):
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from clipper.frontend.api import create_app
+    from clipper.frontend.metrics import EmfQueryMetrics
+
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    p, *_ = learning
+    client = TestClient(create_app(p, 1 << 20, observe=EmfQueryMetrics()))
+    client.post("/ens/predict", json={"input": one_hot(2)})
+    client.post("/ens/predict", json={"input": one_hot(2)})
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+
+    def value(v):
+        return v[0] if isinstance(v, list) else v
+
+    hits = {(m["model"], value(m["CacheHits"])) for m in lines if "CacheHits" in m}
+    assert ("good", 0) in hits and ("good", 1) in hits and ("bad", 1) in hits
+    assert any("QueryLatency" in m and m["app"] == "ens" for m in lines)

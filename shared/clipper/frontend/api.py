@@ -8,6 +8,8 @@ the request and response shapes.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from clipper.feedback import FeedbackReceiver
-from clipper.frontend.query import QueryProcessor
+from clipper.frontend.query import QueryProcessor, QueryResult
 
 
 class PredictRequest(BaseModel):
@@ -70,6 +72,7 @@ def create_app(
     title: str = "Clipper query API",
     inline: bool = False,
     feedback: FeedbackReceiver | None = None,
+    observe: Callable[[str, QueryResult, float], None] | None = None,
 ) -> FastAPI:
     """``inline`` runs the (blocking) query on the event loop's thread: right in Lambda, where Mangum serves
     one event per invocation and a thread hop only adds latency; wrong under uvicorn, which serves many."""
@@ -107,6 +110,7 @@ def create_app(
             return _error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
         debug = _truthy(request.query_params.get("debug")) or _truthy(request.headers.get("x-clipper-debug"))
         try:
+            started = time.perf_counter()
             if inline:
                 result = processor.predict(app_name, body)
             else:
@@ -119,6 +123,8 @@ def create_app(
             return _error(503, "service unavailable", str(e))
         except ClipperError as e:
             return _error(500, "internal error", str(e))
+        if observe is not None:
+            observe(app_name, result, time.perf_counter() - started)
         return JSONResponse(result.as_dict(debug))
 
     @app.post(

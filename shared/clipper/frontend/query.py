@@ -40,6 +40,7 @@ class Prediction:
     default_explanation: str | None = None
     confidence: float | None = None
     low_confidence: str | None = None
+    missing_models: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"query_id": self.query_id, "output": self.output, "default": self.default}
@@ -49,6 +50,8 @@ class Prediction:
             out["confidence"] = round(self.confidence, 4)
         if self.low_confidence is not None:
             out["low_confidence"] = self.low_confidence
+        if self.missing_models:
+            out["missing_models"] = list(self.missing_models)
         return out
 
 
@@ -61,6 +64,7 @@ class QueryResult:
     model: str | None = None
     version: str | None = None
     models: list[str] = field(default_factory=list)
+    cache_by_model: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (hits, misses)
     timings_ms: dict[str, float] = field(default_factory=dict)
     cache_hits: int = 0
     cache_misses: int = 0
@@ -176,6 +180,7 @@ class QueryProcessor:
             first.version,
             timings_ms=timings,
             models=[a.model.name for a in answers],
+            cache_by_model={a.model.name: (a.hits, query.count - a.hits) for a in answers},
             cache_hits=hits,
             cache_misses=query.count * len(answers) - hits,
         )
@@ -196,7 +201,7 @@ class QueryProcessor:
                 why = res.explanation or "low confidence"
             return Prediction(qid, app.default_output, True, why, confidence)
         low = res.explanation if res.low_confidence else None
-        return Prediction(qid, output_value(res.output), False, None, confidence, low)
+        return Prediction(qid, output_value(res.output), False, None, confidence, low, tuple(sorted(missing)))
 
     def _record(
         self, app: Application, user: str | None, query: QueryInput, choice: Choice, answers: list[ModelAnswer]
