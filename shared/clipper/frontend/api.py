@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -20,6 +20,8 @@ from pydantic import BaseModel, Field
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from clipper.feedback import FeedbackReceiver
 from clipper.frontend.query import QueryProcessor, QueryResult
+
+T = TypeVar("T")
 
 
 class PredictRequest(BaseModel):
@@ -100,29 +102,11 @@ def create_app(
         """Clipper's query: ``{"input": [...]}`` answers ``{"query_id", "output", "default"}``;
         ``{"input_batch": [[...], ...]}`` answers ``{"batch_predictions": [...]}`` in order. Add
         ``?debug=true`` (or the header ``X-Clipper-Debug: 1``) for the model and per-stage timings."""
-        raw = await request.body()
-        if len(raw) > max_body_bytes:
-            e = PayloadTooLarge("body", f"at most {max_body_bytes} bytes", f"{len(raw)} bytes")
-            return _error(413, "payload too large", str(e))
-        try:
-            body = json.loads(raw)
-        except ValueError as e:
-            return _error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
         debug = _truthy(request.query_params.get("debug")) or _truthy(request.headers.get("x-clipper-debug"))
-        try:
-            started = time.perf_counter()
-            if inline:
-                result = processor.predict(app_name, body)
-            else:
-                result = await run_in_threadpool(processor.predict, app_name, body)
-        except NotFound as e:
-            return _error(404, "unknown application", str(e))
-        except InvalidInput as e:
-            return _error(400, "invalid input", str(e))
-        except Unavailable as e:
-            return _error(503, "service unavailable", str(e))
-        except ClipperError as e:
-            return _error(500, "internal error", str(e))
+        started = time.perf_counter()
+        result = await run(request, lambda body: processor.predict(app_name, body))
+        if isinstance(result, JSONResponse):
+            return result
         if observe is not None:
             observe(app_name, result, time.perf_counter() - started)
         return JSONResponse(result.as_dict(debug))
@@ -143,23 +127,31 @@ def create_app(
     async def update(app_name: str, request: Request) -> Any:
         """Clipper's feedback: ``{"uid"?, "input": [...], "label": ...}``. It is queued durably and applied
         to the bandit state shortly after; the answer only says it was accepted."""
+        if feedback is None:
+            return _error(503, "service unavailable", "feedback is not configured on this frontend")
+        accepted = await run(request, lambda body: feedback.accept(app_name, body))
+        return accepted if isinstance(accepted, JSONResponse) else JSONResponse(accepted)
+
+    async def run(request: Request, call: Callable[[Any], T]) -> T | JSONResponse:
+        """Read and parse the body, run ``call`` on it, and turn the project's errors into Clipper's
+        error bodies (a failing model never gets here: it is a default output)."""
         raw = await request.body()
         if len(raw) > max_body_bytes:
-            return _error(413, "payload too large", f"body: expected at most {max_body_bytes} bytes")
+            e = PayloadTooLarge("body", f"at most {max_body_bytes} bytes", f"{len(raw)} bytes")
+            return _error(413, "payload too large", str(e))
         try:
             body = json.loads(raw)
         except ValueError as e:
             return _error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
-        if feedback is None:
-            return _error(503, "service unavailable", "feedback is not configured on this frontend")
         try:
-            accepted = await run_in_threadpool(feedback.accept, app_name, body)
+            return call(body) if inline else await run_in_threadpool(call, body)
         except NotFound as e:
             return _error(404, "unknown application", str(e))
         except InvalidInput as e:
             return _error(400, "invalid input", str(e))
         except Unavailable as e:
             return _error(503, "service unavailable", str(e))
-        return JSONResponse(accepted)
+        except ClipperError as e:
+            return _error(500, "internal error", str(e))
 
     return app
