@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -274,7 +275,9 @@ class LocalStack:
                 sys.executable,
                 "-m",
                 "uvicorn",
-                "functions.frontend.app:app",
+                "infra.local.gateway:app",  # /admin/ -> the admin function's app, the rest -> the frontend's
+                "--lifespan",
+                "off",
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -305,6 +308,7 @@ class LocalStack:
                 "CLIPPER_CONFIG_TTL_S": "2",
                 "POWERTOOLS_LOG_LEVEL": "WARNING",
                 "POWERTOOLS_METRICS_DISABLED": "true",
+                "CLIPPER_ADMIN_TOKEN": os.environ.get("CLIPPER_ADMIN_TOKEN") or secrets.token_urlsafe(18),
             }
         )
         endpoints = self.start_models(models, queues)
@@ -324,7 +328,8 @@ class LocalStack:
         print(
             f"\nClipper local stack ready: {url}  (logs in .local-stack/, Ctrl-C stops everything)\n"
             f"  curl -s -X POST {url}/{DEMO_APP}/predict -H 'Content-Type: application/json' -d '{body}'\n"
-            f"  OpenAPI: {url}/docs\n",
+            f"  OpenAPI: {url}/docs (queries), {url}/admin/docs (management)\n"
+            f"  admin:   export CLIPPER_URL={url} CLIPPER_ADMIN_TOKEN={self.env['CLIPPER_ADMIN_TOKEN']}\n",
             flush=True,
         )
         return self.watch()

@@ -4,6 +4,8 @@ A bad value fails initialisation with a message naming the variable (pydantic-se
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -38,3 +40,11 @@ class FrontendSettings(CommonSettings):
 class BatcherSettings(CommonSettings):
     config_ttl_s: float = Field(10.0, ge=0)
     endpoint_timeout_s: float = Field(25.0, gt=0)
+
+
+class AdminSettings(CommonSettings):
+    # "token": a bearer token (CLIPPER_ADMIN_TOKEN; none set refuses every call). "iam": API Gateway
+    # authorises the caller's IAM signature before the request reaches the function.
+    admin_auth: Literal["token", "iam"] = "token"
+    admin_token: str = ""
+    api_base_path: str = Field("/", pattern=r"^/")

@@ -67,6 +67,7 @@ def test_make_run_serves_the_demo_app_and_stops_cleanly(demo_models):
         answer = json.loads(out)
         assert answer["default"] is False and isinstance(answer["output"], int), answer
         assert re.search(r"sample query answered: .*'default': False", "".join(lines))
+        manage_as_a_user(port, "".join(lines), answer["output"])
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
         try:
@@ -80,3 +81,25 @@ def test_make_run_serves_the_demo_app_and_stops_cleanly(demo_models):
         time.sleep(0.2)
     assert session_processes(proc.pid) == [], "left running after Ctrl-C"
     assert "all processes stopped" in "".join(lines)
+
+
+def manage_as_a_user(port: int, output: str, label: int) -> None:
+    """The management CLI and Python client against the running stack, with the token it printed."""
+    token = re.search(r"CLIPPER_ADMIN_TOKEN=(\S+)", output).group(1)
+    env = dict(os.environ, CLIPPER_URL=f"http://127.0.0.1:{port}", CLIPPER_ADMIN_TOKEN=token)
+    cli = str(REPO / ".venv" / "bin" / "clipper")
+    denied = subprocess.run([cli, "--token", "wrong", "apps"], env=env, capture_output=True, text=True, timeout=30)
+    assert denied.returncode == 2 and "403" in denied.stderr
+    apps = json.loads(subprocess.run([cli, "apps"], env=env, capture_output=True, text=True, check=True).stdout)
+    assert {"digits", "digits-exp3", "digits-exp4"} <= set(apps)
+
+    from clipper.client import ClipperConnection
+
+    conn = ClipperConnection(f"http://127.0.0.1:{port}", token)
+    conn.deploy_model("mlp", "2", "floats", [64], labels=["canary"], activate=False)
+    assert conn.get_model_info("mlp", "1")["is_current_version"]
+    conn.set_model_version("mlp", "2")
+    assert conn.get_model_info("mlp", "2")["is_current_version"]
+    assert conn.rollback_model("mlp")["active_version"] == "1"
+    state = conn.inspect_instance()
+    assert state["models"]["mlp"]["active_version"] == "1" and "2" in state["models"]["mlp"]["versions"]

@@ -106,6 +106,7 @@ def test_code_was_uploaded_to_the_artifacts_bucket(session: Any, service: dict[s
 
     keys = sorted(o["Key"] for o in listing.get("Contents", []))
     assert [k.rsplit("-", 1)[0] for k in keys] == [
+        "code/functions-admin",
         "code/functions-batcher",
         "code/functions-feedback",
         "code/functions-frontend",

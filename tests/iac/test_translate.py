@@ -42,8 +42,9 @@ def test_functions_have_handlers_runtime_layer_and_local_code(translated: dict[s
     functions = of_type(translated, "AWS::Lambda::Function")
     (layer_id,) = of_type(translated, "AWS::Lambda::LayerVersion")
 
-    assert set(functions) == {"FrontendFunction", "BatcherFunction", "FeedbackFunction"}
+    assert set(functions) == {"FrontendFunction", "BatcherFunction", "FeedbackFunction", "AdminFunction"}
     for name, folder in [
+        ("AdminFunction", "functions/admin"),
         ("FrontendFunction", "functions/frontend"),
         ("BatcherFunction", "functions/batcher"),
         ("FeedbackFunction", "functions/feedback"),
@@ -137,7 +138,13 @@ def test_http_api_has_exactly_the_query_routes(translated: dict[str, Any]) -> No
         ("/{app}/predict", "post"),
         ("/{app}/update", "post"),
         ("/health", "get"),
+        ("/admin/ping", "get"),
+        ("/admin/{operation}", "post"),
     }
+    for path, methods in paths.items():
+        for method, spec in methods.items():
+            iam = {"AWS_IAM": []} in spec.get("security", [])
+            assert iam == path.startswith("/admin/"), (path, method)  # admin routes, and only they, need IAM
     (stage,) = of_type(translated, "AWS::ApiGatewayV2::Stage").values()
     assert stage["Properties"]["StageName"] == {"Ref": "StageName"}
 

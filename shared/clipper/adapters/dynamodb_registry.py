@@ -165,7 +165,59 @@ class DynamoDBRegistry:
             self.set_active_version(mv.name, mv.version)
 
     def set_active_version(self, model: str, version: str) -> None:
-        self._put({"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}, "active_version": {"S": version}})
+        """Make ``version`` active; the one it replaces becomes ``previous_version`` (for rollback). Other
+        attributes of the model item are kept."""
+        with aws_call("dynamodb.UpdateItem(registry)"):
+            self._client.update_item(
+                TableName=self._table,
+                Key={"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}},
+                UpdateExpression="SET previous_version = if_not_exists(active_version, :v), active_version = :v",
+                ExpressionAttributeValues={":v": {"S": version}},
+            )
+
+    def previous_version(self, model: str) -> str | None:
+        with aws_call("dynamodb.GetItem(registry)"):
+            item = self._client.get_item(
+                TableName=self._table, Key={"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}}, ConsistentRead=True
+            ).get("Item", {})
+        prev = item.get("previous_version", {}).get("S")
+        return prev if prev and prev != item.get("active_version", {}).get("S") else None
+
+    def _scan(self, sk: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "FilterExpression": "sk = :sk",
+            "ExpressionAttributeValues": {":sk": {"S": sk}},
+        }
+        while True:
+            with aws_call("dynamodb.Scan(registry)"):
+                resp = self._client.scan(**kwargs)
+            items.extend(resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:
+                return items
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def app_names(self) -> list[str]:
+        return sorted(i["pk"]["S"][len("APP#") :] for i in self._scan("APP"))
+
+    def model_names(self) -> list[str]:
+        return sorted(i["pk"]["S"][len("MODEL#") :] for i in self._scan("MODEL"))
+
+    def _delete(self, pk: str, sk: str) -> None:
+        with aws_call("dynamodb.DeleteItem(registry)"):
+            self._client.delete_item(TableName=self._table, Key={"pk": {"S": pk}, "sk": {"S": sk}})
+
+    def unlink(self, app: str, model: str) -> None:
+        self._delete(f"APP#{app}", f"LINK#{model}")
+
+    def delete_app(self, name: str) -> None:
+        """The application and its links (models stay)."""
+        for item in self._query(f"APP#{name}"):
+            self._delete(item["pk"]["S"], item["sk"]["S"])
+
+    def delete_version(self, model: str, version: str) -> None:
+        self._delete(f"MODEL#{model}", f"VERSION#{version}")
 
 
 class DynamoDBControllerStore:

@@ -1,0 +1,145 @@
+"""The management API over HTTP: ``POST /admin/<operation>`` with Clipper's operation names and JSON
+bodies. Locally it requires ``Authorization: Bearer <token>`` (``CLIPPER_ADMIN_TOKEN``); on AWS the
+routes are IAM-authorised by API Gateway (``CLIPPER_ADMIN_AUTH=iam``)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from clipper.admin import schemas
+from clipper.admin.service import AdminService
+from clipper.errors import ClipperError, Conflict, InvalidInput, NotFound, Unavailable
+
+_STATUS: list[tuple[type[ClipperError], int, str]] = [
+    (NotFound, 404, "not found"),
+    (Conflict, 409, "conflict"),
+    (InvalidInput, 400, "invalid input"),
+    (Unavailable, 503, "service unavailable"),
+]
+
+
+def _error(status: int, error: str, cause: str) -> JSONResponse:
+    return JSONResponse({"error": error, "cause": cause}, status_code=status)
+
+
+def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
+    """``auth`` is "token" (bearer token ``token``; none configured: every call is refused) or "iam"."""
+    app = FastAPI(
+        title="Clipper management API",
+        version="1",
+        description="clipper_admin's operations",
+        docs_url="/admin/docs",
+        openapi_url="/admin/openapi.json",
+        redoc_url=None,
+    )
+    bearer = HTTPBearer(auto_error=False)
+
+    def authorise(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
+        if auth == "iam":
+            return  # API Gateway checked the caller's IAM signature before the request got here
+        if credentials is None:
+            raise _Refused(401, "missing credentials: send Authorization: Bearer <CLIPPER_ADMIN_TOKEN>")
+        if not token or not secrets.compare_digest(credentials.credentials, token):
+            raise _Refused(403, "the bearer token is not the admin token")
+
+    @app.exception_handler(_Refused)
+    async def refused(_: Request, e: _Refused) -> JSONResponse:
+        return _error(e.status, "unauthorized" if e.status == 401 else "forbidden", e.cause)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        return _error(400, "invalid input", f"{field}: {first['msg']}")
+
+    @app.exception_handler(ClipperError)
+    async def clipper_error(_: Request, e: ClipperError) -> JSONResponse:
+        for kind, status, name in _STATUS:
+            if isinstance(e, kind):
+                return _error(status, name, str(e))
+        return _error(500, "internal error", str(e))
+
+    guard = [Depends(authorise)]
+
+    def op(name: str, summary: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        return app.post(f"/admin/{name}", dependencies=guard, summary=summary, tags=["admin"])
+
+    @app.get("/admin/ping", dependencies=guard, tags=["admin"], summary="Is the management API up")
+    def ping() -> dict[str, str]:
+        return {"status": "pong"}
+
+    @op("add_app", "Register an application")
+    def add_app(body: schemas.AddApp) -> dict[str, Any]:
+        return service.add_app(body)
+
+    @op("delete_app", "Delete an application and its links")
+    def delete_app(body: schemas.Name) -> dict[str, Any]:
+        return service.delete_app(body.name)
+
+    @op("get_application", "One application")
+    def get_application(body: schemas.Name) -> dict[str, Any]:
+        return service.get_application(body.name)
+
+    @op("get_all_applications", "All applications (names, or details when verbose)")
+    def get_all_applications(body: schemas.Verbose) -> list[Any]:
+        return service.get_all_applications(body.verbose)
+
+    @op("add_model", "Register a model version (serving resources default to the active version's)")
+    def add_model(body: schemas.AddModel) -> dict[str, Any]:
+        return service.add_model(body)
+
+    @op("get_model", "One model version")
+    def get_model(body: schemas.ModelRef) -> dict[str, Any]:
+        return service.get_model(body.model_name, body.model_version)
+
+    @op("get_all_models", "All model versions")
+    def get_all_models(body: schemas.Verbose) -> list[Any]:
+        return service.get_all_models(body.verbose)
+
+    @op("set_model_version", "Make a version active (roll forward or back)")
+    def set_model_version(body: schemas.ModelRef) -> dict[str, Any]:
+        return service.set_model_version(body.model_name, body.model_version)
+
+    @op("rollback_model", "Return to the version that was active before")
+    def rollback_model(body: schemas.ModelName) -> dict[str, Any]:
+        return service.rollback_model(body.model_name)
+
+    @op("delete_versioned_model", "Delete an inactive version")
+    def delete_versioned_model(body: schemas.ModelRef) -> dict[str, Any]:
+        return service.delete_versioned_model(body.model_name, body.model_version)
+
+    @op("stop_inactive_model_versions", "Delete every inactive version of a model")
+    def stop_inactive_model_versions(body: schemas.ModelName) -> dict[str, Any]:
+        return service.stop_inactive_model_versions(body.model_name)
+
+    @op("add_model_links", "Link models to an application")
+    def add_model_links(body: schemas.Links) -> dict[str, Any]:
+        return service.add_model_links(body.app_name, body.model_names)
+
+    @op("delete_model_links", "Unlink models from an application")
+    def delete_model_links(body: schemas.Links) -> dict[str, Any]:
+        return service.delete_model_links(body.app_name, body.model_names)
+
+    @op("get_linked_models", "The models linked to an application")
+    def get_linked_models(body: schemas.AppName) -> list[str]:
+        return service.get_linked_models(body.app_name)
+
+    @op("get_state", "Applications, models, versions and links")
+    def get_state(body: schemas.Verbose) -> dict[str, Any]:
+        return service.get_state()
+
+    return app
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, cause: str) -> None:
+        super().__init__(cause)
+        self.status = status
+        self.cause = cause

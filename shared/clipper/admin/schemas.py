@@ -1,0 +1,62 @@
+"""Request bodies of the management operations: Clipper's management JSON, plus our optional fields."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+InputTypeName = Literal["integers", "bytes", "floats", "doubles", "strings"]
+PolicyName = Literal["single", "epsilon_greedy", "exp3", "exp4"]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AddApp(Body):
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    input_type: InputTypeName
+    default_output: str
+    latency_slo_micros: int = Field(gt=0, le=30_000_000, description="at most 30 s (API Gateway's limit)")
+    input_shape: list[int] | None = Field(None, description="fixed input shape, e.g. [64]; omit for any length")
+    policy: PolicyName = "single"
+    confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)
+    default_when_unsure: bool = False
+
+
+class Name(Body):
+    name: str
+
+
+class AppName(Body):
+    app_name: str
+
+
+class Links(Body):
+    app_name: str
+    model_names: list[str] = Field(min_length=1)
+
+
+class ModelRef(Body):
+    model_name: str
+    model_version: str
+
+
+class ModelName(Body):
+    model_name: str
+
+
+class AddModel(Body):
+    model_name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    model_version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    input_type: InputTypeName
+    input_shape: list[int] | None = None
+    queue_url: str | None = Field(None, description="the model's request queue; default: the active version's")
+    endpoint: str | None = Field(None, description="URL or sagemaker:<name>; default: the active version's")
+    labels: list[str] = Field(default_factory=list)
+    activate: bool = Field(True, description="make this the active version (Clipper's behaviour)")
+
+
+class Verbose(Body):
+    verbose: bool = False

@@ -1,0 +1,214 @@
+"""The management operations over the registry. Every rejection raises the project's errors before
+anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` (duplicate), and
+``InvalidInput`` naming the field (bad SLO, incompatible link, deleting the active version...)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from clipper.admin import schemas
+from clipper.core.domain import Application, InputType, Model, ModelVersion
+from clipper.errors import ClipperError, InvalidInput, NotFound
+
+
+class AdminRegistry(Protocol):
+    def app_and_links(self, name: str) -> tuple[Application, list[str]]: ...
+    def model_and_versions(self, name: str) -> tuple[Model, dict[str, ModelVersion]]: ...
+    def put_app(self, app: Application, overwrite: bool = False) -> None: ...
+    def link(self, app: str, model: str) -> None: ...
+    def unlink(self, app: str, model: str) -> None: ...
+    def put_version(self, mv: ModelVersion, activate: bool = False) -> None: ...
+    def set_active_version(self, model: str, version: str) -> None: ...
+    def previous_version(self, model: str) -> str | None: ...
+    def app_names(self) -> list[str]: ...
+    def model_names(self) -> list[str]: ...
+    def delete_app(self, name: str) -> None: ...
+    def delete_version(self, model: str, version: str) -> None: ...
+
+
+def app_info(app: Application, links: list[str]) -> dict[str, Any]:
+    info = asdict(app)
+    info["input_type"] = app.input_type.value
+    info["input_shape"] = list(app.input_shape) if app.input_shape else None
+    info["linked_models"] = links
+    return info
+
+
+def version_info(mv: ModelVersion, active: str) -> dict[str, Any]:
+    info = asdict(mv)
+    info["input_type"] = mv.input_type.value
+    info["input_shape"] = list(mv.input_shape) if mv.input_shape else None
+    info["labels"] = list(mv.labels)
+    info["is_current_version"] = mv.version == active
+    return info
+
+
+class AdminService:
+    def __init__(self, registry: AdminRegistry) -> None:
+        self._registry = registry
+
+    # -- applications ----------------------------------------------------------------------------------
+    def add_app(self, req: schemas.AddApp) -> dict[str, Any]:
+        if req.input_shape is not None and (not req.input_shape or any(d <= 0 for d in req.input_shape)):
+            raise InvalidInput("input_shape", "a list of positive dimensions", str(req.input_shape))
+        app = Application(
+            req.name,
+            InputType(req.input_type),
+            req.default_output,
+            req.latency_slo_micros,
+            tuple(req.input_shape) if req.input_shape else None,
+            req.policy,
+            req.confidence_threshold,
+            req.default_when_unsure,
+        )
+        self._registry.put_app(app)  # Conflict when it exists
+        return app_info(app, [])
+
+    def get_application(self, name: str) -> dict[str, Any]:
+        return app_info(*self._registry.app_and_links(name))
+
+    def get_all_applications(self, verbose: bool = False) -> list[Any]:
+        names = self._registry.app_names()
+        return [self.get_application(n) for n in names] if verbose else names
+
+    def delete_app(self, name: str) -> dict[str, Any]:
+        self._registry.app_and_links(name)  # NotFound
+        self._registry.delete_app(name)
+        return {"deleted": name}
+
+    # -- models ----------------------------------------------------------------------------------------
+    def add_model(self, req: schemas.AddModel) -> dict[str, Any]:
+        try:
+            head, versions = self._registry.model_and_versions(req.model_name)
+        except NotFound:
+            head, versions = None, {}
+        if req.model_version in versions:
+            raise InvalidInput("model_version", f"a new version of {req.model_name}", f"{req.model_version} exists")
+        current = versions.get(head.active_version) if head else None
+        queue_url = req.queue_url or (current.queue_url if current else None)
+        endpoint = req.endpoint or (current.endpoint if current else None)
+        if not queue_url or not endpoint:
+            raise InvalidInput("queue_url", "the serving resources of the first version (queue_url and endpoint)")
+        mv = ModelVersion(
+            req.model_name,
+            req.model_version,
+            InputType(req.input_type),
+            queue_url,
+            endpoint,
+            tuple(req.input_shape) if req.input_shape else None,
+            tuple(req.labels),
+        )
+        for app in self._apps_linked_to(req.model_name):
+            self._check_compatible(app, mv, "input_type")
+        self._registry.put_version(mv, activate=req.activate or head is None)
+        return version_info(mv, mv.version if (req.activate or head is None) else head.active_version)
+
+    def get_model(self, model: str, version: str) -> dict[str, Any]:
+        head, versions = self._registry.model_and_versions(model)
+        if version not in versions:
+            raise NotFound("model version", f"{model}:{version}")
+        return version_info(versions[version], head.active_version)
+
+    def get_all_models(self, verbose: bool = False) -> list[Any]:
+        out: list[Any] = []
+        for name in self._registry.model_names():
+            head, versions = self._registry.model_and_versions(name)
+            if verbose:
+                out.extend(version_info(v, head.active_version) for v in versions.values())
+            else:
+                out.extend(f"{name}:{v}" for v in versions)
+        return out
+
+    def set_model_version(self, model: str, version: str) -> dict[str, Any]:
+        head, versions = self._registry.model_and_versions(model)
+        if version not in versions:
+            raise NotFound("model version", f"{model}:{version}")
+        if version != head.active_version:
+            self._registry.set_active_version(model, version)
+        return {"model_name": model, "active_version": version, "previous_version": head.active_version}
+
+    def rollback_model(self, model: str) -> dict[str, Any]:
+        self._registry.model_and_versions(model)  # NotFound
+        previous = self._registry.previous_version(model)
+        if previous is None:
+            raise InvalidInput("model_name", f"a model with an earlier active version to return to ({model} has none)")
+        return self.set_model_version(model, previous)
+
+    def delete_versioned_model(self, model: str, version: str) -> dict[str, Any]:
+        head, versions = self._registry.model_and_versions(model)
+        if version not in versions:
+            raise NotFound("model version", f"{model}:{version}")
+        if version == head.active_version:
+            raise InvalidInput("model_version", "an inactive version (set another version active first)", version)
+        self._registry.delete_version(model, version)
+        return {"deleted": f"{model}:{version}"}
+
+    def stop_inactive_model_versions(self, model: str) -> dict[str, Any]:
+        head, versions = self._registry.model_and_versions(model)
+        gone = [v for v in versions if v != head.active_version]
+        for v in gone:
+            self._registry.delete_version(model, v)
+        return {"deleted": [f"{model}:{v}" for v in gone]}
+
+    # -- links -----------------------------------------------------------------------------------------
+    def add_model_links(self, app_name: str, model_names: list[str]) -> dict[str, Any]:
+        app, links = self._registry.app_and_links(app_name)
+        for name in model_names:
+            head, versions = self._registry.model_and_versions(name)
+            self._check_compatible(app, versions[head.active_version], "model_names")
+        for name in model_names:
+            self._registry.link(app_name, name)
+        return {"app_name": app_name, "linked_models": sorted(set(links) | set(model_names))}
+
+    def delete_model_links(self, app_name: str, model_names: list[str]) -> dict[str, Any]:
+        _, links = self._registry.app_and_links(app_name)
+        unknown = [m for m in model_names if m not in links]
+        if unknown:
+            raise InvalidInput(
+                "model_names", f"models linked to {app_name} ({', '.join(links) or 'none'})", ", ".join(unknown)
+            )
+        for name in model_names:
+            self._registry.unlink(app_name, name)
+        return {"app_name": app_name, "linked_models": [m for m in links if m not in model_names]}
+
+    def get_linked_models(self, app_name: str) -> list[str]:
+        return self._registry.app_and_links(app_name)[1]
+
+    # -- state -----------------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        models = {}
+        for name in self._registry.model_names():
+            try:
+                head, versions = self._registry.model_and_versions(name)
+            except ClipperError:
+                continue
+            models[name] = {
+                "active_version": head.active_version,
+                "versions": {v: version_info(mv, head.active_version) for v, mv in versions.items()},
+            }
+        apps = {n: self.get_application(n) for n in self._registry.app_names()}
+        return {"applications": apps, "models": models}
+
+    def _apps_linked_to(self, model: str) -> list[Application]:
+        out = []
+        for name in self._registry.app_names():
+            app, links = self._registry.app_and_links(name)
+            if model in links:
+                out.append(app)
+        return out
+
+    @staticmethod
+    def _check_compatible(app: Application, mv: ModelVersion, field: str) -> None:
+        if app.input_type is not mv.input_type:
+            raise InvalidInput(
+                field,
+                f"a model taking {app.input_type.value} like application {app.name}",
+                f"{mv.name}:{mv.version} takes {mv.input_type.value}",
+            )
+        if app.input_shape and mv.input_shape and app.input_shape != mv.input_shape:
+            raise InvalidInput(
+                field,
+                f"a model of input shape {list(app.input_shape)} like application {app.name}",
+                f"{mv.name}:{mv.version} has {list(mv.input_shape)}",
+            )

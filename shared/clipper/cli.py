@@ -1,0 +1,119 @@
+"""``clipper``: the management API from the command line (the same operations as the Python client).
+
+export CLIPPER_URL=http://127.0.0.1:8080 CLIPPER_ADMIN_TOKEN=...    # make run prints both
+clipper apps
+clipper register-app sentiment strings "neutral" 100000
+clipper set-version mlp 2 && clipper rollback mlp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from clipper.client import AdminError, ClipperConnection
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clipper", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", help="the API's address (default: $CLIPPER_URL)")
+    p.add_argument("--token", help="the admin token (default: $CLIPPER_ADMIN_TOKEN)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("ping")
+    sub.add_parser("apps", help="list applications").add_argument("-v", "--verbose", action="store_true")
+    sub.add_parser("app", help="one application").add_argument("name")
+    r = sub.add_parser("register-app", help="register an application")
+    r.add_argument("name")
+    r.add_argument("input_type", choices=["integers", "floats", "doubles", "bytes", "strings"])
+    r.add_argument("default_output")
+    r.add_argument("slo_micros", type=int)
+    r.add_argument("--input-shape", type=lambda s: [int(d) for d in s.split(",")], help="e.g. 64 or 3,32,32")
+    r.add_argument("--policy", default="single", choices=["single", "epsilon_greedy", "exp3", "exp4"])
+    sub.add_parser("delete-app").add_argument("name")
+    sub.add_parser("models", help="list model versions").add_argument("-v", "--verbose", action="store_true")
+    m = sub.add_parser("model", help="one model version")
+    m.add_argument("name")
+    m.add_argument("version")
+    d = sub.add_parser("add-model", help="register a model version")
+    d.add_argument("name")
+    d.add_argument("version")
+    d.add_argument("input_type", choices=["integers", "floats", "doubles", "bytes", "strings"])
+    d.add_argument("--input-shape", type=lambda s: [int(x) for x in s.split(",")])
+    d.add_argument("--queue-url")
+    d.add_argument("--endpoint")
+    d.add_argument("--no-activate", action="store_true", help="deploy without making it current")
+    sv = sub.add_parser("set-version", help="make a version active")
+    sv.add_argument("name")
+    sv.add_argument("version")
+    sub.add_parser("rollback", help="return to the previously active version").add_argument("name")
+    dv = sub.add_parser("delete-version")
+    dv.add_argument("name")
+    dv.add_argument("version")
+    for name in ("link", "unlink"):
+        lk = sub.add_parser(name)
+        lk.add_argument("app")
+        lk.add_argument("model")
+    sub.add_parser("linked", help="models linked to an application").add_argument("app")
+    sub.add_parser("inspect", help="applications, models, versions and links")
+    return p
+
+
+def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
+    c = args.command
+    if c == "ping":
+        return conn.ping()
+    if c == "apps":
+        return conn.get_all_apps(args.verbose)
+    if c == "app":
+        return conn.get_app_info(args.name)
+    if c == "register-app":
+        return conn.register_application(
+            args.name, args.input_type, args.default_output, args.slo_micros, args.input_shape, args.policy
+        )
+    if c == "delete-app":
+        return conn.unregister_application(args.name)
+    if c == "models":
+        return conn.get_all_models(args.verbose)
+    if c == "model":
+        return conn.get_model_info(args.name, args.version)
+    if c == "add-model":
+        return conn.deploy_model(
+            args.name,
+            args.version,
+            args.input_type,
+            args.input_shape,
+            args.queue_url,
+            args.endpoint,
+            activate=not args.no_activate,
+        )
+    if c == "set-version":
+        return conn.set_model_version(args.name, args.version)
+    if c == "rollback":
+        return conn.rollback_model(args.name)
+    if c == "delete-version":
+        return conn.stop_versioned_models({args.name: [args.version]})
+    if c == "link":
+        return conn.link_model_to_app(args.app, args.model)
+    if c == "unlink":
+        return conn.unlink_model_from_app(args.app, args.model)
+    if c == "linked":
+        return conn.get_linked_models(args.app)
+    return conn.inspect_instance()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    conn = ClipperConnection(args.url, args.token)
+    try:
+        result = run(args, conn)
+    except AdminError as e:
+        print(f"clipper: {e}", file=sys.stderr)
+        return 2 if e.status >= 400 else 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

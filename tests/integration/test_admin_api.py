@@ -1,0 +1,143 @@
+"""Every management operation over HTTP, against the registry in moto, with the bearer-token guard."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.admin.api import create_admin_app
+from clipper.admin.service import AdminService
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "s3cret"
+DIGITS = {
+    "name": "digits",
+    "input_type": "floats",
+    "default_output": "-1",
+    "latency_slo_micros": 100000,
+    "input_shape": [64],
+}
+
+
+def mlp(version, **extra):
+    body = {"model_name": "mlp", "model_version": version, "input_type": "floats", "input_shape": [64]}
+    if version == "1":
+        body |= {"queue_url": "https://sqs.local/q-mlp", "endpoint": "http://127.0.0.1:9001"}
+    return body | extra
+
+
+@pytest.fixture
+def admin(aws):
+    service = AdminService(DynamoDBRegistry(aws.dynamodb, aws.registry_table))
+    client = TestClient(create_admin_app(service, "token", TOKEN))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    return client
+
+
+def ok(resp, status=200):
+    assert resp.status_code == status, resp.text
+    return resp.json()
+
+
+def test_admin_calls_need_the_token(aws):
+    service = AdminService(DynamoDBRegistry(aws.dynamodb, aws.registry_table))
+    client = TestClient(create_admin_app(service, "token", TOKEN))
+    assert client.get("/admin/ping").status_code == 401
+    assert client.get("/admin/ping", headers={"Authorization": "Bearer nope"}).status_code == 403
+    assert client.post("/admin/add_app", json=DIGITS, headers={"Authorization": "Bearer x"}).status_code == 403
+    unset = TestClient(create_admin_app(service, "token", ""))
+    assert unset.get("/admin/ping", headers={"Authorization": "Bearer "}).status_code in (401, 403)
+    assert client.get("/admin/ping", headers={"Authorization": f"Bearer {TOKEN}"}).json() == {"status": "pong"}
+    assert ok(client.post("/admin/get_all_applications", json={}, headers={"Authorization": "Bearer x"}), 403)
+
+
+def test_application_lifecycle(admin):
+    assert ok(admin.post("/admin/add_app", json=DIGITS))["name"] == "digits"
+    assert admin.post("/admin/add_app", json=DIGITS).status_code == 409
+    info = ok(admin.post("/admin/get_application", json={"name": "digits"}))
+    assert info["latency_slo_micros"] == 100000 and info["input_shape"] == [64] and info["policy"] == "single"
+    assert ok(admin.post("/admin/get_all_applications", json={})) == ["digits"]
+    assert ok(admin.post("/admin/get_all_applications", json={"verbose": True}))[0]["name"] == "digits"
+    assert ok(admin.post("/admin/delete_app", json={"name": "digits"})) == {"deleted": "digits"}
+    assert admin.post("/admin/get_application", json={"name": "digits"}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"latency_slo_micros": 0}, "latency_slo_micros"),
+        ({"latency_slo_micros": "fast"}, "latency_slo_micros"),
+        ({"input_type": "images"}, "input_type"),
+        ({"policy": "oracle"}, "policy"),
+        ({"input_shape": [0]}, "input_shape"),
+        ({"name": "no spaces"}, "name"),
+    ],
+)
+def test_bad_registrations_name_the_field_and_change_nothing(admin, change, field):
+    resp = admin.post("/admin/add_app", json=DIGITS | change)
+    assert resp.status_code == 400 and resp.json()["cause"].startswith(field)
+    assert ok(admin.post("/admin/get_all_applications", json={})) == []
+
+
+def test_models_versions_links_rollout_and_rollback(admin):
+    ok(admin.post("/admin/add_app", json=DIGITS))
+    ok(admin.post("/admin/add_model", json=mlp("1")))
+    ok(admin.post("/admin/add_model_links", json={"app_name": "digits", "model_names": ["mlp"]}))
+    assert ok(admin.post("/admin/get_linked_models", json={"app_name": "digits"})) == ["mlp"]
+    # a second version, deployed without becoming current, reuses the serving resources
+    v2 = ok(admin.post("/admin/add_model", json=mlp("2", activate=False)))
+    assert v2["queue_url"] == "https://sqs.local/q-mlp" and v2["is_current_version"] is False
+    assert admin.post("/admin/add_model", json=mlp("2")).status_code == 400  # versions are immutable
+    assert sorted(ok(admin.post("/admin/get_all_models", json={}))) == ["mlp:1", "mlp:2"]
+    ok(admin.post("/admin/set_model_version", json={"model_name": "mlp", "model_version": "2"}))
+    assert ok(admin.post("/admin/get_model", json={"model_name": "mlp", "model_version": "2"}))["is_current_version"]
+    assert ok(admin.post("/admin/rollback_model", json={"model_name": "mlp"}))["active_version"] == "1"
+    assert admin.post("/admin/set_model_version", json={"model_name": "mlp", "model_version": "9"}).status_code == 404
+    # the active version cannot be deleted; an inactive one can
+    assert (
+        admin.post("/admin/delete_versioned_model", json={"model_name": "mlp", "model_version": "1"}).status_code == 400
+    )
+    ok(admin.post("/admin/delete_versioned_model", json={"model_name": "mlp", "model_version": "2"}))
+    state = ok(admin.post("/admin/get_state", json={}))
+    assert state["models"]["mlp"]["active_version"] == "1" and state["applications"]["digits"]["linked_models"] == [
+        "mlp"
+    ]
+    ok(admin.post("/admin/delete_model_links", json={"app_name": "digits", "model_names": ["mlp"]}))
+    assert ok(admin.post("/admin/get_linked_models", json={"app_name": "digits"})) == []
+
+
+def test_incompatible_links_and_unknown_names_are_refused(admin):
+    ok(admin.post("/admin/add_app", json=DIGITS))
+    ok(admin.post("/admin/add_model", json=mlp("1")))
+    text = {"model_name": "bert", "model_version": "1", "input_type": "strings", "queue_url": "q", "endpoint": "e"}
+    ok(admin.post("/admin/add_model", json=text))
+    resp = admin.post("/admin/add_model_links", json={"app_name": "digits", "model_names": ["mlp", "bert"]})
+    assert resp.status_code == 400 and "takes strings" in resp.json()["cause"]
+    assert ok(admin.post("/admin/get_linked_models", json={"app_name": "digits"})) == []  # nothing changed
+    assert admin.post("/admin/add_model_links", json={"app_name": "nope", "model_names": ["mlp"]}).status_code == 404
+    assert admin.post("/admin/add_model_links", json={"app_name": "digits", "model_names": ["x"]}).status_code == 404
+    first = {"model_name": "new", "model_version": "1", "input_type": "floats"}
+    assert admin.post("/admin/add_model", json=first).json()["cause"].startswith("queue_url")
+
+
+def test_openapi_documents_every_operation(admin):
+    spec = admin.get("/admin/openapi.json").json()
+    ops = {p.removeprefix("/admin/") for p in spec["paths"]}
+    assert ops >= {
+        "ping",
+        "add_app",
+        "delete_app",
+        "add_model",
+        "delete_versioned_model",
+        "set_model_version",
+        "add_model_links",
+        "delete_model_links",
+        "get_all_applications",
+        "get_application",
+        "get_linked_models",
+        "get_all_models",
+        "get_model",
+        "get_state",
+    }
