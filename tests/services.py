@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
@@ -112,3 +113,22 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class AtomicRequests:
+    """A boto3 client whose every request runs alone, as one DynamoDB request does. moto, a test double,
+    interleaves the check and the write of concurrent conditional requests; DynamoDB does not."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name):
+        method = getattr(self._client, name)
+
+        def call(*args, **kwargs):
+            with self._lock:
+                return method(*args, **kwargs)
+
+        return call

@@ -18,26 +18,9 @@ from clipper.core.messages import encode_rows
 from clipper.feedback import FeedbackMessage, FeedbackProcessor
 from clipper.selection import Selection, state_key
 from tests.fakes import InMemoryCache, InMemoryRegistry, digits_app
+from tests.services import AtomicRequests
 
 pytestmark = pytest.mark.integration
-
-
-class AtomicRequests:
-    """A client whose every request runs alone, as one DynamoDB request does."""
-
-    _lock = threading.Lock()
-
-    def __init__(self, client):
-        self._client = client
-
-    def __getattr__(self, name):
-        method = getattr(self._client, name)
-
-        def call(*args, **kwargs):
-            with self._lock:
-                return method(*args, **kwargs)
-
-        return call
 
 
 class CountingStore(DynamoDBSelectionStore):

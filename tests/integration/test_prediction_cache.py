@@ -8,7 +8,7 @@ import redis
 from clipper.adapters.dynamodb_cache import DynamoDBPredictionCache
 from clipper.adapters.redis_cache import RedisPredictionCache
 from tests.integration.conftest import create_tables
-from tests.services import redis_url  # noqa: F401  (fixture)
+from tests.services import AtomicRequests, redis_url  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def cache(request):
         AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
         BillingMode="PAY_PER_REQUEST",
     )
-    return DynamoDBPredictionCache(aws.dynamodb, "cache", ttl_s=60)
+    return DynamoDBPredictionCache(AtomicRequests(aws.dynamodb), "cache", ttl_s=60)
 
 
 def test_put_and_get_many(cache):

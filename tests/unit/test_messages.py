@@ -85,3 +85,41 @@ def test_reply_round_trip():
     assert Reply.from_json(r.to_json()) == r and r.ok
     e = Reply(query_id=1, model="m", version="1", error="boom", error_kind="endpoint")
     assert not Reply.from_json(e.to_json()).ok
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(64, dtype=np.float32).reshape(1, 64),
+        np.zeros((3,), np.int32),
+        np.ones((2, 3, 4, 4), np.float64),
+        np.array(5, dtype=np.int64),
+        np.zeros((0, 8), np.float32),
+        np.array([True, False]),
+    ],
+)
+def test_npy_codec_writes_numpys_bytes_and_reads_them_back(array):
+    import io
+
+    from clipper.core.tensors import decode_npy, encode_npy
+
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    assert encode_npy(array) == buf.getvalue()
+    back = decode_npy(buf.getvalue())
+    assert back.dtype == array.dtype and back.shape == array.shape and np.array_equal(back, array)
+
+
+def test_npy_codec_falls_back_for_fortran_order_and_rejects_truncation():
+    import io
+
+    from clipper.core.tensors import decode_npy, encode_npy
+
+    f = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+    buf = io.BytesIO()
+    np.save(buf, f)
+    assert np.array_equal(decode_npy(buf.getvalue()), f)
+    with pytest.raises(MalformedMessage, match="truncated"):
+        decode_npy(encode_npy(np.zeros((2, 64), np.float32))[:-4])
+    with pytest.raises(MalformedMessage, match="dtype"):
+        decode_npy(encode_npy(np.zeros(3, np.complex64)))

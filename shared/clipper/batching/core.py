@@ -53,7 +53,7 @@ class _Work:
 def _group_key(work: _Work) -> tuple[str, str, str, tuple[int, ...]]:
     rows = work.rows
     if isinstance(rows, np.ndarray):
-        return (work.message.model, work.message.version, rows.dtype.name, rows.shape[1:])
+        return (work.message.model, work.message.version, rows.dtype.str, rows.shape[1:])
     kind = "bytes" if rows and isinstance(rows[0], bytes) else "str"
     return (work.message.model, work.message.version, kind, ())
 
@@ -88,8 +88,8 @@ class Batcher:
     def latency_floor_s(self) -> float:
         return min(self._recent_latency, default=0.0)
 
-    def decode(self, inbound: Inbound) -> _Work:
-        message = QueryMessage.from_json(inbound.body)
+    def rows_of(self, message: QueryMessage) -> Rows:
+        """The message's rows (fetching a claim-checked payload from S3)."""
         claimed = None
         if message.payload.s3_key is not None:
             if self._claims is None:
@@ -98,7 +98,7 @@ class Batcher:
         rows = decode_rows(message.payload, claimed)
         if len(rows) != message.rows:
             raise MalformedMessage(f"message says {message.rows} rows, payload has {len(rows)}")
-        return _Work(inbound.message_id, message, rows)
+        return rows
 
     def process(self, inbound: Sequence[Inbound]) -> BatchReport:
         report = BatchReport()
@@ -108,12 +108,12 @@ class Batcher:
         groups: dict[tuple[str, str, str, tuple[int, ...]], list[_Work]] = {}
         for item in inbound:
             try:
-                work = self.decode(item)
+                msg = QueryMessage.from_json(item.body)
             except ClipperError as e:
                 logger.warning("undecodable message", extra={"message_id": item.message_id, "error": str(e)})
                 report.failed.append(item.message_id)
                 continue
-            msg = work.message
+            # The cheap checks first: an expired or duplicate message costs no payload decoding.
             if msg.deadline_ms <= now_ms + floor_ms:  # expired, or cannot be answered in time any more
                 report.expired += 1
                 continue
@@ -126,6 +126,12 @@ class Batcher:
                 continue
             if duplicate:
                 report.duplicates += 1
+                continue
+            try:
+                work = _Work(item.message_id, msg, self.rows_of(msg))
+            except ClipperError as e:
+                logger.warning("undecodable payload", extra={"message_id": item.message_id, "error": str(e)})
+                report.failed.append(item.message_id)
                 continue
             seen.add(key)
             groups.setdefault(_group_key(work), []).append(work)

@@ -1,26 +1,63 @@
-"""Compact binary encoding of numeric tensors (.npy) used between frontend, batcher and endpoint."""
+"""Compact binary encoding of numeric tensors (.npy) used between frontend, batcher and endpoint.
+
+The common case (a C-ordered array of an allowed dtype) is read and written without ``np.load`` /
+``np.save``, whose header handling (``ast.literal_eval``) cost ~100 us a message in the batcher; anything
+else falls back to numpy's own reader. The bytes are exactly what ``np.save`` writes (format 1.0).
+"""
 
 from __future__ import annotations
 
 import io
+import math
+import re
 
 import numpy as np
 
 from clipper.errors import MalformedMessage
 
 ALLOWED_DTYPES = frozenset({"int32", "int64", "float32", "float64", "uint8", "bool"})
+_MAGIC = b"\x93NUMPY"
+_HEADER = re.compile(
+    rb"^\{'descr': '([<>|=]?[a-z]\d+)', 'fortran_order': False, 'shape': \(((?:\d+, ?)*\d*)\), \} *\n$"
+)
 
 
 def encode_npy(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return buf.getvalue()
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)  # (it would also turn a 0-d array into a 1-d one)
+    shape = array.shape
+    shape_text = "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    header = f"{{'descr': '{array.dtype.str}', 'fortran_order': False, 'shape': {shape_text}, }}"
+    pad = 64 - (10 + len(header) + 1) % 64  # total header length a multiple of 64, as numpy aligns it
+    header_bytes = (header + " " * (pad % 64) + "\n").encode("latin1")
+    if len(header_bytes) > 65535:
+        buf = io.BytesIO()
+        np.save(buf, array, allow_pickle=False)
+        return buf.getvalue()
+    return _MAGIC + b"\x01\x00" + len(header_bytes).to_bytes(2, "little") + header_bytes + array.tobytes()
+
+
+def _fast_decode(data: bytes) -> np.ndarray | None:
+    if data[:6] != _MAGIC or data[6:8] != b"\x01\x00":
+        return None
+    header_len = int.from_bytes(data[8:10], "little")
+    match = _HEADER.match(data[10 : 10 + header_len])
+    if match is None:
+        return None
+    dtype = np.dtype(match.group(1).decode())
+    shape = tuple(int(d) for d in match.group(2).decode().replace(" ", "").split(",") if d)
+    body = memoryview(data)[10 + header_len :]
+    if len(body) != math.prod(shape) * dtype.itemsize:
+        raise MalformedMessage("truncated .npy tensor")
+    return np.frombuffer(body, dtype=dtype).reshape(shape)
 
 
 def decode_npy(data: bytes) -> np.ndarray:
     try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
+        array = _fast_decode(data)
+        if array is None:
+            array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError, TypeError) as e:
         raise MalformedMessage(f"not a .npy tensor: {e}") from e
     if not isinstance(array, np.ndarray) or array.dtype.name not in ALLOWED_DTYPES:
         raise MalformedMessage(f"unsupported tensor dtype {getattr(array, 'dtype', '?')}")
