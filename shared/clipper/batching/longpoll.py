@@ -3,9 +3,9 @@ batches with millisecond precision (the Lambda driver's batching window has whol
 
 After the first message of a batch arrives it keeps receiving while more messages come, until the batch
 is full or the oldest message has waited ``batch_wait_s`` (a receive that comes back empty ends the batch
-at once: nothing is gained by waiting on an idle queue); then it runs the batch through the batcher core, deletes what was
-answered (or dropped as expired or duplicate), and releases failed messages for a retry after a back-off
-(the queue's redrive policy moves a message to the dead-letter queue after ``maxReceiveCount`` tries).
+at once: nothing is gained by waiting on an idle queue); then it runs the batch through the batcher core,
+deletes what was answered (or dropped as expired or duplicate), and releases failed messages for a retry
+after a back-off (the queue's redrive policy moves a message to the dead-letter queue after ``maxReceiveCount`` tries).
 """
 
 from __future__ import annotations
