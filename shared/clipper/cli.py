@@ -31,6 +31,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("slo_micros", type=int)
     r.add_argument("--input-shape", type=lambda s: [int(d) for d in s.split(",")], help="e.g. 64 or 3,32,32")
     r.add_argument("--policy", default="single", choices=["single", "epsilon_greedy", "exp3", "exp4"])
+    sp = sub.add_parser("set-policy", help="change an application's selection policy")
+    sp.add_argument("name")
+    sp.add_argument("policy", choices=["single", "epsilon_greedy", "exp3", "exp4"])
+    sp.add_argument("--confidence-threshold", type=float)
+    sp.add_argument("--default-when-unsure", action="store_true", default=None)
     sub.add_parser("delete-app").add_argument("name")
     sub.add_parser("models", help="list model versions").add_argument("-v", "--verbose", action="store_true")
     m = sub.add_parser("model", help="one model version")
@@ -72,6 +77,8 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         return conn.register_application(
             args.name, args.input_type, args.default_output, args.slo_micros, args.input_shape, args.policy
         )
+    if c == "set-policy":
+        return conn.set_app_policy(args.name, args.policy, args.confidence_threshold, args.default_when_unsure)
     if c == "delete-app":
         return conn.unregister_application(args.name)
     if c == "models":

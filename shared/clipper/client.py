@@ -99,6 +99,20 @@ class ClipperConnection:
             },
         )
 
+    def set_app_policy(
+        self,
+        name: str,
+        policy: str,
+        confidence_threshold: float | None = None,
+        default_when_unsure: bool | None = None,
+    ) -> Any:
+        body: dict[str, Any] = {"name": name, "policy": policy}
+        if confidence_threshold is not None:
+            body["confidence_threshold"] = confidence_threshold
+        if default_when_unsure is not None:
+            body["default_when_unsure"] = default_when_unsure
+        return self._call("set_app_policy", body)
+
     def unregister_application(self, name: str) -> Any:
         return self._call("delete_app", {"name": name})
 

@@ -141,3 +141,14 @@ def test_openapi_documents_every_operation(admin):
         "get_model",
         "get_state",
     }
+
+
+def test_the_policy_can_change_later(admin):
+    ok(admin.post("/admin/add_app", json=DIGITS))
+    body = {"name": "digits", "policy": "exp4", "confidence_threshold": 0.8, "default_when_unsure": True}
+    info = ok(admin.post("/admin/set_app_policy", json=body))
+    assert info["policy"] == "exp4" and info["confidence_threshold"] == 0.8 and info["default_when_unsure"]
+    again = ok(admin.post("/admin/set_app_policy", json={"name": "digits", "policy": "exp3"}))
+    assert again["confidence_threshold"] == 0.8  # what was not given stays
+    assert admin.post("/admin/set_app_policy", json={"name": "digits", "policy": "magic"}).status_code == 400
+    assert admin.post("/admin/set_app_policy", json={"name": "nope", "policy": "exp3"}).status_code == 404

@@ -79,6 +79,10 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
     def add_app(body: schemas.AddApp) -> dict[str, Any]:
         return service.add_app(body)
 
+    @op("set_app_policy", "Change an application's selection policy (and confidence settings)")
+    def set_app_policy(body: schemas.SetPolicy) -> dict[str, Any]:
+        return service.set_app_policy(body)
+
     @op("delete_app", "Delete an application and its links")
     def delete_app(body: schemas.Name) -> dict[str, Any]:
         return service.delete_app(body.name)

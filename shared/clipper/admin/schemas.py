@@ -25,6 +25,13 @@ class AddApp(Body):
     default_when_unsure: bool = False
 
 
+class SetPolicy(Body):
+    name: str
+    policy: PolicyName
+    confidence_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    default_when_unsure: bool | None = None
+
+
 class Name(Body):
     name: str
 

@@ -4,7 +4,7 @@ anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` 
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Protocol
 
 from clipper.admin import schemas
@@ -71,6 +71,20 @@ class AdminService:
     def get_all_applications(self, verbose: bool = False) -> list[Any]:
         names = self._registry.app_names()
         return [self.get_application(n) for n in names] if verbose else names
+
+    def set_app_policy(self, req: schemas.SetPolicy) -> dict[str, Any]:
+        """Change how an application selects models; its bandit state starts afresh for the new policy."""
+        app, links = self._registry.app_and_links(req.name)
+        updated = replace(
+            app,
+            policy=req.policy,
+            confidence_threshold=app.confidence_threshold
+            if req.confidence_threshold is None
+            else req.confidence_threshold,
+            default_when_unsure=app.default_when_unsure if req.default_when_unsure is None else req.default_when_unsure,
+        )
+        self._registry.put_app(updated, overwrite=True)
+        return app_info(updated, links)
 
     def delete_app(self, name: str) -> dict[str, Any]:
         self._registry.app_and_links(name)  # NotFound
