@@ -25,7 +25,8 @@ Latency is measured from each query's scheduled arrival time (so a late generato
 never for it) to the moment its reply is published. Queries the batcher drops as expired, or that are not
 answered by the end of a trial, count as outside the SLO. In the full run a failed trial with at least 90 %
 of its queries within the SLO is run once more (the machine is shared; stalls of tens of ms happen), and the
-MLP is searched again with a fast ``.npy`` reader patched into the batcher (a what-if, reported apart).
+With ``--what-if`` the MLP is searched again with the endpoint server's ``.npy`` reader patched into the
+batcher (a what-if, reported apart; the batcher's own reader is now as fast, so it is off by default).
 
 Run ``python bench/batching.py [--quick] [--models mlp,cnn] [--no-what-if]`` from the repository root
 (``make bench-batching``); the full run takes about 4 minutes, ``--quick`` under one. It prints its progress
@@ -131,7 +132,7 @@ FULL = Plan(
     raw_budget_s=1.0,
     start_factor=1.0,
     retry_near_miss=True,
-    what_if=True,
+    what_if=False,  # the fast .npy reader it patched in is now the batcher's own (clipper.core.tensors)
 )
 QUICK = Plan(
     min_trial_s=0.6,
@@ -967,24 +968,22 @@ def readme_section(results: list[dict[str, Any]], meta: dict[str, Any], runs: li
 # Mechanisms behind the figures, measured on this kind of machine with cProfile on the driver thread and with
 # micro-benchmarks (they do not change from run to run the way the rates do).
 WHERE_THE_TIME_GOES = """**Where the time goes.**
-    Under load, about half of the batcher's own time (outside the endpoint call) is `clipper.core.tensors.decode_npy`:
-    `np.load` on a `BytesIO` parses the `.npy` header with `ast.literal_eval`, about 100 us for one row of 64
-    floats, against about 11 us for the endpoint server's reader (`clipper_endpoint/npy.py`, a header regex
-    and `np.frombuffer`) and 2 us for the base64 decode. Next come `QueryMessage.from_json` (5-13 us),
-    numpy's `dtype.name` in the core's `_group_key` (5-10 us), and the `Reply` and its publication (~5 us).
     The HTTP call to the endpoint costs about 1.3 ms when the core is busy and 2-3 ms after idle gaps
     (wake-ups are slow on this virtual machine), nearly independent of the batch size up to 64 rows, while
-    ONNX Runtime needs 0.05-0.3 ms for the MLP. Batch size 1 therefore pays ~2 ms of the shared core a
-    query; adaptive batching shares the call and is then bound by the per-message Python cost, which the
-    what-if row shows more than halving with a faster `.npy` reader (batch size 1 gains too, so the ratio
-    moves less than the adaptive rate). The controller does not decide these figures: a batch is whatever
-    queued while the endpoint was busy, and at the sustained rates the AIMD limit ends just above the largest
-    batch seen (`controller_limit_end` in the JSON). In an overload the batcher sheds expired queries, but
-    only after decoding their payload, so shedding costs as much as serving."""
+    ONNX Runtime needs 0.05-0.3 ms for the MLP. Batch size 1 therefore pays ~1-2 ms of the shared core a
+    query; adaptive batching shares the call and is then bound by the batcher's per-message Python cost
+    (~80 us at the sustained rate): the `.npy` payload (a header regex and `np.frombuffer` in
+    `clipper.core.tensors`, ~20 us with the base64 decode; `np.load` took ~100 us before), then
+    `QueryMessage.from_json` (5-13 us) and the `Reply` and its publication (~5 us). Expiry and duplicate checks
+    run before the payload is decoded, so shedding an expired query in an overload is cheap. The faster codec
+    lifted batch size 1 as much as adaptive batching (both spend it per message), so the ratio stays near 5x:
+    10x needs the per-message cost well under the HTTP call's share of an unbatched query. The controller does
+    not decide these figures: a batch is whatever queued while the endpoint was busy, and at the sustained
+    rates the AIMD limit ends just above the largest batch seen (`controller_limit_end` in the JSON)."""
 WHY_THE_CNN_MISSES = """**Why the CNN misses.**
     On a CPU, ONNX Runtime gains little from batching this model (about 20 % from
     batch 1 to batch 8), and serving adds the HTTP call plus the batcher's per-row work (base64 and
-    `np.load` of a 12 KB row) on the same core. The driver sends whatever is queued as soon as the endpoint is
+    `.npy` decode of a 12 KB row) on the same core. The driver sends whatever is queued as soon as the endpoint is
     free (as Clipper does; the 1 ms batch wait only bounds how long a batch may fill), so at the sustained
     rates batches hold one to three rows, where a row costs noticeably more of the core than the raw session
     at its best batch. Batches grow only under a backlog, and a backlog of ~50 ms batches (one running, one
