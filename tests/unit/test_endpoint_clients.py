@@ -1,0 +1,80 @@
+"""The endpoint clients' wire format: SageMaker's InvokeEndpoint (botocore's Stubber checks the request
+against the service model; moto answers canned bodies), and how an address picks its client."""
+
+from __future__ import annotations
+
+import io
+
+import boto3
+import numpy as np
+import pytest
+from botocore.response import StreamingBody
+from botocore.stub import ANY, Stubber
+
+from clipper.adapters.endpoints import EndpointFactory, SageMakerModelEndpoint
+from clipper.core.tensors import encode_npy
+from clipper.errors import EndpointError
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    client = boto3.client("sagemaker-runtime", region_name="us-east-1")
+    with Stubber(client) as stub:
+        yield client, stub
+
+
+def body(data: bytes) -> StreamingBody:
+    return StreamingBody(io.BytesIO(data), len(data))
+
+
+def test_sagemaker_endpoint_sends_npy_and_reads_npy(runtime):
+    client, stub = runtime
+    rows = np.arange(128, dtype=np.float32).reshape(2, 64)
+    answer = encode_npy(np.array([3, 7], dtype=np.int64))
+    stub.add_response(
+        "invoke_endpoint",
+        {"Body": body(answer), "ContentType": "application/x-npy"},
+        {"EndpointName": "clipper-mlp", "Body": ANY, "ContentType": "application/x-npy", "Accept": "application/x-npy"},
+    )
+    assert SageMakerModelEndpoint(client, "clipper-mlp").predict(rows) == [3, 7]
+    stub.assert_no_pending_responses()
+
+
+def test_sagemaker_strings_travel_as_json(runtime):
+    client, stub = runtime
+    stub.add_response(
+        "invoke_endpoint",
+        {"Body": body(b'{"predictions": ["pos", "neg"]}'), "ContentType": "application/json"},
+        {
+            "EndpointName": "e",
+            "Body": b'{"instances": ["good", "bad"]}',
+            "ContentType": "application/json",
+            "Accept": "application/json",
+        },
+    )
+    assert SageMakerModelEndpoint(client, "e").predict(["good", "bad"]) == ["pos", "neg"]
+
+
+def test_sagemaker_errors_and_wrong_counts_fail_the_batch(runtime):
+    client, stub = runtime
+    stub.add_client_error("invoke_endpoint", service_error_code="ModelError", http_status_code=424)
+    with pytest.raises(EndpointError, match="ModelError"):
+        SageMakerModelEndpoint(client, "e").predict(np.zeros((1, 64), np.float32))
+    stub.add_response("invoke_endpoint", {"Body": body(encode_npy(np.array([1]))), "ContentType": "application/x-npy"})
+    with pytest.raises(EndpointError, match="1 outputs for 2 inputs"):
+        SageMakerModelEndpoint(client, "e").predict(np.zeros((2, 64), np.float32))
+
+
+def test_factory_picks_the_client_by_address(runtime):
+    import urllib3
+
+    client, _ = runtime
+    factory = EndpointFactory(urllib3.PoolManager(), client)
+    assert isinstance(factory.for_address("sagemaker:clipper-mlp"), SageMakerModelEndpoint)
+    assert factory.for_address("http://127.0.0.1:1") is factory.for_address("http://127.0.0.1:1")
+    with pytest.raises(EndpointError, match="unsupported"):
+        factory.for_address("ftp://x")
