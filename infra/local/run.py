@@ -70,6 +70,16 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: flo
     raise TimeoutError(f"{what} did not answer {url} within {timeout_s:.0f} s")
 
 
+def local_parameters() -> dict[str, str]:
+    """The template parameters of samconfig.toml's "local" environment (FeedbackMappingEnabled=false...)."""
+    import shlex
+    import tomllib
+
+    config = tomllib.loads((REPO / "samconfig.toml").read_text())
+    overrides = config.get("local", {}).get("deploy", {}).get("parameters", {}).get("parameter_overrides", "")
+    return dict(item.split("=", 1) for item in shlex.split(overrides))
+
+
 class LocalStack:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -168,9 +178,8 @@ class LocalStack:
 
         clients = {s: boto3.client(s) for s in ("cloudformation", "s3", "dynamodb", "lambda")}
         log("creating the stack from template.yaml in moto's CloudFormation (translated offline)")
-        outputs = cfn.deploy_service(
-            clients, STACK, REPO, {"RedisUrl": self.env.get("REDIS_URL", ""), "FeedbackMappingEnabled": "false"}
-        )
+        parameters = {**local_parameters(), "RedisUrl": self.env.get("REDIS_URL", "")}
+        outputs = cfn.deploy_service(clients, STACK, REPO, parameters)
         model_outputs = {}
         for m in models:
             model_outputs[m["name"]] = cfn.deploy_model_stack(clients["cloudformation"], STACK, m["name"])
