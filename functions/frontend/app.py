@@ -13,25 +13,24 @@ from aws_lambda_powertools.logging import correlation_paths
 from mangum import Mangum
 
 from clipper.frontend.api import create_app
-from clipper.frontend.metrics import EmfQueryMetrics
+from clipper.frontend.metrics import EmfQueryMetrics, InProcessMetrics, Observers
 from clipper.settings import FrontendSettings
 from clipper.wiring import aws_client, build_feedback_receiver, build_query_processor
 
 logger = Logger(service="clipper-frontend")
 settings = FrontendSettings()  # type: ignore[call-arg]
-processor = build_query_processor(
-    settings,
-    dynamodb=aws_client("dynamodb", max_attempts=2),
-    sqs=aws_client("sqs", max_attempts=2),
-    s3=aws_client("s3"),
-)
 sqs = aws_client("sqs", max_attempts=2)
+processor = build_query_processor(
+    settings, dynamodb=aws_client("dynamodb", max_attempts=2), sqs=sqs, s3=aws_client("s3")
+)
+metrics = InProcessMetrics()
 app = create_app(
     processor,
     settings.max_body_bytes,
     inline=settings.inline_predict,
     feedback=build_feedback_receiver(settings, processor.registry, sqs),
-    observe=EmfQueryMetrics(),
+    observe=Observers(EmfQueryMetrics(), metrics),
+    metrics=metrics,
 )
 _asgi_handler = Mangum(app, lifespan="off", api_gateway_base_path=settings.api_base_path)
 

@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         lk.add_argument("model")
     sub.add_parser("linked", help="models linked to an application").add_argument("app")
     sub.add_parser("inspect", help="applications, models, versions and links")
+    sub.add_parser("metrics", help="the frontend's counters, meters and histograms, as a table")
     return p
 
 
@@ -107,7 +108,25 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         return conn.unlink_model_from_app(args.app, args.model)
     if c == "linked":
         return conn.get_linked_models(args.app)
+    if c == "metrics":
+        return conn.get_metrics()
     return conn.inspect_instance()
+
+
+def metrics_table(report: dict[str, Any]) -> str:
+    """Clipper's metrics as text: one line a metric, its figures after the name."""
+    lines = []
+    for kind in ("counters", "meters", "histograms"):
+        for entry in report.get(kind, []):
+            for name, value in entry.items():
+                if isinstance(value, dict):
+                    figures = "  ".join(
+                        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items()
+                    )
+                else:
+                    figures = str(value)
+                lines.append(f"{kind[:-1]:<9} {name:<48} {figures}")
+    return "\n".join(lines) or "(no metrics yet)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     except AdminError as e:
         print(f"clipper: {e}", file=sys.stderr)
         return 2 if e.status >= 400 else 1
-    print(json.dumps(result, indent=2))
+    print(metrics_table(result) if args.command == "metrics" else json.dumps(result, indent=2))
     return 0
 
 

@@ -180,5 +180,10 @@ class ClipperConnection:
     def stop_inactive_model_versions(self, model_names: list[str]) -> list[Any]:
         return [self._call("stop_inactive_model_versions", {"model_name": m}) for m in model_names]
 
+    def get_metrics(self) -> Any:
+        """Clipper's ``GET /metrics`` of the frontend that answers (per process; CloudWatch has the rest)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=self._timeout) as resp:
+            return json.loads(resp.read())
+
     def inspect_instance(self) -> Any:
         return self._call("get_state", {})

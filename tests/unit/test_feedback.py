@@ -166,3 +166,28 @@ def test_metrics_name_each_models_cache_hits(learning, capsys, monkeypatch):
     hits = {(m["model"], value(m["CacheHits"])) for m in lines if "CacheHits" in m}
     assert ("good", 0) in hits and ("good", 1) in hits and ("bad", 1) in hits
     assert any("QueryLatency" in m and m["app"] == "ens" for m in lines)
+
+
+def test_get_metrics_reports_clippers_counters_meters_and_histograms(learning):
+    from fastapi.testclient import TestClient
+
+    from clipper.cli import metrics_table
+    from clipper.frontend.api import create_app
+    from clipper.frontend.metrics import InProcessMetrics
+
+    p, *_ = learning
+    metrics = InProcessMetrics()
+    client = TestClient(create_app(p, 1 << 20, observe=metrics, metrics=metrics))
+    client.post("/ens/predict", json={"input_batch": [one_hot(2), one_hot(3)]})
+    client.post("/ens/predict", json={"input": one_hot(2)})
+    report = client.get("/metrics").json()
+    counters = {k: v for c in report["counters"] for k, v in c.items()}
+    assert counters["app:ens:num_predictions"] == 3 and counters["app:ens:default_predictions"] == 0
+    assert counters["model:good:1:cache_hits"] == 1 and counters["model:bad:1:cache_misses"] == 2
+    (meter,) = [m["app:ens:prediction_throughput"] for m in report["meters"]]
+    assert meter["count"] == 3 and meter["rate_1m"] > 0
+    hist = next(
+        h["app:ens:prediction_latency_ms"] for h in report["histograms"] if "app:ens:prediction_latency_ms" in h
+    )
+    assert hist["count"] == 2 and hist["min"] <= hist["p50"] <= hist["p99"] <= hist["max"]
+    assert "app:ens:prediction_latency_ms" in metrics_table(report)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from clipper.feedback import FeedbackReceiver
+from clipper.frontend.metrics import InProcessMetrics
 from clipper.frontend.query import QueryProcessor, QueryResult
 
 T = TypeVar("T")
@@ -75,6 +76,7 @@ def create_app(
     inline: bool = False,
     feedback: FeedbackReceiver | None = None,
     observe: Callable[[str, QueryResult, float], None] | None = None,
+    metrics: InProcessMetrics | None = None,
 ) -> FastAPI:
     """``inline`` runs the (blocking) query on the event loop's thread: right in Lambda, where Mangum serves
     one event per invocation and a thread hop only adds latency; wrong under uvicorn, which serves many."""
@@ -83,6 +85,12 @@ def create_app(
     @app.get("/health", tags=["ops"])
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics", tags=["ops"], summary="Clipper's metrics: counters, meters and histograms")
+    def get_metrics() -> dict[str, Any]:
+        """Counters, meters (count, 1-minute and mean rates) and histograms (p50/p95/p99/mean/min/max)
+        named ``app:<app>:*`` and ``model:<model>:<version>:*``, for this process (a Lambda container)."""
+        return metrics.report() if metrics is not None else {"counters": [], "meters": [], "histograms": []}
 
     @app.post(
         "/{app_name}/predict",

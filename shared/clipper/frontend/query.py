@@ -64,7 +64,7 @@ class QueryResult:
     model: str | None = None
     version: str | None = None
     models: list[str] = field(default_factory=list)
-    cache_by_model: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (hits, misses)
+    cache_by_model: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # model -> (version, hits, misses)
     timings_ms: dict[str, float] = field(default_factory=dict)
     cache_hits: int = 0
     cache_misses: int = 0
@@ -180,7 +180,7 @@ class QueryProcessor:
             first.version,
             timings_ms=timings,
             models=[a.model.name for a in answers],
-            cache_by_model={a.model.name: (a.hits, query.count - a.hits) for a in answers},
+            cache_by_model={a.model.name: (a.model.version, a.hits, query.count - a.hits) for a in answers},
             cache_hits=hits,
             cache_misses=query.count * len(answers) - hits,
         )
