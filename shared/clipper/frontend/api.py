@@ -20,7 +20,8 @@ from pydantic import BaseModel, Field
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from clipper.feedback import FeedbackReceiver
 from clipper.frontend.metrics import InProcessMetrics
-from clipper.frontend.query import QueryProcessor, QueryResult
+from clipper.frontend.query import QueryProcessor
+from clipper.frontend.results import QueryResult
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
-from clipper.frontend.query import QueryResult
+from clipper.frontend.results import QueryResult
 
 
 class EmfQueryMetrics:

@@ -12,7 +12,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import QueryMessage, encode_rows, output_value
 from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, Rows, validate_query
 from clipper.errors import ClipperError, InvalidInput, Unavailable
+from clipper.frontend.results import ModelAnswer, Prediction, QueryResult
 from clipper.frontend.selection import Choice, Selector
 from clipper.ports import ClaimStore, Clock, PredictionCache, Registry, ReplyChannel, RequestQueue
 from clipper.selection import resolve
@@ -30,71 +30,6 @@ logger = logging.getLogger(__name__)
 
 # Time kept back from the SLO for answering the client after the wait for replies ends.
 ANSWER_MARGIN_S = 0.002
-
-
-@dataclass
-class Prediction:
-    query_id: int
-    output: Any
-    default: bool
-    default_explanation: str | None = None
-    confidence: float | None = None
-    low_confidence: str | None = None
-    missing_models: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"query_id": self.query_id, "output": self.output, "default": self.default}
-        if self.default_explanation is not None:
-            out["default_explanation"] = self.default_explanation
-        if self.confidence is not None:
-            out["confidence"] = round(self.confidence, 4)
-        if self.low_confidence is not None:
-            out["low_confidence"] = self.low_confidence
-        if self.missing_models:
-            out["missing_models"] = list(self.missing_models)
-        return out
-
-
-@dataclass
-class QueryResult:
-    """What ``predict`` answers: one prediction per input, in order."""
-
-    predictions: list[Prediction]
-    batch: bool
-    model: str | None = None
-    version: str | None = None
-    models: list[str] = field(default_factory=list)
-    cache_by_model: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # model -> (version, hits, misses)
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    cache_hits: int = 0
-    cache_misses: int = 0
-
-    def as_dict(self, debug: bool = False) -> dict[str, Any]:
-        body: dict[str, Any]
-        if self.batch:
-            body = {"batch_predictions": [p.as_dict() for p in self.predictions]}
-        else:
-            body = self.predictions[0].as_dict()
-        if debug:
-            body["debug"] = {
-                "model": self.model,
-                "version": self.version,
-                "models": self.models,
-                "timings_ms": self.timings_ms,
-                "cache": {"hits": self.cache_hits, "misses": self.cache_misses},
-            }
-        return body
-
-
-@dataclass
-class ModelAnswer:
-    """One model's outputs for the rows of a query (``None`` where it gave none) and why not."""
-
-    model: ModelVersion
-    outputs: list[Any]
-    problem: str | None = None
-    hits: int = 0
-    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 def user_id(body: Any) -> str | None:
