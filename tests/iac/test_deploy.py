@@ -55,6 +55,7 @@ def test_service_stack_is_complete_with_all_outputs(session: Any, service: dict[
         "FeedbackQueueUrl",
         "FeedbackDeadLetterQueueUrl",
         "FeedbackFunctionName",
+        "DashboardName",
         "ModelBucketName",
         "FrontendFunctionName",
         "BatcherFunctionName",

@@ -286,3 +286,19 @@ def test_package_code_is_deterministic_and_handles_untranslated_sam(code_tree: P
 def test_package_code_names_a_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="functions/frontend"):
         cfn.package_code(local_template(), tmp_path, RecordingS3(), "artifacts")
+
+
+def test_alarms_watch_dead_letters_latency_default_rate_and_errors(translated: dict[str, Any]) -> None:
+    alarms = of_type(translated, "AWS::CloudWatch::Alarm")
+    assert set(alarms) == {
+        "FeedbackDeadLetterAlarm",
+        "ApiLatencyAlarm",
+        "DefaultOutputRateAlarm",
+        "FunctionErrorsAlarm",
+    }
+    assert alarms["ApiLatencyAlarm"]["Properties"]["Threshold"] == {"Ref": "AlarmLatencyMs"}
+    assert alarms["ApiLatencyAlarm"]["Properties"]["ExtendedStatistic"] == "p99"
+    rate = alarms["DefaultOutputRateAlarm"]["Properties"]["Metrics"]
+    assert {m["MetricStat"]["Metric"]["MetricName"] for m in rate if "MetricStat" in m} == {"DefaultOutputs", "Queries"}
+    (dashboard,) = of_type(translated, "AWS::CloudWatch::Dashboard").values()
+    assert "CacheHits" in dashboard["Properties"]["DashboardBody"]["Fn::Sub"]

@@ -18,8 +18,9 @@ from clipper.frontend.results import QueryResult
 
 
 class EmfQueryMetrics:
-    def __init__(self, namespace: str = "Clipper") -> None:
+    def __init__(self, namespace: str = "Clipper", service: str = "clipper-frontend") -> None:
         self._namespace = namespace
+        self._service = service
 
     def _emit(self, name: str, unit: MetricUnit, value: float, **dimensions: str) -> None:
         with single_metric(name=name, unit=unit, value=value, namespace=self._namespace, default_dimensions=dimensions):
@@ -30,6 +31,9 @@ class EmfQueryMetrics:
         self._emit("Queries", MetricUnit.Count, len(result.predictions), app=app)
         defaults = sum(1 for p in result.predictions if p.default)
         self._emit("DefaultOutputs", MetricUnit.Count, defaults, app=app)
+        # the same two across applications: template.yaml's default-output-rate alarm reads these
+        self._emit("Queries", MetricUnit.Count, len(result.predictions), service=self._service)
+        self._emit("DefaultOutputs", MetricUnit.Count, defaults, service=self._service)
         for model, (_, hits, misses) in result.cache_by_model.items():
             self._emit("CacheHits", MetricUnit.Count, hits, model=model)
             self._emit("CacheMisses", MetricUnit.Count, misses, model=model)
