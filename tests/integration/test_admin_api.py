@@ -152,3 +152,16 @@ def test_the_policy_can_change_later(admin):
     assert again["confidence_threshold"] == 0.8  # what was not given stays
     assert admin.post("/admin/set_app_policy", json={"name": "digits", "policy": "magic"}).status_code == 400
     assert admin.post("/admin/set_app_policy", json={"name": "nope", "policy": "exp3"}).status_code == 404
+
+
+def test_state_shows_queue_depths_and_endpoint_health(aws):
+    from clipper.adapters.serving_probe import AwsServingProbe
+
+    service = AdminService(DynamoDBRegistry(aws.dynamodb, aws.registry_table), AwsServingProbe(aws.sqs))
+    client = TestClient(create_admin_app(service, "token", TOKEN))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    ok(client.post("/admin/add_model", json=mlp("1") | {"queue_url": aws.queue_url, "endpoint": "http://127.0.0.1:9"}))
+    aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody="waiting")
+    state = ok(client.post("/admin/get_state", json={}))["models"]["mlp"]
+    assert state["queue"] == {"waiting": 1, "in_flight": 0}
+    assert state["endpoint_health"].startswith("unreachable")

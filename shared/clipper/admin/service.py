@@ -44,9 +44,18 @@ def version_info(mv: ModelVersion, active: str) -> dict[str, Any]:
     return info
 
 
+class ServingProbe(Protocol):
+    """What ``get_state`` asks of the serving resources: queue depths and endpoint health."""
+
+    def queue_depth(self, queue_url: str) -> dict[str, int]: ...
+
+    def endpoint_health(self, endpoint: str) -> str: ...
+
+
 class AdminService:
-    def __init__(self, registry: AdminRegistry) -> None:
+    def __init__(self, registry: AdminRegistry, probe: ServingProbe | None = None) -> None:
         self._registry = registry
+        self._probe = probe
 
     # -- applications ----------------------------------------------------------------------------------
     def add_app(self, req: schemas.AddApp) -> dict[str, Any]:
@@ -201,8 +210,19 @@ class AdminService:
                 "active_version": head.active_version,
                 "versions": {v: version_info(mv, head.active_version) for v, mv in versions.items()},
             }
+            active = versions.get(head.active_version)
+            if self._probe is not None and active is not None:
+                models[name]["queue"] = self._probe_safely(self._probe.queue_depth, active.queue_url)
+                models[name]["endpoint_health"] = self._probe_safely(self._probe.endpoint_health, active.endpoint)
         apps = {n: self.get_application(n) for n in self._registry.app_names()}
         return {"applications": apps, "models": models}
+
+    @staticmethod
+    def _probe_safely(probe: Any, target: str) -> Any:
+        try:
+            return probe(target)
+        except ClipperError as e:
+            return f"unknown ({e})"
 
     def _apps_linked_to(self, model: str) -> list[Application]:
         out = []
