@@ -111,6 +111,7 @@ def test_code_was_uploaded_to_the_artifacts_bucket(session: Any, service: dict[s
         "code/functions-batcher",
         "code/functions-feedback",
         "code/functions-frontend",
+        "code/functions-model_updater",
         "code/shared",
     ]
 

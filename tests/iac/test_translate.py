@@ -42,9 +42,16 @@ def test_functions_have_handlers_runtime_layer_and_local_code(translated: dict[s
     functions = of_type(translated, "AWS::Lambda::Function")
     (layer_id,) = of_type(translated, "AWS::Lambda::LayerVersion")
 
-    assert set(functions) == {"FrontendFunction", "BatcherFunction", "FeedbackFunction", "AdminFunction"}
+    assert set(functions) == {
+        "FrontendFunction",
+        "BatcherFunction",
+        "FeedbackFunction",
+        "AdminFunction",
+        "ModelUpdaterFunction",
+    }
     for name, folder in [
         ("AdminFunction", "functions/admin"),
+        ("ModelUpdaterFunction", "functions/model_updater"),
         ("FrontendFunction", "functions/frontend"),
         ("BatcherFunction", "functions/batcher"),
         ("FeedbackFunction", "functions/feedback"),
@@ -302,3 +309,13 @@ def test_alarms_watch_dead_letters_latency_default_rate_and_errors(translated: d
     assert {m["MetricStat"]["Metric"]["MetricName"] for m in rate if "MetricStat" in m} == {"DefaultOutputs", "Queries"}
     (dashboard,) = of_type(translated, "AWS::CloudWatch::Dashboard").values()
     assert "CacheHits" in dashboard["Properties"]["DashboardBody"]["Fn::Sub"]
+
+
+def test_model_uploads_reach_the_updater_through_eventbridge(translated: dict[str, Any]) -> None:
+    bucket = translated["Resources"]["ModelBucket"]["Properties"]
+    assert bucket["NotificationConfiguration"] == {"EventBridgeConfiguration": {"EventBridgeEnabled": True}}
+    (rule,) = of_type(translated, "AWS::Events::Rule").values()
+    pattern = rule["Properties"]["EventPattern"]
+    assert pattern["detail-type"] == ["Object Created"]
+    assert pattern["detail"]["object"]["key"] == [{"prefix": "models/"}]
+    assert rule["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": ["ModelUpdaterFunction", "Arn"]}

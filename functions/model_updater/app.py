@@ -1,0 +1,117 @@
+"""Model updater Lambda: an upload to ``models/<name>/<version>/model.onnx`` in the model bucket is validated,
+registered, and promoted when the model is configured for it (``clipper.models.updater``).
+
+Events: S3 event notifications (``ObjectCreated:*`` records) and EventBridge ``Object Created`` events from
+S3, with the same outcome; objects in another bucket than ``CLIPPER_MODEL_BUCKET`` are ignored. Each object
+is handled on its own: one that fails does not stop the others. Transient failures (``Unavailable``:
+throttling, an unreachable table or bucket) and lost races (``Conflict``) are raised once every object has
+been tried, so Lambda retries the event; the objects already handled are not handled twice, since a
+redelivered upload changes nothing. Any other failure is logged with its traceback and not retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+from urllib.parse import unquote_plus
+
+from aws_lambda_powertools import Logger
+from pydantic import Field
+
+from clipper.adapters.clock import SystemClock
+from clipper.errors import ClipperError, Conflict, Unavailable
+from clipper.models.updater import ModelUpdater, ServingDefaults, build_model_updater
+from clipper.settings import CommonSettings
+from clipper.wiring import aws_client
+
+
+class ModelUpdaterSettings(CommonSettings):
+    # Serving resources of a model's first version ("{model}" is replaced); a later version copies the
+    # active version's. Empty: a model's first version must be added with add_model, not by an upload.
+    default_queue_url: str = Field(
+        "", description="e.g. https://sqs.<region>.amazonaws.com/<acct>/<stack>-model-{model}"
+    )
+    default_endpoint: str = Field("", description="e.g. sagemaker:<stack>-{model}")
+    # Larger files are rejected unread; the function's memory must hold the file and its ORT session.
+    max_model_bytes: int = Field(512 * 1024**2, ge=1)
+
+
+logger = Logger(service="clipper-model-updater")
+settings = ModelUpdaterSettings()  # type: ignore[call-arg]
+
+
+def build(config: ModelUpdaterSettings, dynamodb: Any, s3: Any) -> ModelUpdater:
+    """The updater over these clients (the handler's graph; tests pass moto's)."""
+    defaults = ServingDefaults(config.default_queue_url, config.default_endpoint)
+    return build_model_updater(dynamodb, s3, config.registry_table, SystemClock(), defaults, config.max_model_bytes)
+
+
+updater = build(settings, aws_client("dynamodb"), aws_client("s3", read_timeout=60))
+
+
+def uploads(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The created objects an event names: ``bucket``, ``key``, ``size``, ``etag``, ``version_id``."""
+    if event.get("source") == "aws.s3" and event.get("detail-type") == "Object Created":
+        detail = event.get("detail", {})
+        obj = detail.get("object", {})
+        return [
+            {
+                "bucket": detail.get("bucket", {}).get("name", ""),
+                "key": unquote_plus(obj.get("key", "")),
+                "size": int(obj.get("size", 0)),
+                "etag": obj.get("etag", ""),
+                "version_id": obj.get("version-id"),
+            }
+        ]
+    found = []
+    for record in event.get("Records", []):
+        if record.get("eventSource") != "aws:s3" or not record.get("eventName", "").startswith("ObjectCreated:"):
+            continue
+        s3 = record.get("s3", {})
+        obj = s3.get("object", {})
+        found.append(
+            {
+                "bucket": s3.get("bucket", {}).get("name", ""),
+                "key": unquote_plus(obj.get("key", "")),  # S3 notifications URL-encode keys
+                "size": int(obj.get("size", 0)),
+                "etag": obj.get("eTag", ""),
+                "version_id": obj.get("versionId"),
+            }
+        )
+    return found
+
+
+@logger.inject_lambda_context
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    outcomes: list[dict[str, Any]] = []
+    retry: list[ClipperError] = []
+    for obj in uploads(event):
+        if settings.model_bucket and obj["bucket"] != settings.model_bucket:
+            logger.warning("object outside the model bucket ignored", bucket=obj["bucket"], key=obj["key"])
+            outcomes.append({"status": "ignored", "key": obj["key"], "reasons": [f"not in {settings.model_bucket}"]})
+            continue
+        try:
+            outcome = updater.handle_object(**obj)
+        except (Unavailable, Conflict) as e:
+            logger.warning("model upload deferred", bucket=obj["bucket"], key=obj["key"], error=str(e))
+            outcomes.append({"status": "retry", "key": obj["key"], "reasons": [str(e)]})
+            retry.append(e)
+            continue
+        except Exception as e:  # a defect: a retry would fail the same way; the traceback is logged
+            logger.exception("model upload failed", bucket=obj["bucket"], key=obj["key"])
+            outcomes.append({"status": "failed", "key": obj["key"], "reasons": [f"{type(e).__name__}: {e}"]})
+            continue
+        logger.info(
+            "model upload handled",
+            status=outcome.status,
+            bucket=obj["bucket"],
+            key=outcome.key,
+            model=outcome.model,
+            version=outcome.version,
+            promoted=outcome.promoted,
+            reasons=list(outcome.reasons),
+        )
+        outcomes.append(asdict(outcome) | {"reasons": list(outcome.reasons)})
+    if retry:
+        raise retry[0]
+    return {"outcomes": outcomes}

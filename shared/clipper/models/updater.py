@@ -1,0 +1,395 @@
+"""Event-triggered model updates: a file uploaded to ``models/<name>/<version>/model.onnx`` in the model
+bucket is validated (``clipper.models.validation``) against the applications linked to the model, then
+registered as a new version or recorded as rejected. A rejected file is never served.
+
+:meth:`ModelUpdater.handle_object` decides, for one uploaded object:
+- ``ignored``: the key is not ``models/<name>/<version>/model.onnx`` (admin's name rules), or the object is
+  gone or was replaced since the event (a later event covers the new one). Nothing is written.
+- ``duplicate``: this upload (its S3 version id, else its ETag) was handled already, or the version is
+  registered with the same bytes (sha256). Nothing is written: a redelivered event changes nothing.
+- ``rejected``: the file fails validation, or the version exists with other bytes (versions are immutable),
+  or the model has no serving resources to give it. Recorded on ``REJECTED#<v>``; nothing is registered.
+- ``registered``: ``VERSION#<v>`` is written, with the active version's queue URL, endpoint and labels
+  (same serving resources, new artifact). A model's first version takes ``ServingDefaults`` (settings;
+  ``{model}`` in them is the model's name) and becomes active, as with ``add_model``. When the model item
+  says ``auto_promote``, the new version becomes active in the same transaction. Registered versions are
+  never changed, so a query in flight finishes on the version that accepted it.
+
+Items written in the registry table (layout of ``clipper.adapters.dynamodb_registry``):
+
+    MODEL#<m> VERSION#<v>   what ``put_version`` writes (input_type, input_shape, queue_url, endpoint,
+                            labels, created_at N) and status "registered", artifact "s3://<bucket>/<key>",
+                            artifact_version_id (S3 version id; "" in an unversioned bucket), etag, size N,
+                            sha256, upload_id (version id, else etag), signature (JSON of
+                            ``Signature.to_dict``), promoted_at N (only when auto-promotion activated it)
+    MODEL#<m> REJECTED#<v>  the latest rejected upload of the version (the serving path never reads it):
+                            status "rejected", reasons (L of S), rejected_at N, and artifact,
+                            artifact_version_id, etag, size, sha256 ("" when not read), upload_id,
+                            signature ("" when the file did not load). Deleted when the version registers.
+    MODEL#<m> MODEL         read: active_version, auto_promote (BOOL, absent: false). Created (active = the
+                            version) with a model's first version; promotion sets previous_version to the
+                            old active_version and active_version to the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.core.domain import Application, ModelVersion
+from clipper.errors import Conflict, NotFound, Throttled, Unavailable
+from clipper.models.validation import Signature, validate_model
+from clipper.ports import Clock
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_s3 import S3Client
+else:
+    DynamoDBClient = S3Client = Any
+
+logger = logging.getLogger(__name__)
+
+NAME, VERSION = r"[a-z0-9][a-z0-9-]{0,63}", r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # admin's AddModel rules
+MODEL_KEY = re.compile(rf"models/(?P<model>{NAME})/(?P<version>{VERSION})/model\.onnx")
+Status = Literal["registered", "rejected", "duplicate", "ignored"]
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One uploaded object, as its S3 event names it."""
+
+    bucket: str
+    key: str
+    model: str
+    version: str
+    size: int
+    etag: str
+    version_id: str = ""
+
+    @property
+    def upload_id(self) -> str:
+        return self.version_id or self.etag
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """What is recorded about an upload, on ``VERSION#<v>`` (registered) or ``REJECTED#<v>`` (rejected)."""
+
+    upload: Upload
+    sha256: str
+    signature: Signature | None
+    at: int  # created_at or rejected_at
+    reasons: tuple[str, ...] = ()
+    promoted: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Status
+    key: str
+    model: str = ""
+    version: str = ""
+    promoted: bool = False  # the version became active
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    """Queue URL and endpoint of a model's first version (``{model}`` is replaced); empty: none."""
+
+    queue_url: str = ""
+    endpoint: str = ""
+
+
+@dataclass(frozen=True)
+class Seen:
+    upload_id: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """One model and one of its versions, as the updater needs them."""
+
+    exists: bool = False
+    auto_promote: bool = False
+    active: ModelVersion | None = None
+    registered: Seen | None = None  # VERSION#<v>; upload_id and sha256 "" when added without an artifact
+    rejected: Seen | None = None  # REJECTED#<v>
+
+
+class UpdaterRegistry(Protocol):
+    def model_view(self, model: str, version: str) -> ModelView: ...
+
+    def apps_linked_to(self, model: str) -> list[Application]: ...
+
+    def register(self, mv: ModelVersion, record: ArtifactRecord, create_model: bool) -> None:
+        """Write the version with the new model item, or with its promotion (``record.promoted``), atomically;
+        ``Conflict`` when the version (or, with ``create_model``, the model) exists."""
+        ...
+
+    def reject(self, record: ArtifactRecord) -> bool:
+        """Record a rejection; False when this upload's rejection is already recorded."""
+        ...
+
+
+class ArtifactStore(Protocol):
+    def read(self, upload: Upload) -> bytes:
+        """Exactly the uploaded bytes; ``NotFound`` when that object is gone or was replaced."""
+        ...
+
+
+class ModelUpdater:
+    def __init__(
+        self,
+        registry: UpdaterRegistry,
+        store: ArtifactStore,
+        clock: Clock,
+        defaults: ServingDefaults | None = None,
+        max_bytes: int = 512 * 1024**2,
+    ) -> None:
+        self._registry, self._store, self._clock = registry, store, clock
+        self._defaults = defaults or ServingDefaults()
+        self._max_bytes = max_bytes
+
+    def handle_object(self, bucket: str, key: str, size: int, etag: str, version_id: str | None = None) -> Outcome:
+        match = MODEL_KEY.fullmatch(key)
+        if match is None:
+            return Outcome("ignored", key, reasons=("not a model artifact (models/<name>/<version>/model.onnx)",))
+        up = Upload(bucket, key, match["model"], match["version"], size, etag.strip('"'), version_id or "")
+        view = self._registry.model_view(up.model, up.version)
+        if any(s and up.upload_id and s.upload_id == up.upload_id for s in (view.registered, view.rejected)):
+            return _outcome(up, "duplicate")
+        if size > self._max_bytes:
+            return self._reject(up, "", None, f"the file has {size} bytes, over the limit of {self._max_bytes}")
+        try:
+            data = self._store.read(up)
+        except NotFound:
+            return _outcome(up, "ignored", ("the object is gone or was replaced since the event",))
+        digest = hashlib.sha256(data).hexdigest()
+        apps = self._registry.apps_linked_to(up.model)
+        result = validate_model(data, apps)
+        for _ in range(3):  # a lost race (a concurrent delivery, a new model's first versions) looks again
+            if view.registered is not None:
+                if view.registered.sha256 == digest:
+                    return _outcome(up, "duplicate")
+                other = "with other bytes" if view.registered.sha256 else "(added without an artifact)"
+                why = f"{up.model}:{up.version} is already registered {other}; versions are immutable"
+                return self._reject(up, digest, result.signature, why)
+            if not result.ok or result.signature is None:
+                return self._reject(up, digest, result.signature, *result.reasons)
+            outcome = self._register(up, view, digest, result.signature, apps)
+            if outcome is not None:
+                return outcome
+            view = self._registry.model_view(up.model, up.version)
+        raise Conflict(f"{up.model}:{up.version}: the registry kept changing during the update")
+
+    def _register(
+        self, up: Upload, view: ModelView, digest: str, sig: Signature, apps: list[Application]
+    ) -> Outcome | None:
+        current = view.active
+        input_type = sig.input_type([current.input_type] if current else [a.input_type for a in apps])
+        if input_type is None:
+            return self._reject(up, digest, sig, f"no input type suits the model's input ({sig.input.element_type})")
+        queue_url = current.queue_url if current else self._defaults.queue_url.replace("{model}", up.model)
+        endpoint = current.endpoint if current else self._defaults.endpoint.replace("{model}", up.model)
+        if not queue_url or not endpoint:
+            why = f"model {up.model} has no active version to take a queue and endpoint from, and no defaults are set"
+            return self._reject(up, digest, sig, why)
+        shape = sig.fixed_row_shape or next((a.input_shape for a in apps if a.input_shape), None)
+        labels = current.labels if current else ()
+        mv = ModelVersion(up.model, up.version, input_type, queue_url, endpoint, shape, labels)
+        promote = view.exists and view.auto_promote
+        record = ArtifactRecord(up, digest, sig, int(self._clock.now()), promoted=promote)
+        try:
+            self._registry.register(mv, record, create_model=not view.exists)
+        except Conflict:
+            return None
+        logger.info("registered %s:%s from s3://%s/%s (promoted: %s)", up.model, up.version, up.bucket, up.key, promote)
+        return _outcome(up, "registered", promoted=promote or not view.exists)
+
+    def _reject(self, up: Upload, digest: str, sig: Signature | None, *reasons: str) -> Outcome:
+        if not self._registry.reject(ArtifactRecord(up, digest, sig, int(self._clock.now()), reasons)):
+            return _outcome(up, "duplicate")
+        logger.warning(
+            "rejected %s:%s from s3://%s/%s: %s", up.model, up.version, up.bucket, up.key, "; ".join(reasons)
+        )
+        return _outcome(up, "rejected", reasons)
+
+
+def _outcome(up: Upload, status: Status, reasons: tuple[str, ...] = (), promoted: bool = False) -> Outcome:
+    return Outcome(status, up.key, up.model, up.version, promoted, reasons)
+
+
+def build_model_updater(
+    dynamodb: Any, s3: Any, registry_table: str, clock: Clock, defaults: ServingDefaults, max_bytes: int
+) -> ModelUpdater:
+    registry = DynamoDBUpdaterRegistry(dynamodb, registry_table)
+    return ModelUpdater(registry, S3ArtifactStore(s3), clock, defaults, max_bytes)
+
+
+# -- adapters ------------------------------------------------------------------------------------------
+class S3ArtifactStore:
+    """Reads exactly the uploaded object: its version id when the bucket is versioned, else If-Match its ETag."""
+
+    def __init__(self, client: S3Client) -> None:
+        self._client = client
+
+    def read(self, upload: Upload) -> bytes:
+        pin = {"VersionId": upload.version_id} if upload.version_id else {"IfMatch": f'"{upload.etag}"'}
+        try:
+            data: bytes = self._client.get_object(Bucket=upload.bucket, Key=upload.key, **pin)["Body"].read()
+        except ClientError as e:
+            if error_code(e) in {"NoSuchKey", "NoSuchVersion", "PreconditionFailed", "404", "412"}:
+                raise NotFound("model artifact", f"s3://{upload.bucket}/{upload.key}") from e
+            raise translate(e, "s3.GetObject(model)") from e
+        except BotoCoreError as e:
+            raise translate(e, "s3.GetObject(model)") from e
+        return data
+
+
+def _record_attrs(r: ArtifactRecord) -> dict[str, Any]:
+    up = r.upload
+    return {
+        "pk": {"S": f"MODEL#{up.model}"},
+        "artifact": {"S": f"s3://{up.bucket}/{up.key}"},
+        "artifact_version_id": {"S": up.version_id},
+        "etag": {"S": up.etag},
+        "size": {"N": str(up.size)},
+        "sha256": {"S": r.sha256},
+        "upload_id": {"S": up.upload_id},
+        "signature": {"S": json.dumps(r.signature.to_dict()) if r.signature else ""},
+    }
+
+
+class DynamoDBUpdaterRegistry:
+    """:class:`UpdaterRegistry` over the registry table; applications are read through ``DynamoDBRegistry``.
+    The applications linked to a model are found by a scan for ``LINK#<model>`` (there is no reverse index);
+    the updater runs once per upload, off the query path."""
+
+    def __init__(self, client: DynamoDBClient, table: str) -> None:
+        self._client, self._table = client, table
+        self._registry = DynamoDBRegistry(client, table)
+
+    def model_view(self, model: str, version: str) -> ModelView:
+        keys = [
+            {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": sk}}
+            for sk in ("MODEL", f"VERSION#{version}", f"REJECTED#{version}")
+        ]
+        with aws_call("dynamodb.BatchGetItem(updater)"):
+            resp = self._client.batch_get_item(RequestItems={self._table: {"Keys": keys, "ConsistentRead": True}})
+        if resp.get("UnprocessedKeys"):
+            raise Throttled("dynamodb.BatchGetItem(updater): unprocessed keys")
+        items = {i["sk"]["S"]: i for i in resp.get("Responses", {}).get(self._table, [])}
+        head = items.get("MODEL")
+        rejected = _seen(items.get(f"REJECTED#{version}"))
+        if head is None:
+            return ModelView(rejected=rejected)
+        active = head.get("active_version", {}).get("S")
+        try:
+            current = self._registry.get_version(model, active) if active else None
+        except NotFound:
+            current = None
+        auto = bool(head.get("auto_promote", {}).get("BOOL", False))
+        return ModelView(True, auto, current, _seen(items.get(f"VERSION#{version}")), rejected)
+
+    def apps_linked_to(self, model: str) -> list[Application]:
+        names: list[str] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "FilterExpression": "sk = :sk",
+            "ExpressionAttributeValues": {":sk": {"S": f"LINK#{model}"}},
+            "ProjectionExpression": "pk",
+        }
+        while True:
+            with aws_call("dynamodb.Scan(updater)"):
+                resp = self._client.scan(**kwargs)
+            names.extend(i["pk"]["S"].removeprefix("APP#") for i in resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:
+                break
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        apps = []
+        for name in sorted(names):
+            try:
+                apps.append(self._registry.get_app(name))
+            except NotFound:  # a link left behind by a deleted application
+                continue
+        return apps
+
+    def register(self, mv: ModelVersion, record: ArtifactRecord, create_model: bool) -> None:
+        pk, at = {"S": f"MODEL#{mv.name}"}, {"N": str(record.at)}
+        item = _record_attrs(record) | {
+            "sk": {"S": f"VERSION#{mv.version}"},
+            "status": {"S": "registered"},
+            "input_type": {"S": mv.input_type.value},
+            "input_shape": {"L": [{"N": str(d)} for d in mv.input_shape]} if mv.input_shape else {"NULL": True},
+            "queue_url": {"S": mv.queue_url},
+            "endpoint": {"S": mv.endpoint},
+            "labels": {"L": [{"S": x} for x in mv.labels]},
+            "created_at": at,
+        }
+        if record.promoted:
+            item["promoted_at"] = at
+        new = "attribute_not_exists(pk)"
+        actions: list[dict[str, Any]] = [
+            {"Put": {"TableName": self._table, "Item": item, "ConditionExpression": new}},
+            {"Delete": {"TableName": self._table, "Key": {"pk": pk, "sk": {"S": f"REJECTED#{mv.version}"}}}},
+        ]
+        head = {"pk": pk, "sk": {"S": "MODEL"}}
+        if create_model:
+            head["active_version"] = {"S": mv.version}
+            actions.append({"Put": {"TableName": self._table, "Item": head, "ConditionExpression": new}})
+        elif record.promoted:
+            promote = {
+                "TableName": self._table,
+                "Key": head,
+                "UpdateExpression": "SET previous_version = active_version, active_version = :v",
+                "ConditionExpression": "attribute_exists(active_version) AND active_version <> :v",
+                "ExpressionAttributeValues": {":v": {"S": mv.version}},
+            }
+            actions.append({"Update": promote})
+        try:
+            self._client.transact_write_items(TransactItems=actions)
+        except ClientError as e:
+            if error_code(e) != "TransactionCanceledException":
+                raise translate(e, "dynamodb.TransactWriteItems(updater)") from e
+            codes = {str(r.get("Code", "None")) for r in e.response.get("CancellationReasons", [])}
+            if codes - {"None", "ConditionalCheckFailed", "TransactionConflict"}:
+                raise Unavailable(f"dynamodb.TransactWriteItems(updater): cancelled, {sorted(codes)}") from e
+            raise Conflict(f"{mv.name}:{mv.version} was registered concurrently") from e
+        except BotoCoreError as e:
+            raise translate(e, "dynamodb.TransactWriteItems(updater)") from e
+
+    def reject(self, record: ArtifactRecord) -> bool:
+        item = _record_attrs(record) | {
+            "sk": {"S": f"REJECTED#{record.upload.version}"},
+            "status": {"S": "rejected"},
+            "reasons": {"L": [{"S": r} for r in record.reasons]},
+            "rejected_at": {"N": str(record.at)},
+        }
+        try:
+            self._client.put_item(
+                TableName=self._table,
+                Item=item,
+                ConditionExpression="attribute_not_exists(upload_id) OR upload_id <> :u",
+                ExpressionAttributeValues={":u": item["upload_id"]},
+            )
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                return False
+            raise translate(e, "dynamodb.PutItem(updater)") from e
+        except BotoCoreError as e:
+            raise translate(e, "dynamodb.PutItem(updater)") from e
+        return True
+
+
+def _seen(item: dict[str, Any] | None) -> Seen | None:
+    return Seen(item.get("upload_id", {}).get("S", ""), item.get("sha256", {}).get("S", "")) if item else None

@@ -1,0 +1,414 @@
+"""The model updater Lambda (functions/model_updater) under moto: real S3 event payloads for real uploads."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote_plus
+
+import pytest
+
+from clipper.adapters.clock import SystemClock
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.errors import NotFound, Unavailable
+from clipper.models.updater import DynamoDBUpdaterRegistry, ModelUpdater, ModelView, S3ArtifactStore, Upload
+from tests.events import EVENTS, LambdaContext
+from tests.fakes import digits_app, model_version
+from tests.integration.conftest import AwsWorld
+
+pytestmark = pytest.mark.integration
+
+KEY = "models/mlp/2/model.onnx"
+
+
+def fresh_import(name: str) -> Any:
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+@dataclass
+class World:
+    aws: AwsWorld
+    app: Any  # the handler module
+    registry: DynamoDBRegistry
+    demo: Path
+
+    def upload(self, key: str, data: bytes) -> dict[str, Any]:
+        """Put ``data`` at ``key`` and answer the S3 notification that upload sends (events/s3-model-upload.json)."""
+        put = self.aws.s3.put_object(Bucket=self.aws.bucket, Key=key, Body=data)
+        event: dict[str, Any] = json.loads((EVENTS / "s3-model-upload.json").read_text())
+        s3 = event["Records"][0]["s3"]
+        s3["bucket"].update({"name": self.aws.bucket, "arn": f"arn:aws:s3:::{self.aws.bucket}"})
+        s3["object"].update({"key": quote_plus(key, safe="/"), "size": len(data), "eTag": put["ETag"].strip('"')})
+        if put.get("VersionId"):
+            s3["object"]["versionId"] = put["VersionId"]
+        else:
+            s3["object"].pop("versionId")
+        return event
+
+    def handle(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        response = self.app.handler(event, LambdaContext(function_name="model-updater"))
+        outcomes: list[dict[str, Any]] = response["outcomes"]
+        return outcomes
+
+    def model_bytes(self, name: str = "mlp") -> bytes:
+        return (self.demo / name / "1" / "model.onnx").read_bytes()
+
+    def item(self, sk: str, model: str = "mlp") -> dict[str, Any] | None:
+        key = {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": sk}}
+        item: dict[str, Any] | None = self.aws.dynamodb.get_item(TableName=self.aws.registry_table, Key=key).get("Item")
+        return item
+
+    def table(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.aws.dynamodb.scan(TableName=self.aws.registry_table)["Items"]
+        return sorted(items, key=lambda i: (i["pk"]["S"], i["sk"]["S"]))
+
+    def auto_promote(self, on: bool) -> None:
+        self.aws.dynamodb.update_item(
+            TableName=self.aws.registry_table,
+            Key={"pk": {"S": "MODEL#mlp"}, "sk": {"S": "MODEL"}},
+            UpdateExpression="SET auto_promote = :on",
+            ExpressionAttributeValues={":on": {"BOOL": on}},
+        )
+
+    def active(self, model: str = "mlp") -> str:
+        return self.registry.model_and_versions(model)[0].active_version
+
+
+@pytest.fixture
+def world(aws: AwsWorld, demo_models: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    monkeypatch.setenv("CLIPPER_REGISTRY_TABLE", aws.registry_table)
+    monkeypatch.setenv("CLIPPER_REPLIES_TABLE", aws.replies_table)
+    monkeypatch.setenv("CLIPPER_MODEL_BUCKET", aws.bucket)
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app())
+    registry.put_version(model_version("mlp", "1", queue_url=aws.queue_url, labels=("0", "1")), activate=True)
+    registry.link("digits", "mlp")
+    yield World(aws, fresh_import("functions.model_updater.app"), registry, Path(demo_models["out_dir"]))
+    sys.modules.pop("functions.model_updater.app", None)
+
+
+# --- registration and promotion ------------------------------------------------------------------------------
+
+
+def test_an_uploaded_model_is_registered_with_its_signature_and_left_inactive(world: World) -> None:
+    data = world.model_bytes()
+    event = world.upload(KEY, data)
+
+    (outcome,) = world.handle(event)
+
+    assert outcome["status"] == "registered" and not outcome["promoted"]
+    assert world.active() == "1"
+    served = world.registry.get_version("mlp", "2")  # what the batcher and frontend read
+    v1 = world.registry.get_version("mlp", "1")
+    assert (served.queue_url, served.endpoint, served.labels) == (v1.queue_url, v1.endpoint, v1.labels)
+    assert served.input_shape == (64,) and served.input_type is v1.input_type
+    item = world.item("VERSION#2")
+    assert item is not None
+    assert item["status"]["S"] == "registered"
+    assert item["artifact"]["S"] == f"s3://{world.aws.bucket}/{KEY}"
+    assert item["size"]["N"] == str(len(data))
+    assert item["etag"]["S"] == event["Records"][0]["s3"]["object"]["eTag"]
+    assert int(item["created_at"]["N"]) > 0 and "promoted_at" not in item
+    signature = json.loads(item["signature"]["S"])
+    assert signature["input"] == {"name": "input", "element_type": "float32", "shape": [None, 64]}
+    assert world.item("REJECTED#2") is None
+
+
+def test_auto_promote_makes_the_new_version_active_and_keeps_the_old_one_for_rollback(world: World) -> None:
+    world.auto_promote(True)
+
+    (outcome,) = world.handle(world.upload(KEY, world.model_bytes("logreg")))
+
+    assert outcome["status"] == "registered" and outcome["promoted"]
+    assert world.active() == "2"
+    assert world.registry.previous_version("mlp") == "1"
+    assert world.registry.get_version("mlp", "1").version == "1"  # queries in flight on 1 still resolve it
+    item = world.item("VERSION#2")
+    assert item is not None and "promoted_at" in item
+
+
+def test_auto_promote_false_leaves_the_active_version(world: World) -> None:
+    world.auto_promote(False)
+
+    (outcome,) = world.handle(world.upload(KEY, world.model_bytes()))
+
+    assert outcome["status"] == "registered" and not outcome["promoted"]
+    assert world.active() == "1"
+
+
+# --- rejection -----------------------------------------------------------------------------------------------
+
+
+def test_a_bad_file_is_recorded_as_rejected_and_never_becomes_active(world: World) -> None:
+    world.auto_promote(True)
+
+    (outcome,) = world.handle(world.upload(KEY, b"this is not an onnx model"))
+
+    assert outcome["status"] == "rejected"
+    assert "not a loadable ONNX model" in outcome["reasons"][0]
+    assert world.active() == "1"
+    with pytest.raises(NotFound):
+        world.registry.get_version("mlp", "2")
+    assert "2" not in world.registry.model_and_versions("mlp")[1]
+    rejected = world.item("REJECTED#2")
+    assert rejected is not None
+    assert rejected["status"]["S"] == "rejected"
+    assert "not a loadable ONNX model" in rejected["reasons"]["L"][0]["S"]
+    assert rejected["artifact"]["S"] == f"s3://{world.aws.bucket}/{KEY}" and rejected["signature"]["S"] == ""
+
+
+def test_a_model_that_does_not_fit_the_linked_application_is_rejected_naming_it(world: World) -> None:
+    world.auto_promote(True)
+    cnn = world.demo / "cnn" / "1" / "model.onnx"
+    if not cnn.is_file():
+        pytest.skip("the demo CNN is built by the batching benchmark only")
+
+    (outcome,) = world.handle(world.upload(KEY, cnn.read_bytes()))
+
+    assert outcome["status"] == "rejected"
+    assert any("application 'digits'" in r and "[64]" in r for r in outcome["reasons"])
+    assert world.active() == "1"
+    rejected = world.item("REJECTED#2")
+    assert rejected is not None and json.loads(rejected["signature"]["S"])["input"]["shape"] == ["N", 3, 32, 32]
+
+
+def test_a_fixed_upload_after_a_rejection_registers_and_clears_the_rejection(world: World) -> None:
+    world.handle(world.upload(KEY, b"garbage"))
+
+    (outcome,) = world.handle(world.upload(KEY, world.model_bytes()))
+
+    assert outcome["status"] == "registered"
+    assert world.item("REJECTED#2") is None and world.item("VERSION#2") is not None
+
+
+def test_other_bytes_for_a_registered_version_are_rejected_and_the_version_is_untouched(world: World) -> None:
+    world.handle(world.upload(KEY, world.model_bytes("mlp")))
+    before = world.item("VERSION#2")
+
+    (outcome,) = world.handle(world.upload(KEY, world.model_bytes("logreg")))
+
+    assert outcome["status"] == "rejected" and "immutable" in outcome["reasons"][0]
+    assert world.item("VERSION#2") == before
+
+
+# --- at-least-once delivery, and what is not a model ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("good", [True, False])
+def test_a_duplicate_event_changes_nothing(world: World, good: bool) -> None:
+    world.auto_promote(True)
+    event = world.upload(KEY, world.model_bytes() if good else b"garbage")
+    (first,) = world.handle(event)
+    table = world.table()
+
+    (again,) = world.handle(event)
+
+    assert first["status"] == ("registered" if good else "rejected")
+    assert again["status"] == "duplicate"
+    assert world.table() == table
+
+
+def test_the_same_bytes_uploaded_again_change_nothing(world: World) -> None:
+    world.aws.s3.put_bucket_versioning(Bucket=world.aws.bucket, VersioningConfiguration={"Status": "Enabled"})
+    world.handle(world.upload(KEY, world.model_bytes()))
+    table = world.table()
+
+    (again,) = world.handle(world.upload(KEY, world.model_bytes()))  # a new S3 version, the same bytes
+
+    assert again["status"] == "duplicate"
+    assert world.table() == table
+
+
+def test_a_versioned_upload_is_read_at_its_version_even_after_an_overwrite(world: World) -> None:
+    world.aws.s3.put_bucket_versioning(Bucket=world.aws.bucket, VersioningConfiguration={"Status": "Enabled"})
+    event = world.upload(KEY, world.model_bytes())
+    world.aws.s3.put_object(Bucket=world.aws.bucket, Key=KEY, Body=b"overwritten before the event arrived")
+
+    (outcome,) = world.handle(event)
+
+    assert outcome["status"] == "registered"
+    item = world.item("VERSION#2")
+    assert item is not None
+    assert item["artifact_version_id"]["S"] == event["Records"][0]["s3"]["object"]["versionId"]
+
+
+def test_an_event_for_an_object_replaced_since_is_ignored_in_an_unversioned_bucket(world: World) -> None:
+    event = world.upload(KEY, world.model_bytes())
+    world.aws.s3.put_object(Bucket=world.aws.bucket, Key=KEY, Body=b"the newer upload has its own event")
+
+    (outcome,) = world.handle(event)
+
+    assert outcome["status"] == "ignored"
+    assert world.item("VERSION#2") is None and world.item("REJECTED#2") is None
+
+
+@pytest.mark.parametrize(
+    "key", ["claims/abc123", "models/mlp/2/notes.txt", "models/MLP/2/model.onnx", "models/mlp/model.onnx"]
+)
+def test_an_unrelated_key_is_ignored(world: World, key: str) -> None:
+    table = world.table()
+
+    (outcome,) = world.handle(world.upload(key, world.model_bytes()))
+
+    assert outcome["status"] == "ignored" and outcome["reasons"]
+    assert world.table() == table
+
+
+def test_events_other_than_object_created_are_skipped(world: World) -> None:
+    event = world.upload(KEY, world.model_bytes())
+    event["Records"][0]["eventName"] = "ObjectRemoved:Delete"
+
+    assert world.handle(event) == []
+    assert world.item("VERSION#2") is None
+
+
+def test_an_eventbridge_object_created_event_has_the_same_outcome(world: World) -> None:
+    world.auto_promote(True)
+    data = world.model_bytes()
+    put = world.aws.s3.put_object(Bucket=world.aws.bucket, Key=KEY, Body=data)
+    event = json.loads((EVENTS / "eventbridge-model-upload.json").read_text())
+    event["detail"]["bucket"]["name"] = world.aws.bucket
+    event["detail"]["object"].update({"key": KEY, "size": len(data), "etag": put["ETag"].strip('"')})
+    del event["detail"]["object"]["version-id"]  # an unversioned bucket
+
+    (outcome,) = world.handle(event)
+    (again,) = world.handle(event)
+
+    assert (outcome["status"], outcome["promoted"], again["status"]) == ("registered", True, "duplicate")
+    assert world.active() == "2"
+
+
+# --- one record at a time; retries ---------------------------------------------------------------------------
+
+
+class FlakyStore:
+    """S3, except that one key cannot be read."""
+
+    def __init__(self, inner: S3ArtifactStore, failing_key: str, error: Exception) -> None:
+        self.inner, self.failing_key, self.error = inner, failing_key, error
+
+    def read(self, upload: Upload) -> bytes:
+        if upload.key == self.failing_key:
+            raise self.error
+        return self.inner.read(upload)
+
+
+def test_a_transient_failure_is_raised_for_a_retry_after_the_other_records_are_handled(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = "models/logreg/7/model.onnx"
+    registry = DynamoDBUpdaterRegistry(world.aws.dynamodb, world.aws.registry_table)
+    store = FlakyStore(S3ArtifactStore(world.aws.s3), failing, Unavailable("s3.GetObject(model): SlowDown"))
+    flaky = ModelUpdater(registry, store, SystemClock())
+    monkeypatch.setattr(world.app, "updater", flaky)
+    first, second = world.upload(failing, world.model_bytes()), world.upload(KEY, world.model_bytes())
+    event = {"Records": first["Records"] + second["Records"]}
+
+    with pytest.raises(Unavailable):
+        world.handle(event)
+
+    assert world.item("VERSION#2") is not None  # the other record was handled
+    monkeypatch.setattr(world.app, "updater", ModelUpdater(registry, S3ArtifactStore(world.aws.s3), SystemClock()))
+    outcomes = world.handle(event)  # Lambda's retry of the whole event
+    assert [o["status"] for o in outcomes] == ["rejected", "duplicate"]  # logreg has no serving resources yet
+
+
+def test_a_defect_on_one_record_is_logged_and_the_others_are_handled(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = "models/logreg/7/model.onnx"
+    registry = DynamoDBUpdaterRegistry(world.aws.dynamodb, world.aws.registry_table)
+    store = FlakyStore(S3ArtifactStore(world.aws.s3), failing, RuntimeError("a bug"))
+    monkeypatch.setattr(world.app, "updater", ModelUpdater(registry, store, SystemClock()))
+    first, second = world.upload(failing, world.model_bytes()), world.upload(KEY, world.model_bytes())
+
+    outcomes = world.handle({"Records": first["Records"] + second["Records"]})
+
+    assert [o["status"] for o in outcomes] == ["failed", "registered"]
+    assert "RuntimeError: a bug" in outcomes[0]["reasons"][0]
+
+
+def test_an_object_in_another_bucket_is_ignored(world: World) -> None:
+    world.aws.s3.create_bucket(Bucket="someone-elses-models")
+    event = world.upload(KEY, world.model_bytes())
+    event["Records"][0]["s3"]["bucket"]["name"] = "someone-elses-models"
+
+    (outcome,) = world.handle(event)
+
+    assert outcome["status"] == "ignored"
+    assert world.item("VERSION#2") is None and world.item("REJECTED#2") is None
+
+
+def test_a_file_over_the_size_limit_is_rejected_unread(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLIPPER_MAX_MODEL_BYTES", "1000")
+    world.app = fresh_import("functions.model_updater.app")
+
+    (outcome,) = world.handle(world.upload(KEY, world.model_bytes()))
+
+    assert outcome["status"] == "rejected" and "over the limit of 1000" in outcome["reasons"][0]
+    rejected = world.item("REJECTED#2")
+    assert rejected is not None and rejected["sha256"]["S"] == ""
+
+
+class StaleFirstView:
+    """The registry, except that its first model_view answers what was true before a concurrent delivery."""
+
+    def __init__(self, inner: DynamoDBUpdaterRegistry, stale: ModelView) -> None:
+        self.inner, self.stale = inner, [stale]
+
+    def model_view(self, model: str, version: str) -> ModelView:
+        return self.stale.pop() if self.stale else self.inner.model_view(model, version)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize(("model", "expected"), [("mlp", "duplicate"), ("logreg", "rejected")])
+def test_a_delivery_that_loses_a_race_looks_again(world: World, model: str, expected: str) -> None:
+    world.auto_promote(True)
+    registry = DynamoDBUpdaterRegistry(world.aws.dynamodb, world.aws.registry_table)
+    before = registry.model_view("mlp", "2")
+    world.handle(world.upload(KEY, world.model_bytes()))  # the concurrent delivery that won
+    table = world.table()
+    put = world.aws.s3.put_object(Bucket=world.aws.bucket, Key=KEY, Body=world.model_bytes(model))
+    late = ModelUpdater(StaleFirstView(registry, before), S3ArtifactStore(world.aws.s3), SystemClock())
+
+    outcome = late.handle_object(world.aws.bucket, KEY, 0, put["ETag"])
+
+    assert outcome.status == expected
+    assert world.item("VERSION#2") == next(i for i in table if i["sk"]["S"] == "VERSION#2")
+    assert world.active() == "2" and world.registry.previous_version("mlp") == "1"
+
+
+# --- a model's first version ---------------------------------------------------------------------------------
+
+
+def test_a_new_models_first_version_needs_serving_defaults(world: World) -> None:
+    (outcome,) = world.handle(world.upload("models/digits-lr/1/model.onnx", world.model_bytes("logreg")))
+
+    assert outcome["status"] == "rejected" and "no defaults" in outcome["reasons"][0]
+    with pytest.raises(NotFound):
+        world.registry.model_and_versions("digits-lr")
+
+
+def test_a_new_models_first_version_takes_the_defaults_and_becomes_active(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "CLIPPER_DEFAULT_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/clipper-model-{model}"
+    )
+    monkeypatch.setenv("CLIPPER_DEFAULT_ENDPOINT", "sagemaker:clipper-{model}")
+    world.app = fresh_import("functions.model_updater.app")
+
+    (outcome,) = world.handle(world.upload("models/digits-lr/1/model.onnx", world.model_bytes("logreg")))
+
+    assert outcome["status"] == "registered" and outcome["promoted"]
+    mv = world.registry.active_version("digits-lr")
+    assert mv.queue_url.endswith("/clipper-model-digits-lr") and mv.endpoint == "sagemaker:clipper-digits-lr"
+    assert mv.input_type.value == "floats" and mv.input_shape == (64,)
