@@ -22,11 +22,15 @@ import argparse
 import hashlib
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+if __package__:
+    from infra.demo.train_models import write_atomic
+else:  # run as a script: python infra/demo/cnn_model.py
+    from train_models import write_atomic  # type: ignore[no-redef]
 
 NAME = "cnn"
 VERSION = "1"
@@ -109,18 +113,6 @@ def build_cnn() -> bytes:
     return bytes(model.SerializeToString())
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _is_current(path: Path) -> bool:
     """Whether ``path`` holds a model made by this recipe."""
     import onnx
@@ -137,7 +129,7 @@ def ensure_cnn(out_dir: str | os.PathLike[str] = "build/models", force: bool = F
     (or with ``force``)."""
     path = Path(out_dir) / model_relpath()
     if force or not path.is_file() or not _is_current(path):
-        _write_atomic(path, build_cnn())
+        write_atomic(path, build_cnn())
     return path
 
 

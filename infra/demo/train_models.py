@@ -189,7 +189,8 @@ def train_one(
     return model_bytes, entry
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, so a reader never sees half a model."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -230,14 +231,14 @@ def build_models(out_dir: Path, log: Callable[[str], None] = print) -> dict[str,
     x_train, x_test, _, y_test = split
     log(f"digits: {len(x_train)} training rows, {len(x_test)} held-out rows, {N_FEATURES} features")
     buf = _npz_bytes(X=x_test, y=y_test)
-    _write_atomic(out_dir / HOLDOUT, buf)
+    write_atomic(out_dir / HOLDOUT, buf)
 
     entries = []
     for spec in SPECS:
         started = time.perf_counter()
         model_bytes, entry = train_one(spec, split)
         entry["path"] = model_relpath(spec.name)
-        _write_atomic(out_dir / entry["path"], model_bytes)
+        write_atomic(out_dir / entry["path"], model_bytes)
         entries.append(entry)
         log(
             f"{spec.name:>7}: held-out accuracy {entry['accuracy']:.4f} "
@@ -257,7 +258,7 @@ def build_models(out_dir: Path, log: Callable[[str], None] = print) -> dict[str,
         "versions": library_versions(),
         "models": entries,
     }
-    _write_atomic(out_dir / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    write_atomic(out_dir / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return manifest
 
 
