@@ -165,9 +165,9 @@ def test_a_bad_file_is_recorded_as_rejected_and_never_becomes_active(world: Worl
 
 def test_a_model_that_does_not_fit_the_linked_application_is_rejected_naming_it(world: World) -> None:
     world.auto_promote(True)
-    cnn = world.demo / "cnn" / "1" / "model.onnx"
-    if not cnn.is_file():
-        pytest.skip("the demo CNN is built by the batching benchmark only")
+    from infra.demo.cnn_model import ensure_cnn
+
+    cnn = ensure_cnn(world.demo)  # a real model of another shape (3x32x32 images): built once, then reused
 
     (outcome,) = world.handle(world.upload(KEY, cnn.read_bytes()))
 
