@@ -7,7 +7,7 @@ PORT ?= 8080
 MODELS := build/models
 
 .PHONY: help venv models run test test-unit test-integration test-iac test-e2e lint redis clean \
-	bench-batching bench-cache bench-selection
+	bench-batching bench-cache bench-selection bench-coldstart bench-latency
 
 help:
 	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT))"
@@ -67,6 +67,12 @@ bench-cache: venv models redis
 
 bench-selection: venv models
 	$(PY) bench/selection.py $(BENCH_ARGS)
+
+bench-coldstart: venv models
+	$(PY) bench/coldstart.py $(BENCH_ARGS)
+
+bench-latency: venv models redis
+	$(PY) bench/latency.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache .local-stack
