@@ -519,7 +519,7 @@ class World:
         self.rng = np.random.default_rng(0)
         probe = self.processor.predict("digits", {"input": self.row()})
         if probe.predictions[0].default:
-            raise RuntimeError(f"the bench stack does not answer: {probe.predictions[0].explanation}")
+            raise RuntimeError(f"the bench stack does not answer: {probe.predictions[0].default_explanation}")
 
     def _wait(self, ready: Any, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 60) -> None:
         end = time.monotonic() + timeout_s
@@ -580,7 +580,7 @@ class World:
             row = self.row()
             result = self.processor.predict("digits-exp3", {"input": row})  # records the prediction to join
             if result.predictions[0].default:
-                raise RuntimeError(f"no prediction recorded for feedback: {result.predictions[0].explanation}")
+                raise RuntimeError(f"no prediction recorded for feedback: {result.predictions[0].default_explanation}")
             payload, _ = encode_rows(self.rows("digits-exp3", row))
             fb = FeedbackMessage(feedback_id=uuid.uuid4().hex, app="digits-exp3", payload=payload, label=3)
             return sqs_event([self.sqs_message(fb.to_json())], self.feedback_arn)
@@ -594,7 +594,7 @@ class World:
         key = f"models/mlp/{self.counter + 1}/model.onnx"
         data = Path(self.model_path).read_bytes()
         put = self.s3.put_object(Bucket="cs-models", Key=key, Body=data)
-        event = json.loads((ROOT / "events" / "s3-model-upload.json").read_text())
+        event: dict[str, Any] = json.loads((ROOT / "events" / "s3-model-upload.json").read_text())
         record = event["Records"][0]
         record["s3"]["bucket"].update({"name": "cs-models", "arn": "arn:aws:s3:::cs-models"})
         record["s3"]["object"] = {"key": key, "size": len(data), "eTag": put["ETag"].strip('"')}
@@ -652,6 +652,10 @@ def run_lambda(
             proc.kill()
             proc.wait()
             raise RuntimeError(f"{function} child ran over {CHILD_TIMEOUT_S} s (log {log_path})") from None
+        except BaseException:  # Ctrl-C: the child goes too
+            proc.kill()
+            proc.wait()
+            raise
     if rc != 0 or not out_path.exists():
         tail = (world.tmp / f"importtime-{tag}.txt").read_text()[-3000:]
         raise RuntimeError(f"{function} child ({folder.name}) failed with status {rc}:\n{tail}")
@@ -916,8 +920,8 @@ def report(
         }
     connects = {f: diagnostics[f].get("connects_at_import", []) for f in functions if f in diagnostics}
     checks["no_network_calls_at_import"] = {"connects": connects, "met": not any(connects.values())}
-    created = {f: targets[f]["boto3_clients_created_by_events"] for f in functions if f in targets}
-    checks["boto3_clients_created_once"] = {"created_by_events": created, "met": not any(created.values())}
+    by_events = {f: targets[f]["boto3_clients_created_by_events"] for f in functions if f in targets}
+    checks["boto3_clients_created_once"] = {"created_by_events": by_events, "met": not any(by_events.values())}
     lazy = {f: diagnostics[f].get("not_run_by_first_events", []) for f in functions if f in diagnostics}
     checks["nothing_imported_that_the_first_event_does_not_need"] = {
         "candidates": {f: [c["module_or_package"] for c in v if c["kind"] != "stdlib"] for f, v in lazy.items()},

@@ -239,11 +239,13 @@ def drive(client: Client, inputs: Inputs, rate: float, count: int, seed: int) ->
     arrivals = start + np.cumsum(rng.exponential(1 / rate, count))
     path = f"/{APP}/predict?debug=true"
 
+    halt = threading.Event()
+
     def one(at: float) -> dict[str, Any]:
         body = inputs.next()
         delay = at - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+        if delay > 0 and halt.wait(delay):
+            return {"error": "cancelled", "late_ms": 0.0}
         t0 = time.perf_counter()
         try:
             status, raw = client.post(path, body)
@@ -258,8 +260,14 @@ def drive(client: Client, inputs: Inputs, rate: float, count: int, seed: int) ->
         return out
 
     workers = max(8, min(128, int(rate * 2)))
-    with ThreadPoolExecutor(workers) as pool:
+    pool = ThreadPoolExecutor(workers)
+    try:
         return list(pool.map(one, arrivals))
+    except BaseException:  # Ctrl-C: drop the queries not sent yet, so that the stack is stopped at once
+        halt.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # -- the figures -------------------------------------------------------------------------------------------
