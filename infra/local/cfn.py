@@ -17,7 +17,10 @@ moto traps this module works around (see also the handbook):
 - moto skips AWS::ApiGatewayV2::* with a warning (the HTTP API exists only on AWS);
 - DynamoDB TTL declared in a template stays disabled in moto, so deploy_service enables it afterwards;
 - an SQS event source mapping in moto invokes the Lambda through Docker once a message arrives, so the local
-  stack keeps the model stacks' LambdaBatcher 'false' and runs the long-poll batcher instead.
+  stack keeps the model stacks' LambdaBatcher 'false' and runs the long-poll batcher instead;
+- moto's CloudFormation has no AWS::Lambda::Alias (the frontend's AutoPublishAlias), and a permission on a
+  skipped alias fails the stack, so deploy_service points whatever names an alias at the alias's function
+  (locally the FrontendAliasArn output is the function's name; nothing local invokes through the alias).
 
 Nothing here runs at import time.
 """
@@ -306,11 +309,47 @@ def deploy_service(
     translated = translate_sam(Path(repo_root) / SERVICE_TEMPLATE)
     bucket = artifacts_bucket_name(stack_name)
     _ensure_bucket(s3, bucket)
-    outputs = deploy_stack(cfn, stack_name, package_code(translated, repo_root, s3, bucket), parameters)
+    packaged = without_aliases(package_code(translated, repo_root, s3, bucket))
+    outputs = deploy_stack(cfn, stack_name, packaged, parameters)
     _enable_declared_ttl(dynamodb, translated, stack_resources(cfn, stack_name))
     if lambda_client is not None:
         outputs = _repair_layer_outputs(lambda_client, translated, stack_name, outputs)
     return outputs
+
+
+def without_aliases(template: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a translated template with each AWS::Lambda::Alias removed and references to it (Ref, GetAtt,
+    ${...} in Fn::Sub) pointed at the alias's function; for moto, whose CloudFormation has no aliases."""
+    resources = template.get("Resources", {})
+    targets = {
+        logical_id: resource["Properties"]["FunctionName"]["Ref"]
+        for logical_id, resource in resources.items()
+        if resource.get("Type") == "AWS::Lambda::Alias"
+        and isinstance(resource.get("Properties", {}).get("FunctionName"), dict)
+        and "Ref" in resource["Properties"]["FunctionName"]
+    }
+    if not targets:
+        return template
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            if set(node) == {"Ref"} and node["Ref"] in targets:
+                return {"Ref": targets[node["Ref"]]}
+            if set(node) == {"Fn::GetAtt"} and node["Fn::GetAtt"][0] in targets:
+                return {"Fn::GetAtt": [targets[node["Fn::GetAtt"][0]], *node["Fn::GetAtt"][1:]]}
+            if set(node) == {"Fn::Sub"} and isinstance(node["Fn::Sub"], str):
+                text = node["Fn::Sub"]
+                for alias, function in targets.items():
+                    text = text.replace("${" + alias + "}", "${" + function + "}")
+                return {"Fn::Sub": text}
+            return {key: rewrite(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        return node
+
+    rewritten: dict[str, Any] = rewrite({k: v for k, v in template.items()})
+    rewritten["Resources"] = {k: v for k, v in rewritten["Resources"].items() if k not in targets}
+    return rewritten
 
 
 def model_stack_name(service_stack: str, model_name: str) -> str:

@@ -58,6 +58,7 @@ def test_service_stack_is_complete_with_all_outputs(session: Any, service: dict[
         "DashboardName",
         "ModelBucketName",
         "FrontendFunctionName",
+        "FrontendAliasArn",
         "BatcherFunctionName",
         "BatcherFunctionArn",
         "SharedLayerArn",

@@ -1,0 +1,219 @@
+"""The template's optional features, each checked both ways on the translated template resolved for the
+parameter values: the JWT authorizer of the query routes, the frontend's warm mode (SnapStart or provisioned
+concurrency), ElastiCache Serverless with the functions in a VPC, and the batcher's concurrency settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from infra.local import cfn
+from tests.iac.conditions import resolve
+from tests.iac.conftest import MODEL_TEMPLATE, SERVICE_TEMPLATE
+
+pytestmark = pytest.mark.iac
+
+ISSUER = "https://cognito-idp.us-east-1.amazonaws.com/us-east-1_Example"
+VPC = {"ElastiCacheEngine": "valkey", "VpcId": "vpc-0abc", "VpcSubnetIds": "subnet-0aaa,subnet-0bbb"}
+QUERY_ROUTES = [("/{app}/predict", "post"), ("/{app}/update", "post")]
+REDIS_FUNCTIONS = ("FrontendFunction", "BatcherFunction", "FeedbackFunction")
+
+
+@pytest.fixture(scope="module")
+def translated() -> dict[str, Any]:
+    return cfn.translate_sam(SERVICE_TEMPLATE)
+
+
+def api_body(template: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = template["Resources"]["HttpApi"]["Properties"]["Body"]
+    return body
+
+
+def env(template: dict[str, Any], function: str) -> dict[str, Any]:
+    variables: dict[str, Any] = template["Resources"][function]["Properties"]["Environment"]["Variables"]
+    return variables
+
+
+# --- JWT authorizer on the query routes -------------------------------------------------------------------
+
+
+def test_query_routes_are_open_without_an_issuer(translated: dict[str, Any]) -> None:
+    body = api_body(resolve(translated))
+
+    for path, method in QUERY_ROUTES:
+        assert "security" not in body["paths"][path][method], path
+    assert "QueryJwt" not in body["components"]["securitySchemes"]
+    assert set(body["components"]["securitySchemes"]) == {"AWS_IAM"}
+
+
+def test_query_routes_require_a_jwt_from_the_issuer(translated: dict[str, Any]) -> None:
+    body = api_body(resolve(translated, QueryJwtIssuer=ISSUER, QueryJwtAudience="client-a,client-b"))
+
+    for path, method in QUERY_ROUTES:
+        assert body["paths"][path][method]["security"] == [{"QueryJwt": []}], path
+    assert "security" not in body["paths"]["/health"]["get"]  # probes stay open
+    for path in ("/admin/ping", "/admin/{operation}"):
+        (spec,) = body["paths"][path].values()
+        assert spec["security"] == [{"AWS_IAM": []}]
+    scheme = body["components"]["securitySchemes"]["QueryJwt"]
+    authorizer = scheme["x-amazon-apigateway-authorizer"]
+    assert (scheme["type"], authorizer["type"]) == ("oauth2", "jwt")
+    assert authorizer["identitySource"] == "$request.header.Authorization"
+    assert authorizer["jwtConfiguration"] == {
+        "issuer": {"Ref": "QueryJwtIssuer"},
+        "audience": {"Fn::Split": [",", {"Ref": "QueryJwtAudience"}]},
+    }
+
+
+def test_an_issuer_without_audience_is_refused_by_a_rule() -> None:
+    template = cfn.load_template(SERVICE_TEMPLATE)
+
+    rule = template["Rules"]["JwtIssuerNeedsAudience"]
+    assert rule["RuleCondition"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "QueryJwtIssuer"}, ""]}]}
+    (assertion,) = rule["Assertions"]
+    assert assertion["Assert"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "QueryJwtAudience"}, ""]}]}
+    assert resolve(template, QueryJwtIssuer=ISSUER)["_conditions"]["HasQueryJwt"] is False
+
+
+# --- frontend warm mode -----------------------------------------------------------------------------------
+
+
+def alias_of(template: dict[str, Any]) -> dict[str, Any]:
+    (alias,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Alias"]
+    return alias
+
+
+def test_the_api_always_invokes_the_live_alias(translated: dict[str, Any]) -> None:
+    alias = alias_of(translated)
+    paths = api_body(translated)["paths"]
+
+    assert alias["Properties"]["Name"] == "live"
+    assert alias["Properties"]["FunctionName"] == {"Ref": "FrontendFunction"}
+    for path in ("/{app}/predict", "/{app}/update", "/health"):
+        (spec,) = paths[path].values()
+        assert "${FrontendFunctionAliaslive}" in spec["x-amazon-apigateway-integration"]["uri"]["Fn::Sub"]
+    permissions = [
+        r["Properties"]
+        for r in translated["Resources"].values()
+        if r["Type"] == "AWS::Lambda::Permission" and r["Properties"]["Principal"] == "apigateway.amazonaws.com"
+    ]
+    frontend = [p for p in permissions if "Frontend" in str(p["FunctionName"])]
+    assert frontend and all(p["FunctionName"] == {"Ref": "FrontendFunctionAliaslive"} for p in frontend)
+
+
+@pytest.mark.parametrize(
+    ("mode", "snapstart", "provisioned"),
+    [("none", "None", None), ("snapstart", "PublishedVersions", None), ("provisioned", "None", 3)],
+)
+def test_warm_mode(translated: dict[str, Any], mode: str, snapstart: str, provisioned: int | None) -> None:
+    resolved = resolve(translated, FrontendWarmMode=mode, FrontendProvisionedConcurrency="3")
+    function = resolved["Resources"]["FrontendFunction"]["Properties"]
+    alias = alias_of(resolved)["Properties"]
+
+    assert function["Runtime"] == "python3.12"  # SnapStart for Python needs 3.12 or later
+    assert function["SnapStart"] == {"ApplyOn": snapstart}
+    if provisioned is None:
+        assert "ProvisionedConcurrencyConfig" not in alias
+    else:
+        assert alias["ProvisionedConcurrencyConfig"] == {
+            "ProvisionedConcurrentExecutions": {"Ref": "FrontendProvisionedConcurrency"}
+        }
+    assert resolved["Parameters"]["FrontendWarmMode"]["Default"] == "none"
+
+
+# --- ElastiCache Serverless and the VPC -------------------------------------------------------------------
+
+
+def test_without_elasticache_no_cache_no_vpc_and_redis_url_is_the_parameter(translated: dict[str, Any]) -> None:
+    resolved = resolve(translated)
+    types = {r["Type"] for r in resolved["Resources"].values()}
+
+    assert "AWS::ElastiCache::ServerlessCache" not in types
+    assert not {t for t in types if t.startswith("AWS::EC2::")}
+    for function in [k for k, r in resolved["Resources"].items() if r["Type"] == "AWS::Lambda::Function"]:
+        assert "VpcConfig" not in resolved["Resources"][function]["Properties"], function
+        assert env(resolved, function)["REDIS_URL"] == {"Ref": "RedisUrl"}
+    assert "RedisUrl" not in resolved["Outputs"]
+
+
+@pytest.mark.parametrize("engine", ["valkey", "redis"])
+def test_elasticache_serverless_in_the_vpc(translated: dict[str, Any], engine: str) -> None:
+    resolved = resolve(translated, **{**VPC, "ElastiCacheEngine": engine})
+    resources = resolved["Resources"]
+    cache = resources["Cache"]["Properties"]
+    url = {"Fn::Sub": "rediss://${Cache.Endpoint.Address}:${Cache.Endpoint.Port}"}
+
+    assert resources["Cache"]["Type"] == "AWS::ElastiCache::ServerlessCache"
+    assert cache["Engine"] == {"Ref": "ElastiCacheEngine"}
+    assert cache["SubnetIds"] == {"Ref": "VpcSubnetIds"}
+    assert cache["SecurityGroupIds"] == [{"Fn::GetAtt": ["CacheSecurityGroup", "GroupId"]}]
+    assert cache["CacheUsageLimits"]["DataStorage"] == {"Maximum": {"Ref": "ElastiCacheMaxDataGB"}, "Unit": "GB"}
+    for function in REDIS_FUNCTIONS:
+        props = resources[function]["Properties"]
+        assert props["VpcConfig"] == {
+            "SecurityGroupIds": [{"Fn::GetAtt": ["FunctionSecurityGroup", "GroupId"]}],
+            "SubnetIds": {"Ref": "VpcSubnetIds"},
+        }, function
+        assert env(resolved, function)["REDIS_URL"] == url
+    for function in ("AdminFunction", "ModelUpdaterFunction"):  # never use Redis: stay out of the VPC
+        assert "VpcConfig" not in resources[function]["Properties"]
+    assert resolved["Outputs"]["RedisUrl"]["Value"] == url
+
+
+def test_only_the_functions_reach_the_cache(translated: dict[str, Any]) -> None:
+    resources = resolve(translated, **VPC)["Resources"]
+
+    (ingress,) = resources["CacheSecurityGroup"]["Properties"]["SecurityGroupIngress"]
+    assert (ingress["FromPort"], ingress["ToPort"]) == (6379, 6380)
+    assert ingress["SourceSecurityGroupId"] == {"Fn::GetAtt": ["FunctionSecurityGroup", "GroupId"]}
+    egress = resources["FunctionToCacheEgress"]["Properties"]
+    assert egress["DestinationSecurityGroupId"] == {"Fn::GetAtt": ["CacheSecurityGroup", "GroupId"]}
+    (https,) = resources["FunctionSecurityGroup"]["Properties"]["SecurityGroupEgress"]
+    assert (https["FromPort"], https["ToPort"], https["CidrIp"]) == (443, 443, "0.0.0.0/0")
+
+
+def test_an_engine_without_a_vpc_creates_nothing_and_a_rule_refuses_it(translated: dict[str, Any]) -> None:
+    resolved = resolve(translated, ElastiCacheEngine="valkey")
+
+    assert "Cache" not in resolved["Resources"]
+    rule = cfn.load_template(SERVICE_TEMPLATE)["Rules"]["ElastiCacheNeedsVpc"]
+    assert len(rule["Assertions"]) == 2
+
+
+# --- concurrency ------------------------------------------------------------------------------------------
+
+
+def test_batcher_reserved_concurrency_is_a_parameter(translated: dict[str, Any]) -> None:
+    unset = resolve(translated)["Resources"]["BatcherFunction"]["Properties"]
+    reserved = resolve(translated, BatcherReservedConcurrency="20")["Resources"]["BatcherFunction"]["Properties"]
+
+    assert "ReservedConcurrentExecutions" not in unset
+    assert reserved["ReservedConcurrentExecutions"] == {"Ref": "BatcherReservedConcurrency"}
+
+
+def test_model_stack_mapping_takes_batch_size_window_and_maximum_concurrency() -> None:
+    model = cfn.load_template(MODEL_TEMPLATE)
+
+    mapping = resolve(model, ServiceStackName="clipper", ModelName="m", LambdaBatcher="true", BatcherFunctionArn="arn")
+    props = mapping["Resources"]["BatcherEventSourceMapping"]["Properties"]
+    assert props["BatchSize"] == {"Ref": "BatchSize"}
+    assert props["MaximumBatchingWindowInSeconds"] == {"Ref": "MaximumBatchingWindowInSeconds"}
+    assert props["ScalingConfig"] == {"MaximumConcurrency": {"Ref": "MaximumConcurrency"}}
+    assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    without = resolve(model, ServiceStackName="clipper", ModelName="m")
+    assert "BatcherEventSourceMapping" not in without["Resources"]
+
+
+def test_model_endpoint_joins_the_cache_vpc_only_when_given_one() -> None:
+    model = cfn.load_template(MODEL_TEMPLATE)
+    endpoint = {"ServiceStackName": "clipper", "ModelName": "m", "SageMakerEndpoint": "true", "ImageUri": "i"}
+    endpoint["ExecutionRoleArn"] = "arn:aws:iam::123456789012:role/r"
+
+    outside = resolve(model, **endpoint)["Resources"]["SageMakerModel"]["Properties"]
+    inside = resolve(model, **endpoint, VpcSubnetIds="subnet-1,subnet-2", VpcSecurityGroupIds="sg-1")
+    assert "VpcConfig" not in outside
+    assert inside["Resources"]["SageMakerModel"]["Properties"]["VpcConfig"] == {
+        "Subnets": {"Ref": "VpcSubnetIds"},
+        "SecurityGroupIds": {"Ref": "VpcSecurityGroupIds"},
+    }

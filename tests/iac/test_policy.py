@@ -1,0 +1,177 @@
+"""Least privilege, statement by statement: every IAM statement in the translated template names the resources
+it applies to, or is listed below with the reason it cannot; every managed policy attached is listed with its
+reason; every role trusts only Lambda; every invoke permission names its source; admin routes need IAM."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from infra.local import cfn
+from tests.iac.conditions import resolve
+from tests.iac.conftest import MODEL_TEMPLATE, SERVICE_TEMPLATE
+
+pytestmark = pytest.mark.iac
+
+# Managed policies SAM attaches, and why each is accepted.
+MANAGED_POLICY_REASONS = {
+    "service-role/AWSLambdaBasicExecutionRole": (
+        "SAM attaches it to every role it creates; CloudWatch Logs actions on log groups (logs:CreateLogGroup, "
+        "CreateLogStream, PutLogEvents). The functions write only their own /aws/lambda/<name> group."
+    ),
+    "AWSXrayWriteOnlyAccess": (
+        "Tracing: Active; xray:PutTraceSegments/PutTelemetryRecords/GetSampling* have no resource-level "
+        "permissions, so '*' is the only resource they accept."
+    ),
+    "service-role/AWSLambdaVPCAccessExecutionRole": (
+        "SAM attaches it whenever VpcConfig is declared, and VpcConfig is declared behind UseElastiCache (SAM "
+        "cannot make the attachment conditional); ec2:CreateNetworkInterface/Describe*/DeleteNetworkInterface "
+        "for the function's ENIs, which Lambda requires on '*'."
+    ),
+}
+# Which roles get the VPC policy (the functions that use Redis).
+VPC_ROLES = {"FrontendFunctionRole", "BatcherFunctionRole", "FeedbackFunctionRole"}
+
+# Inline statements allowed to use a wildcard resource: (role, Sid) -> reason. None today: add with a reason.
+WILDCARD_STATEMENT_REASONS: dict[tuple[str, str], str] = {}
+
+# A resource string names a specific resource when it is a reference to one in this stack, or an ARN built
+# from this stack's name (the per-model queues and endpoints live in stacks named after it).
+STACK_SCOPED = re.compile(r"\$\{AWS::StackName\}-|^\$\{[A-Za-z0-9]+\.Arn\}/[a-z]+/\*$")
+
+
+@pytest.fixture(scope="module")
+def translated() -> dict[str, Any]:
+    return cfn.translate_sam(SERVICE_TEMPLATE)
+
+
+def roles(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == "AWS::IAM::Role"}
+
+
+def statements(template: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(owner, statement) of every permission statement: role inline policies and standalone policies."""
+    for logical_id, resource in template["Resources"].items():
+        props = resource.get("Properties", {})
+        if resource["Type"] == "AWS::IAM::Role":
+            for policy in props.get("Policies", []):
+                for statement in policy["PolicyDocument"]["Statement"]:
+                    yield logical_id, statement
+        elif resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+            for statement in props["PolicyDocument"]["Statement"]:
+                yield logical_id, statement
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def names_a_specific_resource(resource: Any) -> bool:
+    if isinstance(resource, str):
+        return resource != "*" and not resource.endswith(":*")
+    if not isinstance(resource, dict):
+        return False
+    ((fn, arg),) = resource.items()
+    if fn in ("Ref", "Fn::GetAtt"):
+        return True  # a resource of this stack
+    if fn == "Fn::Sub" and isinstance(arg, str):
+        return bool(STACK_SCOPED.search(arg))
+    return False
+
+
+def test_there_are_inline_statements_to_check(translated: dict[str, Any]) -> None:
+    found = list(statements(translated))
+
+    assert len(found) >= 15
+    functions = ("Frontend", "Batcher", "Feedback", "Admin", "ModelUpdater")
+    assert {owner for owner, _ in found} == {f"{f}FunctionRole" for f in functions}
+
+
+def test_every_statement_names_specific_resources_or_has_a_reason(translated: dict[str, Any]) -> None:
+    unexplained = []
+    for owner, statement in statements(translated):
+        assert statement["Effect"] == "Allow", (owner, statement)
+        assert "NotResource" not in statement and "NotAction" not in statement, (owner, statement)
+        assert not any(a == "*" or a.endswith(":*") for a in as_list(statement["Action"])), (owner, statement)
+        specific = all(names_a_specific_resource(r) for r in as_list(statement["Resource"]))
+        if not specific and (owner, statement.get("Sid", "")) not in WILDCARD_STATEMENT_REASONS:
+            unexplained.append((owner, statement.get("Sid"), statement["Resource"]))
+
+    assert unexplained == []
+
+
+def test_wildcard_detection_catches_broad_resources() -> None:
+    assert not names_a_specific_resource("*")
+    assert not names_a_specific_resource({"Fn::Sub": "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:*"})
+    assert names_a_specific_resource({"Fn::GetAtt": ["FeedbackQueue", "Arn"]})
+    assert names_a_specific_resource(
+        {"Fn::Sub": "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}-model-*"}
+    )
+    assert names_a_specific_resource({"Fn::Sub": "${ModelBucket.Arn}/claims/*"})
+
+
+def test_managed_policies_are_the_listed_ones(translated: dict[str, Any]) -> None:
+    for name, role in roles(translated).items():
+        arns = role["Properties"].get("ManagedPolicyArns", [])
+        attached = {arn.split(":policy/", 1)[1] for arn in arns}
+        assert attached <= set(MANAGED_POLICY_REASONS), (name, attached - set(MANAGED_POLICY_REASONS))
+        assert ("service-role/AWSLambdaVPCAccessExecutionRole" in attached) == (name in VPC_ROLES), name
+    assert all(len(reason) > 40 for reason in MANAGED_POLICY_REASONS.values())
+
+
+def test_no_role_gets_the_sqs_policy_for_every_queue(translated: dict[str, Any]) -> None:
+    # SAM's SQS event attaches AWSLambdaSQSQueueExecutionRole (all queues); the feedback mapping is declared
+    # directly and its statement names the feedback queue.
+    by_sid = {s.get("Sid"): s for owner, s in statements(translated) if owner == "FeedbackFunctionRole"}
+    feedback = by_sid["ConsumeFeedbackQueue"]
+
+    assert feedback["Resource"] == {"Fn::GetAtt": ["FeedbackQueue", "Arn"]}
+    assert set(feedback["Action"]) == {
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:GetQueueAttributes",
+    }
+
+
+def test_roles_trust_only_lambda(translated: dict[str, Any]) -> None:
+    for name, role in roles(translated).items():
+        (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        assert trust["Principal"] == {"Service": ["lambda.amazonaws.com"]}, name
+        assert trust["Action"] == ["sts:AssumeRole"], name
+
+
+def test_every_invoke_permission_names_its_source(translated: dict[str, Any]) -> None:
+    permissions = {
+        k: v["Properties"] for k, v in translated["Resources"].items() if v["Type"] == "AWS::Lambda::Permission"
+    }
+
+    assert permissions
+    for name, permission in permissions.items():
+        assert permission["Action"] == "lambda:InvokeFunction", name
+        assert "SourceArn" in permission, name
+
+
+def test_the_bucket_policy_only_denies(translated: dict[str, Any]) -> None:
+    policy = translated["Resources"]["ModelBucketPolicy"]["Properties"]["PolicyDocument"]
+
+    (statement,) = policy["Statement"]
+    assert statement["Effect"] == "Deny"
+    assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+def test_admin_routes_need_iam_whatever_the_query_auth(translated: dict[str, Any]) -> None:
+    for params in ({}, {"QueryJwtIssuer": "https://issuer.example", "QueryJwtAudience": "a"}):
+        paths = resolve(translated, **params)["Resources"]["HttpApi"]["Properties"]["Body"]["paths"]
+        admin = [spec for path, methods in paths.items() if path.startswith("/admin/") for spec in methods.values()]
+        assert len(admin) == 2
+        assert all(spec["security"] == [{"AWS_IAM": []}] for spec in admin)
+
+
+def test_model_stack_declares_no_iam() -> None:
+    model = cfn.load_template(MODEL_TEMPLATE)
+
+    assert not [r for r in model["Resources"].values() if r["Type"].startswith("AWS::IAM::")]
