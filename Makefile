@@ -7,7 +7,7 @@ PORT ?= 8080
 MODELS := build/models
 
 .PHONY: help venv models run test test-unit test-integration test-iac test-e2e lint redis clean \
-	bench-batching bench-cache bench-selection bench-coldstart bench-latency
+	bench-batching bench-cache bench-selection bench-coldstart bench-latency sam-venv sam-build
 
 help:
 	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT))"
@@ -73,6 +73,23 @@ bench-coldstart: venv models
 
 bench-latency: venv models redis
 	$(PY) bench/latency.py $(BENCH_ARGS)
+
+# aws-sam-cli in its own venv: it pins boto3 and click below what moto and the dev tools use.
+SAM_VENV ?= .venv-sam
+SAM_CLI ?= aws-sam-cli>=1.120,<2
+
+$(SAM_VENV)/.installed:
+	@echo ">> creating $(SAM_VENV) with $(SAM_CLI)"
+	$(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SAM_VENV)/bin/python -m pip install -q '$(SAM_CLI)'
+	@touch $@
+
+sam-venv: $(SAM_VENV)/.installed
+
+# sam build (no container) into build/sam, then each package's size against Lambda's limits -> build/sam-sizes.json
+sam-build: venv sam-venv
+	$(PY) -m infra.sam_package_sizes --sam $(SAM_VENV)/bin/sam --build-dir build/sam --out build/sam-sizes.json
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache .local-stack

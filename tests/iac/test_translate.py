@@ -106,12 +106,14 @@ def requirement_names(lines: list[str]) -> dict[str, str]:
     return found
 
 
-def test_layer_requirements_are_the_runtime_dependencies_less_boto3() -> None:
+def test_layer_requirements_are_the_runtime_dependencies() -> None:
+    # boto3 included: the tracer's aws-xray-sdk brings botocore into the layer anyway, where it would shadow the
+    # runtime's; shipping boto3 beside it keeps the SDK one consistent set (see shared/requirements.txt).
     layer = requirement_names((REPO_ROOT / "shared" / "requirements.txt").read_text().splitlines())
     project = requirement_names(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
 
-    assert "boto3" not in layer and "botocore" not in layer
-    assert set(layer) == set(project) - {"boto3"}
+    assert "boto3" in layer and "botocore" not in layer  # pip picks the botocore that boto3 pins
+    assert set(layer) == set(project)
     assert all(spec.startswith(">=") for spec in layer.values())
 
 
