@@ -7,18 +7,51 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.logging import correlation_paths
 from mangum import Mangum
+from pydantic import Field
 
+from clipper.adapters.cloudformation_stacks import build_model_stacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.adapters.s3_uploads import S3ModelUploads
 from clipper.adapters.serving_probe import AwsServingProbe
 from clipper.admin.api import create_admin_app
 from clipper.admin.service import AdminService
 from clipper.settings import AdminSettings
 from clipper.wiring import aws_client
 
+
+class AdminFunctionSettings(AdminSettings):
+    # The per-version model stacks (infra/model-stack.yaml) set_num_replicas scales and version deletion
+    # removes; no service stack named: versions are not managed as stacks.
+    service_stack_name: str = ""
+    model_stack_template: str = Field("", description="https URL of infra/model-stack.yaml, or its path")
+    model_stack_parameters: str = Field("", description="JSON object of the parameters every version shares")
+    model_endpoint: str = Field("", description="address of a version without SageMaker ({model}, {version})")
+
+
+def build(config: AdminFunctionSettings, dynamodb: Any, s3: Any, sqs: Any, sagemaker: Any, cfn: Any) -> AdminService:
+    """The service over these clients (the handler's graph; tests pass moto's)."""
+    uploads = S3ModelUploads(s3, config.model_bucket) if config.model_bucket else None
+    stacks = build_model_stacks(
+        cfn,
+        config.service_stack_name,
+        config.model_stack_template,
+        config.model_stack_parameters,
+        config.model_endpoint,
+    )
+    registry = DynamoDBRegistry(dynamodb, config.registry_table)
+    return AdminService(registry, AwsServingProbe(sqs, sagemaker), uploads, stacks)
+
+
 logger = Logger(service="clipper-admin")
-settings = AdminSettings()  # type: ignore[call-arg]
-probe = AwsServingProbe(aws_client("sqs"), aws_client("sagemaker"))
-service = AdminService(DynamoDBRegistry(aws_client("dynamodb"), settings.registry_table), probe)
+settings = AdminFunctionSettings()  # type: ignore[call-arg]
+service = build(
+    settings,
+    aws_client("dynamodb"),
+    aws_client("s3"),
+    aws_client("sqs"),
+    aws_client("sagemaker"),
+    aws_client("cloudformation"),
+)
 app = create_admin_app(service, settings.admin_auth, settings.admin_token)
 _asgi_handler = Mangum(app, lifespan="off", api_gateway_base_path=settings.api_base_path)
 

@@ -19,7 +19,9 @@ from aws_lambda_powertools import Logger
 from pydantic import Field
 
 from clipper.adapters.clock import SystemClock
+from clipper.adapters.cloudformation_stacks import build_model_stacks
 from clipper.errors import ClipperError, Conflict, Unavailable
+from clipper.models.serving import ServingStacks
 from clipper.models.updater import ModelUpdater, ServingDefaults, build_model_updater
 from clipper.settings import CommonSettings
 from clipper.wiring import aws_client
@@ -34,19 +36,38 @@ class ModelUpdaterSettings(CommonSettings):
     default_endpoint: str = Field("", description="e.g. sagemaker:<stack>-{model}")
     # Larger files are rejected unread; the function's memory must hold the file and its ORT session.
     max_model_bytes: int = Field(512 * 1024**2, ge=1)
+    # With a service stack named, each version gets its own serving stack (infra/model-stack.yaml) before it
+    # is registered, instead of the defaults above or the active version's resources.
+    service_stack_name: str = ""
+    model_stack_template: str = Field("", description="https URL of infra/model-stack.yaml, or its path")
+    model_stack_parameters: str = Field("", description="JSON object of the parameters every version shares")
+    model_endpoint: str = Field("", description="address of a version without SageMaker ({model}, {version})")
 
 
 logger = Logger(service="clipper-model-updater")
 settings = ModelUpdaterSettings()  # type: ignore[call-arg]
 
 
-def build(config: ModelUpdaterSettings, dynamodb: Any, s3: Any) -> ModelUpdater:
-    """The updater over these clients (the handler's graph; tests pass moto's)."""
+def build(
+    config: ModelUpdaterSettings, dynamodb: Any, s3: Any, cfn: Any = None, stacks: ServingStacks | None = None
+) -> ModelUpdater:
+    """The updater over these clients (the handler's graph; tests pass moto's). ``stacks`` replaces the
+    CloudFormation stacks the settings name (the local stack passes its process-starting one)."""
     defaults = ServingDefaults(config.default_queue_url, config.default_endpoint)
-    return build_model_updater(dynamodb, s3, config.registry_table, SystemClock(), defaults, config.max_model_bytes)
+    if stacks is None and cfn is not None:
+        stacks = build_model_stacks(
+            cfn,
+            config.service_stack_name,
+            config.model_stack_template,
+            config.model_stack_parameters,
+            config.model_endpoint,
+        )
+    return build_model_updater(
+        dynamodb, s3, config.registry_table, SystemClock(), defaults, config.max_model_bytes, stacks
+    )
 
 
-updater = build(settings, aws_client("dynamodb"), aws_client("s3", read_timeout=60))
+updater = build(settings, aws_client("dynamodb"), aws_client("s3", read_timeout=60), aws_client("cloudformation"))
 
 
 def uploads(event: dict[str, Any]) -> list[dict[str, Any]]:
@@ -59,7 +80,7 @@ def uploads(event: dict[str, Any]) -> list[dict[str, Any]]:
                 "bucket": detail.get("bucket", {}).get("name", ""),
                 "key": unquote_plus(obj.get("key", "")),
                 "size": int(obj.get("size", 0)),
-                "etag": obj.get("etag", ""),
+                "etag": obj.get("etag") or obj.get("eTag", ""),  # moto's EventBridge events spell it eTag
                 "version_id": obj.get("version-id"),
             }
         ]
@@ -83,12 +104,17 @@ def uploads(event: dict[str, Any]) -> list[dict[str, Any]]:
 
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return handle_event(updater, event, settings.model_bucket)
+
+
+def handle_event(updater: ModelUpdater, event: dict[str, Any], bucket: str) -> dict[str, Any]:
+    """The handler's work with a given updater (the local stack's dispatcher calls it with its own)."""
     outcomes: list[dict[str, Any]] = []
     retry: list[ClipperError] = []
     for obj in uploads(event):
-        if settings.model_bucket and obj["bucket"] != settings.model_bucket:
+        if bucket and obj["bucket"] != bucket:
             logger.warning("object outside the model bucket ignored", bucket=obj["bucket"], key=obj["key"])
-            outcomes.append({"status": "ignored", "key": obj["key"], "reasons": [f"not in {settings.model_bucket}"]})
+            outcomes.append({"status": "ignored", "key": obj["key"], "reasons": [f"not in {bucket}"]})
             continue
         try:
             outcome = updater.handle_object(**obj)

@@ -3,7 +3,9 @@
 export CLIPPER_URL=http://127.0.0.1:8080 CLIPPER_ADMIN_TOKEN=...    # make run prints both
 clipper apps
 clipper register-app sentiment strings "neutral" 100000
+clipper deploy mlp 2 build/models/mlp.onnx          # check, upload, wait for the updater, make it active
 clipper set-version mlp 2 && clipper rollback mlp
+clipper replicas mlp 2
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from typing import Any
 
 from clipper.client import AdminError, ClipperConnection
+from clipper.errors import ClipperError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +52,23 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--queue-url")
     d.add_argument("--endpoint")
     d.add_argument("--no-activate", action="store_true", help="deploy without making it current")
+    dp = sub.add_parser("deploy", help="check, upload and register a model (.onnx, or a scikit-learn pickle)")
+    dp.add_argument("name")
+    dp.add_argument("version")
+    dp.add_argument("file", help="model.onnx, or .pkl / .joblib of a fitted scikit-learn model")
+    dp.add_argument("--input-type", default="floats", choices=["integers", "floats", "doubles"])
+    dp.add_argument("--sample-npy", help=".npy of sample input rows (required for a scikit-learn model)")
+    dp.add_argument("--no-promote", action="store_true", help="register without making it the active version")
+    dp.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the registration")
+    rp = sub.add_parser("replicas", help="a model's number of replicas (set it with a second argument)")
+    rp.add_argument("name")
+    rp.add_argument("num_replicas", nargs="?", type=int)
+    ap = sub.add_parser("auto-promote", help="whether uploaded versions become active at once")
+    ap.add_argument("name")
+    ap.add_argument("state", choices=["on", "off"])
+    up = sub.add_parser("upload-url", help="a presigned URL to PUT models/<name>/<version>/model.onnx")
+    up.add_argument("name")
+    up.add_argument("version")
     sv = sub.add_parser("set-version", help="make a version active")
     sv.add_argument("name")
     sv.add_argument("version")
@@ -96,6 +116,16 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
             args.endpoint,
             activate=not args.no_activate,
         )
+    if c == "deploy":
+        return deploy(args, conn)
+    if c == "replicas":
+        if args.num_replicas is None:
+            return conn.get_num_replicas(args.name)
+        return conn.set_num_replicas(args.name, args.num_replicas)
+    if c == "auto-promote":
+        return conn.set_auto_promote(args.name, args.state == "on")
+    if c == "upload-url":
+        return conn.get_upload_url(args.name, args.version)
     if c == "set-version":
         return conn.set_model_version(args.name, args.version)
     if c == "rollback":
@@ -111,6 +141,27 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
     if c == "metrics":
         return conn.get_metrics()
     return conn.inspect_instance()
+
+
+def deploy(args: argparse.Namespace, conn: ClipperConnection) -> Any:
+    def progress(message: str) -> None:
+        print(f"clipper: {message}", file=sys.stderr, flush=True)
+
+    sample = None
+    if args.sample_npy:
+        import numpy as np
+
+        sample = np.load(args.sample_npy)
+    options = {"promote": not args.no_promote, "timeout_s": args.timeout, "progress": progress}
+    if args.file.endswith((".pkl", ".pickle", ".joblib")):
+        if sample is None:
+            raise SystemExit("clipper: a scikit-learn model needs --sample-npy (rows of its input)")
+        import pickle
+
+        with open(args.file, "rb") as f:
+            model = pickle.load(f)
+        return conn.deploy_sklearn_model(args.name, args.version, model, args.input_type, sample, **options)
+    return conn.deploy_onnx_model(args.name, args.version, args.file, sample, args.input_type, **options)
 
 
 def metrics_table(report: dict[str, Any]) -> str:
@@ -137,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     except AdminError as e:
         print(f"clipper: {e}", file=sys.stderr)
         return 2 if e.status >= 400 else 1
+    except ClipperError as e:  # a deployment that failed its check or was rejected
+        print(f"clipper: {e}", file=sys.stderr)
+        return 3
     print(metrics_table(result) if args.command == "metrics" else json.dumps(result, indent=2))
     return 0
 

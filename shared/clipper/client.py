@@ -9,18 +9,28 @@ Clipper user feels at home::
 
 It speaks plain HTTP (standard library only); on AWS, where the admin routes are IAM-authorised, give it a
 ``sign`` callable that adds SigV4 headers (botocore's ``SigV4Auth``).
+
+The deployers (``deploy_sklearn_model``, ``deploy_onnx_model``, ``deploy_pytorch_model``) convert a model to
+ONNX, check it on a sample input, PUT it to the presigned URL ``get_upload_url`` gives (the model bucket's
+``models/<name>/<version>/model.onnx``) and wait until the model updater registered it, or raise
+``DeployError`` with the reasons it recorded. They import numpy, onnxruntime (and skl2onnx or torch) when called.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from clipper.errors import ClipperError
+
+Progress = Callable[[str], None]
 
 
 class AdminError(ClipperError):
@@ -187,3 +197,147 @@ class ClipperConnection:
 
     def inspect_instance(self) -> Any:
         return self._call("get_state", {})
+
+    # -- model settings --------------------------------------------------------------------------------
+    def set_num_replicas(self, name: str, num_replicas: int) -> Any:
+        """Serving instances of each version of the model (SageMaker instances, Lambda batcher concurrency,
+        locally model-server + batcher process pairs)."""
+        return self._call("set_num_replicas", {"model_name": name, "num_replicas": num_replicas})
+
+    def get_num_replicas(self, name: str) -> int:
+        return int(self._call("get_num_replicas", {"model_name": name})["num_replicas"])
+
+    def set_auto_promote(self, name: str, auto_promote: bool = True) -> Any:
+        """Whether a version registered from an upload becomes the active version at once."""
+        return self._call("set_auto_promote", {"model_name": name, "auto_promote": auto_promote})
+
+    def get_upload_url(self, name: str, version: str) -> Any:
+        return self._call("get_upload_url", {"model_name": name, "model_version": version})
+
+    # -- deployers -------------------------------------------------------------------------------------
+    def deploy_sklearn_model(
+        self,
+        name: str,
+        version: str,
+        model: Any,
+        input_type: str,
+        sample_input: Any,
+        promote: bool = True,
+        timeout_s: float = 120.0,
+        progress: Progress | None = None,
+    ) -> Any:
+        """Convert a fitted scikit-learn model with skl2onnx (input rows shaped like ``sample_input``'s) and
+        deploy it as :meth:`deploy_onnx_model` does."""
+        from clipper.models.convert import as_sample, sklearn_to_onnx
+
+        sample = as_sample(sample_input, input_type)
+        _say(progress, f"converting {type(model).__name__} to ONNX")
+        data = sklearn_to_onnx(model, sample, name)
+        return self._deploy(name, version, data, sample, promote, timeout_s, progress)
+
+    def deploy_pytorch_model(
+        self,
+        name: str,
+        version: str,
+        model: Any,
+        input_type: str,
+        sample_input: Any,
+        promote: bool = True,
+        timeout_s: float = 120.0,
+        progress: Progress | None = None,
+    ) -> Any:
+        """Export a ``torch.nn.Module`` with ``torch.onnx.export`` (batch dimension free) and deploy it; needs
+        torch installed (``DeployError`` says so otherwise)."""
+        from clipper.models.convert import as_sample, pytorch_to_onnx
+
+        sample = as_sample(sample_input, input_type)
+        _say(progress, f"exporting {type(model).__name__} to ONNX")
+        data = pytorch_to_onnx(model, sample)
+        return self._deploy(name, version, data, sample, promote, timeout_s, progress)
+
+    def deploy_onnx_model(
+        self,
+        name: str,
+        version: str,
+        model: str | os.PathLike[str] | bytes,
+        sample_input: Any = None,
+        input_type: str = "floats",
+        promote: bool = True,
+        timeout_s: float = 120.0,
+        progress: Progress | None = None,
+    ) -> Any:
+        """Deploy an ONNX file (a path, or its bytes): check it on ``sample_input`` (default: two rows of zeros
+        when its rows have a fixed shape), upload it, wait for its registration and, with ``promote``, make it
+        the active version. Returns the version's ``get_model_info``."""
+        from clipper.models.convert import as_sample
+
+        data = model if isinstance(model, bytes) else Path(model).read_bytes()
+        sample = None if sample_input is None else as_sample(sample_input, input_type)
+        return self._deploy(name, version, data, sample, promote, timeout_s, progress)
+
+    def _deploy(
+        self,
+        name: str,
+        version: str,
+        data: bytes,
+        sample: Any,
+        promote: bool,
+        timeout_s: float,
+        progress: Progress | None,
+    ) -> Any:
+        from clipper.models.convert import DeployError, check_on_sample
+
+        checked = check_on_sample(data, sample)
+        _say(progress, f"checked on {checked.rows} sample rows: {checked.outputs[:5]}")
+        target = self.get_upload_url(name, version)
+        _say(progress, f"uploading {len(data)} bytes to s3://{target['bucket']}/{target['key']}")
+        req = urllib.request.Request(target["url"], data=data, method="PUT")
+        req.add_header("Content-Type", "application/octet-stream")
+        try:
+            with urllib.request.urlopen(req, timeout=max(self._timeout, 120)) as resp:
+                etag = resp.headers.get("ETag", "").strip('"')
+        except urllib.error.HTTPError as e:
+            raise DeployError(f"the upload was refused ({e.code})", [e.read()[:300].decode(errors="replace")]) from e
+        except urllib.error.URLError as e:
+            raise DeployError(f"the model bucket is unreachable: {e.reason}") from e
+        digest = hashlib.sha256(data).hexdigest()
+        _say(progress, f"waiting for the model updater to register {name}:{version}")
+        info = self._wait_registered(name, version, digest, etag, timeout_s)
+        if promote and not info.get("is_current_version"):
+            self.set_model_version(name, version)
+            info = self.get_model_info(name, version)
+        state = "active" if info.get("is_current_version") else "registered, not active"
+        _say(progress, f"{name}:{version} {state} (queue {info.get('queue_url')}, endpoint {info.get('endpoint')})")
+        return info
+
+    def _wait_registered(self, name: str, version: str, digest: str, etag: str, timeout_s: float) -> Any:
+        from clipper.models.convert import DeployError
+
+        def ours(record: Any) -> bool:
+            return bool(record) and (record.get("sha256") == digest or (bool(etag) and record.get("etag") == etag))
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                info = self.get_model_info(name, version)
+            except AdminError as e:
+                if e.status != 404:
+                    raise
+                info = {}
+            if info.get("status") == "rejected" and ours(info):
+                raise DeployError(f"{name}:{version} was rejected", info.get("reasons", []))
+            if info.get("status") == "registered":
+                if info.get("sha256") == digest:
+                    return info
+                if ours(info.get("rejected_upload")):
+                    raise DeployError(f"{name}:{version} was rejected", info["rejected_upload"].get("reasons", []))
+            if time.monotonic() > deadline:
+                raise DeployError(
+                    f"{name}:{version} was not registered within {timeout_s:.0f} s (is the model updater running?)"
+                )
+            time.sleep(0.5)
+
+
+def _say(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress(message)

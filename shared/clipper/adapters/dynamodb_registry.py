@@ -3,8 +3,12 @@
 Items (``pk``, ``sk``):
     APP#<app>     APP            the application (input type, shape, default output, SLO, policy)
     APP#<app>     LINK#<model>   a link from the application to a model
-    MODEL#<model> MODEL          the model (its active version)
-    MODEL#<model> VERSION#<v>    a deployed version (input type, shape, queue URL, endpoint, labels)
+    MODEL#<model> APP#<app>      the same link seen from the model (written and deleted with it)
+    MODEL#<model> MODEL          the model: active_version, previous_version, auto_promote (BOOL),
+                                 replicas (N, absent: 1)
+    MODEL#<model> VERSION#<v>    a deployed version (input type, shape, queue URL, endpoint, labels; artifact
+                                 and sha256 when the model updater registered it from an upload)
+    MODEL#<model> REJECTED#<v>   the latest rejected upload of a version (``clipper.models.updater``)
     MODEL#<model> BATCHER#<v>    the batching controller's state for that version (survives cold starts)
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -34,6 +39,37 @@ def _shape_of(attr: dict[str, Any] | None) -> tuple[int, ...] | None:
     if not attr or "L" not in attr:
         return None
     return tuple(int(d["N"]) for d in attr["L"])
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """Everything the registry holds about one model, for the management API."""
+
+    head: Model
+    versions: dict[str, ModelVersion]
+    auto_promote: bool = False
+    replicas: int = 1
+    # per version: artifact, sha256, created_at... of registered versions; reasons... of rejected uploads
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rejected: dict[str, dict[str, Any]] = field(default_factory=dict)
+    linked_apps: list[str] = field(default_factory=list)
+
+
+def _plain(attr: dict[str, Any]) -> Any:
+    """A DynamoDB attribute value as plain JSON."""
+    if "S" in attr:
+        return attr["S"]
+    if "N" in attr:
+        return int(attr["N"]) if attr["N"].lstrip("-").isdigit() else float(attr["N"])
+    if "BOOL" in attr:
+        return attr["BOOL"]
+    if "L" in attr:
+        return [_plain(x) for x in attr["L"]]
+    return None
+
+
+_ARTIFACT_ATTRS = ("status", "artifact", "artifact_version_id", "sha256", "etag", "size", "created_at", "promoted_at")
+_REJECTED_ATTRS = ("status", "reasons", "rejected_at", "artifact", "artifact_version_id", "sha256", "etag", "size")
 
 
 class DynamoDBRegistry:
@@ -82,15 +118,25 @@ class DynamoDBRegistry:
         return self.app_and_links(app)[1]
 
     def model_and_versions(self, name: str) -> tuple[Model, dict[str, ModelVersion]]:
+        record = self.model_record(name)
+        return record.head, record.versions
+
+    def model_record(self, name: str) -> ModelRecord:
+        """The model, its versions, its settings and its rejected uploads, in one query."""
         items = self._query(f"MODEL#{name}")
         head = next((i for i in items if i["sk"]["S"] == "MODEL"), None)
         if head is None:
             raise NotFound("model", name)
-        versions = {}
+        versions, artifacts, rejected = {}, {}, {}
+        apps = sorted(i["sk"]["S"].removeprefix("APP#") for i in items if i["sk"]["S"].startswith("APP#"))
         for i in items:
-            if not i["sk"]["S"].startswith("VERSION#"):
+            sk = i["sk"]["S"]
+            if sk.startswith("REJECTED#"):
+                rejected[sk.removeprefix("REJECTED#")] = {a: _plain(i[a]) for a in _REJECTED_ATTRS if a in i}
                 continue
-            v = i["sk"]["S"][len("VERSION#") :]
+            if not sk.startswith("VERSION#"):
+                continue
+            v = sk[len("VERSION#") :]
             versions[v] = ModelVersion(
                 name=name,
                 version=v,
@@ -100,7 +146,32 @@ class DynamoDBRegistry:
                 input_shape=_shape_of(i.get("input_shape")),
                 labels=tuple(x["S"] for x in i.get("labels", {}).get("L", [])),
             )
-        return Model(name, head["active_version"]["S"]), versions
+            artifacts[v] = {a: _plain(i[a]) for a in _ARTIFACT_ATTRS if a in i}
+        return ModelRecord(
+            Model(name, head["active_version"]["S"]),
+            versions,
+            auto_promote=bool(head.get("auto_promote", {}).get("BOOL", False)),
+            replicas=int(head.get("replicas", {}).get("N", "1")),
+            artifacts=artifacts,
+            rejected=rejected,
+            linked_apps=apps,
+        )
+
+    def apps_linked_to(self, model: str) -> list[str]:
+        """The applications a model is linked to (its reverse link items; no scan)."""
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :app)",
+            "ExpressionAttributeValues": {":pk": {"S": f"MODEL#{model}"}, ":app": {"S": "APP#"}},
+        }
+        while True:
+            with aws_call("dynamodb.Query(registry)"):
+                resp = self._client.query(**kwargs)
+            items.extend(resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:
+                return sorted(i["sk"]["S"].removeprefix("APP#") for i in items)
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
     def active_version(self, model: str) -> ModelVersion:
         head, versions = self.model_and_versions(model)
@@ -145,8 +216,17 @@ class DynamoDBRegistry:
             None if overwrite else "attribute_not_exists(pk)",
         )
 
+    def _link_items(self, app: str, model: str) -> list[dict[str, Any]]:
+        return [
+            {"pk": {"S": f"APP#{app}"}, "sk": {"S": f"LINK#{model}"}},
+            {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": f"APP#{app}"}},
+        ]
+
     def link(self, app: str, model: str) -> None:
-        self._put({"pk": {"S": f"APP#{app}"}, "sk": {"S": f"LINK#{model}"}})
+        """The link and its reverse item, in one transaction."""
+        actions: list[Any] = [{"Put": {"TableName": self._table, "Item": i}} for i in self._link_items(app, model)]
+        with aws_call("dynamodb.TransactWriteItems(registry)"):
+            self._client.transact_write_items(TransactItems=actions)
 
     def put_version(self, mv: ModelVersion, activate: bool = False) -> None:
         self._put(
@@ -174,6 +254,33 @@ class DynamoDBRegistry:
                 UpdateExpression="SET previous_version = if_not_exists(active_version, :v), active_version = :v",
                 ExpressionAttributeValues={":v": {"S": version}},
             )
+
+    def set_model_settings(self, model: str, auto_promote: bool | None = None, replicas: int | None = None) -> None:
+        """Change a model's settings; ``NotFound`` when the model does not exist."""
+        sets: list[str] = []
+        values: dict[str, Any] = {}
+        if auto_promote is not None:
+            sets.append("auto_promote = :a")
+            values[":a"] = {"BOOL": auto_promote}
+        if replicas is not None:
+            sets.append("replicas = :r")
+            values[":r"] = {"N": str(replicas)}
+        if not sets:
+            return
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key={"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}},
+                UpdateExpression="SET " + ", ".join(sets),
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                raise NotFound("model", model) from e
+            raise translate(e, "dynamodb.UpdateItem(registry)") from e
+        except BotoCoreError as e:
+            raise translate(e, "dynamodb.UpdateItem(registry)") from e
 
     def previous_version(self, model: str) -> str | None:
         with aws_call("dynamodb.GetItem(registry)"):
@@ -209,12 +316,19 @@ class DynamoDBRegistry:
             self._client.delete_item(TableName=self._table, Key={"pk": {"S": pk}, "sk": {"S": sk}})
 
     def unlink(self, app: str, model: str) -> None:
-        self._delete(f"APP#{app}", f"LINK#{model}")
+        keys = self._link_items(app, model)
+        actions: list[Any] = [{"Delete": {"TableName": self._table, "Key": k}} for k in keys]
+        with aws_call("dynamodb.TransactWriteItems(registry)"):
+            self._client.transact_write_items(TransactItems=actions)
 
     def delete_app(self, name: str) -> None:
         """The application and its links (models stay)."""
         for item in self._query(f"APP#{name}"):
-            self._delete(item["pk"]["S"], item["sk"]["S"])
+            sk = item["sk"]["S"]
+            if sk.startswith("LINK#"):
+                self.unlink(name, sk.removeprefix("LINK#"))
+            else:
+                self._delete(item["pk"]["S"], sk)
 
     def delete_version(self, model: str, version: str) -> None:
         self._delete(f"MODEL#{model}", f"VERSION#{version}")

@@ -99,7 +99,7 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
     def add_model(body: schemas.AddModel) -> dict[str, Any]:
         return service.add_model(body)
 
-    @op("get_model", "One model version")
+    @op("get_model", "One model version, with its artifact and any rejected upload of it")
     def get_model(body: schemas.ModelRef) -> dict[str, Any]:
         return service.get_model(body.model_name, body.model_version)
 
@@ -122,6 +122,22 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
     @op("stop_inactive_model_versions", "Delete every inactive version of a model")
     def stop_inactive_model_versions(body: schemas.ModelName) -> dict[str, Any]:
         return service.stop_inactive_model_versions(body.model_name)
+
+    @op("set_auto_promote", "Whether versions registered from uploads become active at once")
+    def set_auto_promote(body: schemas.AutoPromote) -> dict[str, Any]:
+        return service.set_auto_promote(body.model_name, body.auto_promote)
+
+    @op("set_num_replicas", "Serving instances of each of a model's versions (applied to their stacks)")
+    def set_num_replicas(body: schemas.Replicas) -> dict[str, Any]:
+        return service.set_num_replicas(body.model_name, body.num_replicas)
+
+    @op("get_num_replicas", "A model's replica count")
+    def get_num_replicas(body: schemas.ModelName) -> dict[str, Any]:
+        return service.get_num_replicas(body.model_name)
+
+    @op("get_upload_url", "A presigned URL to PUT models/<name>/<version>/model.onnx (the deployers' upload)")
+    def get_upload_url(body: schemas.UploadTarget) -> dict[str, Any]:
+        return service.get_upload_url(body.model_name, body.model_version)
 
     @op("add_model_links", "Link models to an application")
     def add_model_links(body: schemas.Links) -> dict[str, Any]:

@@ -63,6 +63,24 @@ class AddModel(Body):
     endpoint: str | None = Field(None, description="URL or sagemaker:<name>; default: the active version's")
     labels: list[str] = Field(default_factory=list)
     activate: bool = Field(True, description="make this the active version (Clipper's behaviour)")
+    auto_promote: bool | None = Field(
+        None, description="make each version registered from an upload active (unset: leave the setting as is)"
+    )
+
+
+class AutoPromote(Body):
+    model_name: str
+    auto_promote: bool
+
+
+class Replicas(Body):
+    model_name: str
+    num_replicas: int = Field(ge=1, le=100, description="serving instances of each of the model's versions")
+
+
+class UploadTarget(Body):
+    model_name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    model_version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class Verbose(Body):

@@ -4,17 +4,22 @@ anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
+from clipper.adapters.dynamodb_registry import ModelRecord
 from clipper.admin import schemas
 from clipper.core.domain import Application, InputType, Model, ModelVersion
 from clipper.errors import ClipperError, InvalidInput, NotFound
+from clipper.models.serving import ServingStacks
 
 
 class AdminRegistry(Protocol):
     def app_and_links(self, name: str) -> tuple[Application, list[str]]: ...
     def model_and_versions(self, name: str) -> tuple[Model, dict[str, ModelVersion]]: ...
+    def model_record(self, name: str) -> ModelRecord: ...
+    def set_model_settings(self, model: str, auto_promote: bool | None = None, replicas: int | None = None) -> None: ...
     def put_app(self, app: Application, overwrite: bool = False) -> None: ...
     def link(self, app: str, model: str) -> None: ...
     def unlink(self, app: str, model: str) -> None: ...
@@ -52,10 +57,26 @@ class ServingProbe(Protocol):
     def endpoint_health(self, endpoint: str) -> str: ...
 
 
+class ModelUploads(Protocol):
+    """Where a deployer uploads a model file: a URL it can PUT the bytes to, without other credentials."""
+
+    bucket: str
+
+    def upload_url(self, key: str, expires_s: int) -> str: ...
+
+
 class AdminService:
-    def __init__(self, registry: AdminRegistry, probe: ServingProbe | None = None) -> None:
+    def __init__(
+        self,
+        registry: AdminRegistry,
+        probe: ServingProbe | None = None,
+        uploads: ModelUploads | None = None,
+        stacks: ServingStacks | None = None,
+    ) -> None:
         self._registry = registry
         self._probe = probe
+        self._uploads = uploads
+        self._stacks = stacks
 
     # -- applications ----------------------------------------------------------------------------------
     def add_app(self, req: schemas.AddApp) -> dict[str, Any]:
@@ -125,13 +146,68 @@ class AdminService:
         for app in self._apps_linked_to(req.model_name):
             self._check_compatible(app, mv, "input_type")
         self._registry.put_version(mv, activate=req.activate or head is None)
+        if req.auto_promote is not None:
+            self._registry.set_model_settings(req.model_name, auto_promote=req.auto_promote)
         return version_info(mv, mv.version if (req.activate or head is None) else head.active_version)
 
     def get_model(self, model: str, version: str) -> dict[str, Any]:
-        head, versions = self._registry.model_and_versions(model)
-        if version not in versions:
+        """A registered version (with its artifact, and the rejection of a later upload of it, if any); a
+        version that was only ever rejected answers ``status: rejected`` with the reasons."""
+        try:
+            record = self._registry.model_record(model)
+        except NotFound:
+            record = None
+        rejected = record.rejected.get(version) if record else None
+        if record is None or version not in record.versions:
+            if rejected is not None:
+                return {"model_name": model, "model_version": version, "status": "rejected", **_rejection(rejected)}
             raise NotFound("model version", f"{model}:{version}")
-        return version_info(versions[version], head.active_version)
+        info = version_info(record.versions[version], record.head.active_version)
+        info |= {"status": "registered", **record.artifacts.get(version, {})}
+        if rejected is not None:
+            info["rejected_upload"] = _rejection(rejected)
+        return info
+
+    def set_auto_promote(self, model: str, on: bool) -> dict[str, Any]:
+        self._registry.set_model_settings(model, auto_promote=on)  # NotFound
+        return {"model_name": model, "auto_promote": on}
+
+    def set_num_replicas(self, model: str, replicas: int) -> dict[str, Any]:
+        """Record the model's replica count and apply it to each version that has its own serving stack."""
+        record = self._registry.model_record(model)  # NotFound
+        self._registry.set_model_settings(model, replicas=replicas)
+        scaled, unmanaged = [], []
+        for version in record.versions:
+            if self._stacks is None:
+                unmanaged.append(version)
+                continue
+            try:
+                self._stacks.scale(model, version, replicas)
+                scaled.append(version)
+            except NotFound:  # added with add_model and explicit resources: not ours to scale
+                unmanaged.append(version)
+        return {
+            "model_name": model,
+            "num_replicas": replicas,
+            "scaled_versions": scaled,
+            "unmanaged_versions": unmanaged,
+        }
+
+    def get_num_replicas(self, model: str) -> dict[str, Any]:
+        return {"model_name": model, "num_replicas": self._registry.model_record(model).replicas}
+
+    def _retire(self, model: str, version: str) -> None:
+        """Delete a deleted version's serving stack, when it has one (its queue, endpoint and instances)."""
+        if self._stacks is not None:
+            with contextlib.suppress(NotFound):
+                self._stacks.delete(model, version)
+
+    def get_upload_url(self, model: str, version: str, expires_s: int = 900) -> dict[str, Any]:
+        if self._uploads is None:
+            raise InvalidInput("model_name", "a deployment with a model bucket (CLIPPER_MODEL_BUCKET is not set)")
+        key = f"models/{model}/{version}/model.onnx"
+        url = self._uploads.upload_url(key, expires_s)
+        return {"url": url, "method": "PUT", "bucket": self._uploads.bucket, "key": key, "expires_s": expires_s}
 
     def get_all_models(self, verbose: bool = False) -> list[Any]:
         out: list[Any] = []
@@ -165,6 +241,7 @@ class AdminService:
         if version == head.active_version:
             raise InvalidInput("model_version", "an inactive version (set another version active first)", version)
         self._registry.delete_version(model, version)
+        self._retire(model, version)
         return {"deleted": f"{model}:{version}"}
 
     def stop_inactive_model_versions(self, model: str) -> dict[str, Any]:
@@ -172,6 +249,7 @@ class AdminService:
         gone = [v for v in versions if v != head.active_version]
         for v in gone:
             self._registry.delete_version(model, v)
+            self._retire(model, v)
         return {"deleted": [f"{model}:{v}" for v in gone]}
 
     # -- links -----------------------------------------------------------------------------------------
@@ -203,12 +281,19 @@ class AdminService:
         models = {}
         for name in self._registry.model_names():
             try:
-                head, versions = self._registry.model_and_versions(name)
+                record = self._registry.model_record(name)
             except ClipperError:
                 continue
+            head, versions = record.head, record.versions
             models[name] = {
                 "active_version": head.active_version,
-                "versions": {v: version_info(mv, head.active_version) for v, mv in versions.items()},
+                "auto_promote": record.auto_promote,
+                "num_replicas": record.replicas,
+                "linked_apps": record.linked_apps,
+                "versions": {
+                    v: version_info(mv, head.active_version) | record.artifacts.get(v, {}) for v, mv in versions.items()
+                },
+                "rejected": {v: _rejection(r) for v, r in record.rejected.items()},
             }
             active = versions.get(head.active_version)
             if self._probe is not None and active is not None:
@@ -225,11 +310,16 @@ class AdminService:
             return f"unknown ({e})"
 
     def _apps_linked_to(self, model: str) -> list[Application]:
+        try:
+            names = self._registry.model_record(model).linked_apps
+        except NotFound:
+            return []
         out = []
-        for name in self._registry.app_names():
-            app, links = self._registry.app_and_links(name)
-            if model in links:
-                out.append(app)
+        for name in names:
+            try:
+                out.append(self._registry.app_and_links(name)[0])
+            except NotFound:
+                continue
         return out
 
     @staticmethod
@@ -246,3 +336,7 @@ class AdminService:
                 f"a model of input shape {list(app.input_shape)} like application {app.name}",
                 f"{mv.name}:{mv.version} has {list(mv.input_shape)}",
             )
+
+
+def _rejection(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: item[k] for k in ("reasons", "rejected_at", "artifact", "sha256", "etag") if k in item}

@@ -9,9 +9,11 @@ registered as a new version or recorded as rejected. A rejected file is never se
   registered with the same bytes (sha256). Nothing is written: a redelivered event changes nothing.
 - ``rejected``: the file fails validation, or the version exists with other bytes (versions are immutable),
   or the model has no serving resources to give it. Recorded on ``REJECTED#<v>``; nothing is registered.
-- ``registered``: ``VERSION#<v>`` is written, with the active version's queue URL, endpoint and labels
-  (same serving resources, new artifact). A model's first version takes ``ServingDefaults`` (settings;
-  ``{model}`` in them is the model's name) and becomes active, as with ``add_model``. When the model item
+- ``registered``: ``VERSION#<v>`` is written. With ``ServingStacks`` (``clipper.models.serving``), the version
+  gets its own queue and endpoint, created (with the model's ``replicas``) before it is registered. Without,
+  it takes the active version's queue URL and endpoint (same serving resources, new artifact), and a model's
+  first version takes ``ServingDefaults`` (settings; ``{model}`` in them is the model's name). Labels come
+  from the active version. A model's first version becomes active, as with ``add_model``. When the model item
   says ``auto_promote``, the new version becomes active in the same transaction. Registered versions are
   never changed, so a query in flight finishes on the version that accepted it.
 
@@ -26,7 +28,7 @@ Items written in the registry table (layout of ``clipper.adapters.dynamodb_regis
                             status "rejected", reasons (L of S), rejected_at N, and artifact,
                             artifact_version_id, etag, size, sha256 ("" when not read), upload_id,
                             signature ("" when the file did not load). Deleted when the version registers.
-    MODEL#<m> MODEL         read: active_version, auto_promote (BOOL, absent: false). Created (active = the
+    MODEL#<m> MODEL         read: active_version, auto_promote (BOOL, absent: false), replicas. Created (active = the
                             version) with a model's first version; promotion sets previous_version to the
                             old active_version and active_version to the new one.
 """
@@ -46,6 +48,7 @@ from clipper.adapters.aws_errors import aws_call, error_code, translate
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.core.domain import Application, ModelVersion
 from clipper.errors import Conflict, NotFound, Throttled, Unavailable
+from clipper.models.serving import ServingStacks
 from clipper.models.validation import Signature, validate_model
 from clipper.ports import Clock
 
@@ -121,6 +124,7 @@ class ModelView:
 
     exists: bool = False
     auto_promote: bool = False
+    replicas: int = 1
     active: ModelVersion | None = None
     registered: Seen | None = None  # VERSION#<v>; upload_id and sha256 "" when added without an artifact
     rejected: Seen | None = None  # REJECTED#<v>
@@ -155,9 +159,11 @@ class ModelUpdater:
         clock: Clock,
         defaults: ServingDefaults | None = None,
         max_bytes: int = 512 * 1024**2,
+        stacks: ServingStacks | None = None,
     ) -> None:
         self._registry, self._store, self._clock = registry, store, clock
         self._defaults = defaults or ServingDefaults()
+        self._stacks = stacks
         self._max_bytes = max_bytes
 
     def handle_object(self, bucket: str, key: str, size: int, etag: str, version_id: str | None = None) -> Outcome:
@@ -199,8 +205,12 @@ class ModelUpdater:
         input_type = sig.input_type([current.input_type] if current else [a.input_type for a in apps])
         if input_type is None:
             return self._reject(up, digest, sig, f"no input type suits the model's input ({sig.input.element_type})")
-        queue_url = current.queue_url if current else self._defaults.queue_url.replace("{model}", up.model)
-        endpoint = current.endpoint if current else self._defaults.endpoint.replace("{model}", up.model)
+        if self._stacks is not None:  # Unavailable when it cannot be created: the event is retried
+            serving = self._stacks.create(up.model, up.version, f"s3://{up.bucket}/{up.key}", view.replicas)
+            queue_url, endpoint = serving.queue_url, serving.endpoint
+        else:
+            queue_url = current.queue_url if current else self._defaults.queue_url.replace("{model}", up.model)
+            endpoint = current.endpoint if current else self._defaults.endpoint.replace("{model}", up.model)
         if not queue_url or not endpoint:
             why = f"model {up.model} has no active version to take a queue and endpoint from, and no defaults are set"
             return self._reject(up, digest, sig, why)
@@ -230,10 +240,16 @@ def _outcome(up: Upload, status: Status, reasons: tuple[str, ...] = (), promoted
 
 
 def build_model_updater(
-    dynamodb: Any, s3: Any, registry_table: str, clock: Clock, defaults: ServingDefaults, max_bytes: int
+    dynamodb: Any,
+    s3: Any,
+    registry_table: str,
+    clock: Clock,
+    defaults: ServingDefaults,
+    max_bytes: int,
+    stacks: ServingStacks | None = None,
 ) -> ModelUpdater:
     registry = DynamoDBUpdaterRegistry(dynamodb, registry_table)
-    return ModelUpdater(registry, S3ArtifactStore(s3), clock, defaults, max_bytes)
+    return ModelUpdater(registry, S3ArtifactStore(s3), clock, defaults, max_bytes, stacks)
 
 
 # -- adapters ------------------------------------------------------------------------------------------
@@ -272,8 +288,7 @@ def _record_attrs(r: ArtifactRecord) -> dict[str, Any]:
 
 class DynamoDBUpdaterRegistry:
     """:class:`UpdaterRegistry` over the registry table; applications are read through ``DynamoDBRegistry``.
-    The applications linked to a model are found by a scan for ``LINK#<model>`` (there is no reverse index);
-    the updater runs once per upload, off the query path."""
+    The applications linked to a model are found by the model's reverse link items (one query)."""
 
     def __init__(self, client: DynamoDBClient, table: str) -> None:
         self._client, self._table = client, table
@@ -299,23 +314,11 @@ class DynamoDBUpdaterRegistry:
         except NotFound:
             current = None
         auto = bool(head.get("auto_promote", {}).get("BOOL", False))
-        return ModelView(True, auto, current, _seen(items.get(f"VERSION#{version}")), rejected)
+        replicas = int(head.get("replicas", {}).get("N", "1"))
+        return ModelView(True, auto, replicas, current, _seen(items.get(f"VERSION#{version}")), rejected)
 
     def apps_linked_to(self, model: str) -> list[Application]:
-        names: list[str] = []
-        kwargs: dict[str, Any] = {
-            "TableName": self._table,
-            "FilterExpression": "sk = :sk",
-            "ExpressionAttributeValues": {":sk": {"S": f"LINK#{model}"}},
-            "ProjectionExpression": "pk",
-        }
-        while True:
-            with aws_call("dynamodb.Scan(updater)"):
-                resp = self._client.scan(**kwargs)
-            names.extend(i["pk"]["S"].removeprefix("APP#") for i in resp.get("Items", []))
-            if "LastEvaluatedKey" not in resp:
-                break
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        names = self._registry.apps_linked_to(model)
         apps = []
         for name in sorted(names):
             try:

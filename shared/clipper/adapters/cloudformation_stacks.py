@@ -1,0 +1,160 @@
+"""``ServingStacks`` over CloudFormation: one stack of infra/model-stack.yaml per model version, named
+``<service>-model-<ModelName>`` (ModelName from ``clipper.models.serving.stack_model_name``), inside the
+service stack's IAM scope (``<service>-model-*`` queues, ``<service>-*`` endpoints).
+
+``create`` starts the stack and waits for it (on AWS an endpoint takes minutes; locally moto is immediate),
+and reuses a stack that exists (a redelivered upload event). ``scale`` updates the stack's
+``InitialInstanceCount`` (the SageMaker endpoint's instances) and ``MaximumConcurrency`` (the Lambda batcher's,
+at least 2), keeping every other parameter; it does not wait (an endpoint update takes minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.errors import NotFound, Unavailable
+from clipper.models.serving import Serving, stack_model_name
+
+if TYPE_CHECKING:
+    from mypy_boto3_cloudformation import CloudFormationClient
+else:
+    CloudFormationClient = Any
+
+_CAPABILITIES: Any = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"]
+
+
+class CloudFormationModelStacks:
+    def __init__(
+        self,
+        client: CloudFormationClient,
+        service_stack: str,
+        template: str,
+        parameters: Mapping[str, str] | None = None,
+        endpoint: str = "",
+        wait_s: float = 900.0,
+        poll_s: float = 0.5,
+    ) -> None:
+        """``template``: the template's body, or an https URL of it (``TemplateURL``). ``parameters``: the
+        stack parameters every version shares (SageMakerEndpoint, ImageUri, InstanceType, LambdaBatcher...).
+        ``endpoint``: the address of a version without a SageMaker endpoint (``{model}``, ``{version}``
+        replaced), e.g. an HTTP model server."""
+        self._client = client
+        self._service = service_stack
+        source = "TemplateURL" if template.startswith("https://") else "TemplateBody"
+        self._template: dict[str, Any] = {source: template}
+        self._parameters = dict(parameters or {})
+        self._endpoint = endpoint
+        self._wait_s, self._poll_s = wait_s, poll_s
+
+    def stack_name(self, model: str, version: str) -> str:
+        return f"{self._service}-model-{stack_model_name(model, version)}"
+
+    def create(self, model: str, version: str, artifact: str, replicas: int) -> Serving:
+        name = self.stack_name(model, version)
+        params = {
+            **self._parameters,
+            "ServiceStackName": self._service,
+            "ModelName": stack_model_name(model, version),
+            **_scale_parameters(replicas),
+        }
+        if self._parameters.get("SageMakerEndpoint") == "true":
+            params["ModelDataUrl"] = artifact
+        try:
+            self._client.create_stack(
+                StackName=name,
+                Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()],
+                Capabilities=_CAPABILITIES,
+                Tags=[{"Key": "clipper:model", "Value": model}, {"Key": "clipper:version", "Value": version}],
+                **self._template,
+            )
+        except ClientError as e:
+            if error_code(e) != "AlreadyExistsException":
+                raise translate(e, "cloudformation.CreateStack(model)") from e
+        except BotoCoreError as e:
+            raise translate(e, "cloudformation.CreateStack(model)") from e
+        outputs = self._wait(name)
+        endpoint = outputs.get("EndpointName")
+        address = f"sagemaker:{endpoint}" if endpoint else self._endpoint.format(model=model, version=version)
+        return Serving(outputs["QueueUrl"], address)
+
+    def _wait(self, name: str) -> dict[str, str]:
+        deadline = time.monotonic() + self._wait_s
+        while True:
+            stack = self._describe(name)
+            status = stack["StackStatus"]
+            if not status.endswith("_IN_PROGRESS"):
+                break
+            if time.monotonic() > deadline:
+                raise Unavailable(f"stack {name} still {status} after {self._wait_s:.0f} s")
+            time.sleep(self._poll_s)
+        if status not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
+            raise Unavailable(f"stack {name} is {status}: {stack.get('StackStatusReason', 'no reason given')}")
+        return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+
+    def _describe(self, name: str) -> dict[str, Any]:
+        try:
+            stacks = self._client.describe_stacks(StackName=name)["Stacks"]
+        except ClientError as e:
+            # DescribeStacks answers ValidationError for a stack that does not exist
+            if error_code(e) == "ValidationError":
+                raise NotFound("model stack", name) from e
+            raise translate(e, "cloudformation.DescribeStacks(model)") from e
+        except BotoCoreError as e:
+            raise translate(e, "cloudformation.DescribeStacks(model)") from e
+        return dict(stacks[0])
+
+    def replicas(self, model: str, version: str) -> int:
+        """The stack's InitialInstanceCount."""
+        stack = self._describe(self.stack_name(model, version))
+        values = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+        return int(values.get("InitialInstanceCount", "1"))
+
+    def scale(self, model: str, version: str, replicas: int) -> None:
+        name = self.stack_name(model, version)
+        stack = self._describe(name)
+        current = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+        wanted = _scale_parameters(replicas)
+        if all(current.get(k) == v for k, v in wanted.items()):
+            return  # nothing to update (CloudFormation refuses an update that changes nothing)
+        params = [
+            {"ParameterKey": k, "ParameterValue": wanted[k]}
+            if k in wanted
+            else {"ParameterKey": k, "UsePreviousValue": True}
+            for k in current
+        ]
+        with aws_call("cloudformation.UpdateStack(model)"):
+            self._client.update_stack(
+                StackName=name,
+                UsePreviousTemplate=True,
+                Parameters=params,
+                Capabilities=_CAPABILITIES,
+            )
+
+    def delete(self, model: str, version: str) -> None:
+        with aws_call("cloudformation.DeleteStack(model)"):
+            self._client.delete_stack(StackName=self.stack_name(model, version))
+
+
+def _scale_parameters(replicas: int) -> dict[str, str]:
+    return {"InitialInstanceCount": str(replicas), "MaximumConcurrency": str(max(2, replicas))}
+
+
+def build_model_stacks(
+    client: CloudFormationClient, service_stack: str, template: str, parameters_json: str, endpoint: str
+) -> CloudFormationModelStacks | None:
+    """From a function's settings: None when no service stack is named (versions then share the active
+    version's resources). ``template``: an https URL, or a path to infra/model-stack.yaml (the local stack)."""
+    if not service_stack:
+        return None
+    if not template.startswith("https://"):
+        from pathlib import Path
+
+        template = Path(template).read_text(encoding="utf-8")
+    parameters = json.loads(parameters_json) if parameters_json else {}
+    return CloudFormationModelStacks(client, service_stack, template, parameters, endpoint)

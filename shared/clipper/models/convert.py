@@ -1,0 +1,117 @@
+"""What the deployers do before an upload: convert a framework model to ONNX and check it on a sample input.
+
+    ClipperError
+    └── DeployError    the model cannot be converted, fails its sample input, or was rejected (``reasons``)
+
+numpy, onnxruntime, skl2onnx and torch are imported when called, so the client stays cheap to import; torch
+is optional (``deploy_pytorch_model`` says how to install it when it is missing).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from clipper.core.domain import InputType
+from clipper.errors import ClipperError
+
+INPUT_NAME = "input"
+TARGET_OPSET = {"": 15, "ai.onnx.ml": 3}
+
+
+class DeployError(ClipperError):
+    def __init__(self, message: str, reasons: Sequence[str] = ()) -> None:
+        self.reasons = tuple(reasons) or (message,)
+        super().__init__(message if not reasons else f"{message}: {'; '.join(reasons)}")
+
+
+@dataclass(frozen=True)
+class SampleCheck:
+    rows: int
+    outputs: list[Any]  # the first output, one per row (what the endpoint serves)
+
+
+def as_sample(sample_input: Any, input_type: str) -> np.ndarray:
+    """The sample as an array of rows in the input type's dtype (one row becomes a batch of one)."""
+    dtype = InputType(input_type).numpy_dtype
+    if dtype == "object":
+        raise DeployError(f"input type {input_type}: the deployers convert numeric models only")
+    sample = np.asarray(sample_input, dtype=dtype)
+    return sample[None, ...] if sample.ndim == 1 else sample
+
+
+def sklearn_to_onnx(model: Any, sample: np.ndarray, name: str) -> bytes:
+    """A fitted scikit-learn estimator (or pipeline) as ONNX with one input ``input`` of the sample's row shape
+    (any number of rows); a classifier answers labels first, then probabilities as a plain tensor."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import DoubleTensorType, FloatTensorType, Int32TensorType
+    from sklearn.base import is_classifier
+
+    tensor = {"float32": FloatTensorType, "float64": DoubleTensorType, "int32": Int32TensorType}[sample.dtype.name]
+    try:
+        onx = convert_sklearn(
+            model,
+            initial_types=[(INPUT_NAME, tensor([None, *sample.shape[1:]]))],
+            options={"zipmap": False} if is_classifier(model) else None,
+            target_opset=TARGET_OPSET,
+            name=f"clipper_{name}",
+        )
+    except Exception as e:  # skl2onnx raises many types for what it cannot convert
+        raise DeployError(f"scikit-learn model not convertible to ONNX ({type(e).__name__})", [str(e)]) from e
+    return bytes(onx.SerializeToString())
+
+
+def pytorch_to_onnx(model: Any, sample: np.ndarray) -> bytes:
+    """A torch.nn.Module as ONNX (``torch.onnx.export``) with a dynamic batch dimension."""
+    if importlib.util.find_spec("torch") is None:
+        raise DeployError("deploy_pytorch_model needs PyTorch: pip install torch (then call it again)")
+    import torch
+
+    buffer = io.BytesIO()
+    model.eval()
+    try:
+        torch.onnx.export(
+            model,
+            (torch.from_numpy(sample),),
+            buffer,
+            input_names=[INPUT_NAME],
+            output_names=["output"],
+            dynamic_axes={INPUT_NAME: {0: "batch"}, "output": {0: "batch"}},
+        )
+    except Exception as e:  # torch raises many types for what it cannot export
+        raise DeployError(f"PyTorch model not exportable to ONNX ({type(e).__name__})", [str(e)]) from e
+    return buffer.getvalue()
+
+
+def check_on_sample(data: bytes, sample: np.ndarray | None) -> SampleCheck:
+    """Load the model in ONNX Runtime and run the sample (default: two rows of zeros of the input's fixed row
+    shape); the first output must have one row per input row, as the endpoint serves it."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's load errors have no common base
+        raise DeployError("the file does not load in ONNX Runtime", [str(e).splitlines()[0][:300]]) from e
+    (spec, *others) = session.get_inputs()
+    if others:
+        raise DeployError(f"the model has {1 + len(others)} inputs; the endpoint feeds exactly one")
+    if sample is None:
+        dims = spec.shape[1:]
+        if not all(isinstance(d, int) for d in dims):
+            raise DeployError(f"give a sample input: the model's rows have free dimensions {dims}")
+        dtype = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int32)": np.int32}.get(spec.type)
+        if dtype is None:
+            raise DeployError(f"give a sample input for a model taking {spec.type}")
+        sample = np.zeros((2, *dims), dtype=dtype)
+    try:
+        first = session.run(None, {spec.name: sample})[0]
+    except Exception as e:  # onnxruntime's run errors have no common base
+        raise DeployError("the model fails on the sample input", [str(e).splitlines()[0][:300]]) from e
+    if len(first) != len(sample):
+        raise DeployError(f"the model answered {len(first)} rows for {len(sample)} sample rows")
+    return SampleCheck(len(sample), np.asarray(first).tolist())
