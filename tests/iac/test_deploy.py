@@ -260,3 +260,25 @@ def test_feedback_mapping_reports_partial_failures_and_can_be_disabled(session: 
     translated = cfn.translate_sam(cfn.REPO_ROOT / "template.yaml")
     (esm,) = [r for r in translated["Resources"].values() if r["Type"] == "AWS::Lambda::EventSourceMapping"]
     assert esm["Properties"]["Enabled"] == {"Fn::If": ["FeedbackMappingOn", True, False]}
+
+
+def test_service_stack_with_options_deploys(session: Any) -> None:
+    # The options moto can create (ElastiCache and the HTTP API exist only on AWS): JWT on the query routes,
+    # SnapStart, reserved concurrency for the batcher.
+    outputs = cfn.deploy_service(
+        session,
+        "clipper-options",
+        REPO_ROOT,
+        {
+            "QueryJwtIssuer": "https://issuer.example.com",
+            "QueryJwtAudience": "client-a",
+            "FrontendWarmMode": "snapstart",
+            "BatcherReservedConcurrency": "7",
+        },
+    )
+    lam = session.client("lambda")
+
+    assert "RedisUrl" not in outputs
+    concurrency = lam.get_function_concurrency(FunctionName=outputs["BatcherFunctionName"])
+    assert concurrency["ReservedConcurrentExecutions"] == 7
+    assert lam.get_function(FunctionName=outputs["FrontendFunctionName"])["Configuration"]["Runtime"] == "python3.12"
