@@ -57,14 +57,7 @@ class CloudFormationModelStacks:
 
     def create(self, model: str, version: str, artifact: str, replicas: int) -> Serving:
         name = self.stack_name(model, version)
-        params = {
-            **self._parameters,
-            "ServiceStackName": self._service,
-            "ModelName": stack_model_name(model, version),
-            **_scale_parameters(replicas),
-        }
-        if self._parameters.get("SageMakerEndpoint") == "true":
-            params["ModelDataUrl"] = artifact
+        params = self._stack_parameters(model, version, artifact, replicas)
         try:
             self._client.create_stack(
                 StackName=name,
@@ -82,6 +75,17 @@ class CloudFormationModelStacks:
         endpoint = outputs.get("EndpointName")
         address = f"sagemaker:{endpoint}" if endpoint else self._endpoint.format(model=model, version=version)
         return Serving(outputs["QueueUrl"], address)
+
+    def _stack_parameters(self, model: str, version: str, artifact: str, replicas: int) -> dict[str, str]:
+        params = {
+            **self._parameters,
+            "ServiceStackName": self._service,
+            "ModelName": stack_model_name(model, version),
+            **_scale_parameters(replicas),
+        }
+        if self._parameters.get("SageMakerEndpoint") == "true":
+            params["ModelDataUrl"] = artifact
+        return params
 
     def _wait(self, name: str) -> dict[str, str]:
         deadline = time.monotonic() + self._wait_s
@@ -122,19 +126,24 @@ class CloudFormationModelStacks:
         wanted = _scale_parameters(replicas)
         if all(current.get(k) == v for k, v in wanted.items()):
             return  # nothing to update (CloudFormation refuses an update that changes nothing)
-        params = [
-            {"ParameterKey": k, "ParameterValue": wanted[k]}
-            if k in wanted
-            else {"ParameterKey": k, "UsePreviousValue": True}
-            for k in current
-        ]
-        with aws_call("cloudformation.UpdateStack(model)"):
-            self._client.update_stack(
-                StackName=name,
-                UsePreviousTemplate=True,
-                Parameters=params,
-                Capabilities=_CAPABILITIES,
-            )
+        params = self._stack_parameters(model, version, current.get("ModelDataUrl", ""), replicas)
+        request: dict[str, Any] = {
+            "StackName": name,
+            "Parameters": [{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()],
+            "Capabilities": _CAPABILITIES,
+            **self._template,  # the same template and shared parameters as create (moto cannot reuse its own)
+        }
+        for attempt in (1, 2):
+            try:
+                self._client.update_stack(**request)
+                return
+            except ClientError as e:
+                # moto's first update of a stack whose template has resources under a false condition fails
+                # with ValidationError (it sees them as added) and the second succeeds; AWS fails both times.
+                if attempt == 2 or error_code(e) != "ValidationError":
+                    raise translate(e, "cloudformation.UpdateStack(model)") from e
+            except BotoCoreError as e:
+                raise translate(e, "cloudformation.UpdateStack(model)") from e
 
     def delete(self, model: str, version: str) -> None:
         with aws_call("cloudformation.DeleteStack(model)"):

@@ -1,0 +1,184 @@
+"""Model settings, upload URLs, rejections and per-version serving stacks under moto: the CloudFormation
+adapter creating infra/model-stack.yaml in moto's CloudFormation, the admin operations that scale and retire
+those stacks, and the updater giving each uploaded version its own stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import requests
+from fastapi.testclient import TestClient
+
+from clipper.adapters.clock import SystemClock
+from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.adapters.s3_uploads import S3ModelUploads
+from clipper.admin.api import create_admin_app
+from clipper.admin.service import AdminService
+from clipper.errors import NotFound
+from clipper.models.serving import stack_model_name
+from clipper.models.updater import ServingDefaults, build_model_updater
+from tests.fakes import digits_app
+
+pytestmark = [
+    pytest.mark.integration,
+    # moto's CloudFormation skips the stack's CloudWatch alarm (it exists on AWS only) with a warning
+    pytest.mark.filterwarnings(
+        r"ignore:Tried to parse AWS..CloudWatch..Alarm but it's not supported by moto's CloudFormation implementation"
+        ":UserWarning"
+    ),
+]
+
+TEMPLATE = (Path(__file__).resolve().parents[2] / "infra" / "model-stack.yaml").read_text()
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def stacks(aws) -> CloudFormationModelStacks:
+    return CloudFormationModelStacks(
+        boto3.client("cloudformation"),
+        "clipper",
+        TEMPLATE,
+        endpoint="http://models.local/{model}/{version}",
+        poll_s=0.05,
+    )
+
+
+@pytest.fixture
+def world(aws, stacks, demo_models):
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app())
+    service = AdminService(registry, None, S3ModelUploads(aws.s3, aws.bucket), stacks)
+    client = TestClient(create_admin_app(service, "token", TOKEN))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    updater = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8, stacks
+    )
+    return {"aws": aws, "registry": registry, "admin": client, "updater": updater, "demo": Path(demo_models["out_dir"])}
+
+
+def upload(world: dict[str, Any], model: str, version: str, data: bytes) -> Any:
+    aws = world["aws"]
+    key = f"models/{model}/{version}/model.onnx"
+    put = aws.s3.put_object(Bucket=aws.bucket, Key=key, Body=data)
+    return world["updater"].handle_object(aws.bucket, key, len(data), put["ETag"], put.get("VersionId"))
+
+
+def ok(resp, status=200):
+    assert resp.status_code == status, resp.text
+    return resp.json()
+
+
+def test_stack_model_names_fit_the_template_and_keep_versions_apart():
+    assert stack_model_name("mlp", "2") == "mlp-v2"
+    assert stack_model_name("mlp", "1.0") != stack_model_name("mlp", "1_0")
+    long = stack_model_name("a-very-long-model-name-for-this", "2024-01-01.rc1")
+    assert len(long) <= 30 and long[0].isalnum() and long[-1].isalnum() and "--" not in long
+
+
+def test_a_version_stack_is_created_once_scaled_and_deleted(aws, stacks):
+    serving = stacks.create("mlp", "2", "s3://clipper-models/models/mlp/2/model.onnx", replicas=1)
+    attrs = aws.sqs.get_queue_attributes(QueueUrl=serving.queue_url, AttributeNames=["RedrivePolicy"])
+    assert "clipper-model-mlp-v2-dlq" in attrs["Attributes"]["RedrivePolicy"]  # its own dead-letter queue
+    assert serving.endpoint == "http://models.local/mlp/2"
+    assert stacks.create("mlp", "2", "s3://clipper-models/models/mlp/2/model.onnx", replicas=1) == serving
+
+    stacks.scale("mlp", "2", 3)
+    assert stacks.replicas("mlp", "2") == 3
+    stacks.scale("mlp", "2", 3)  # nothing to change: no update is asked for
+    stacks.delete("mlp", "2")
+    with pytest.raises(NotFound):
+        stacks.replicas("mlp", "2")
+
+
+def test_each_uploaded_version_gets_its_own_serving_stack(world):
+    demo = world["demo"]
+    first = upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    second = upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    assert (first.status, first.promoted, second.status, second.promoted) == ("registered", True, "registered", False)
+    head, versions = world["registry"].model_and_versions("mlp")
+    assert head.active_version == "1"
+    assert versions["1"].queue_url != versions["2"].queue_url
+    assert versions["2"].queue_url.endswith("clipper-model-mlp-v2") and versions["2"].endpoint.endswith("/mlp/2")
+
+
+def test_replicas_are_recorded_and_applied_to_each_version_stack(world, stacks):
+    demo = world["demo"]
+    admin = world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    assert ok(admin.post("/admin/get_num_replicas", json={"model_name": "mlp"}))["num_replicas"] == 1
+    done = ok(admin.post("/admin/set_num_replicas", json={"model_name": "mlp", "num_replicas": 2}))
+    assert done["scaled_versions"] == ["1"] and done["unmanaged_versions"] == []
+    assert stacks.replicas("mlp", "1") == 2
+    assert ok(admin.post("/admin/get_num_replicas", json={"model_name": "mlp"}))["num_replicas"] == 2
+    upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    assert stacks.replicas("mlp", "2") == 2  # a later version is created with the model's replicas
+    assert ok(admin.post("/admin/get_state", json={}))["models"]["mlp"]["num_replicas"] == 2
+
+    assert admin.post("/admin/set_num_replicas", json={"model_name": "mlp", "num_replicas": 0}).status_code == 400
+    assert admin.post("/admin/set_num_replicas", json={"model_name": "nope", "num_replicas": 2}).status_code == 404
+
+
+def test_deleting_a_version_deletes_its_stack(world, stacks):
+    demo = world["demo"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    ok(world["admin"].post("/admin/stop_inactive_model_versions", json={"model_name": "mlp"}))
+    with pytest.raises(NotFound):
+        stacks.replicas("mlp", "2")
+    assert stacks.replicas("mlp", "1") == 1
+
+
+def test_auto_promote_is_a_model_setting(world):
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    assert ok(admin.post("/admin/set_auto_promote", json={"model_name": "mlp", "auto_promote": True}))["auto_promote"]
+    outcome = upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    assert outcome.promoted and ok(admin.post("/admin/get_state", json={}))["models"]["mlp"]["auto_promote"] is True
+    assert ok(admin.post("/admin/get_model", json={"model_name": "mlp", "model_version": "2"}))["is_current_version"]
+    assert ok(admin.post("/admin/rollback_model", json={"model_name": "mlp"}))["active_version"] == "1"
+    bad = admin.post("/admin/set_auto_promote", json={"model_name": "nope", "auto_promote": True})
+    assert bad.status_code == 404
+
+
+def test_a_rejected_upload_is_visible_in_get_model_and_get_state(world):
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    outcome = upload(world, "mlp", "3", b"not an onnx file")
+    assert outcome.status == "rejected"
+    info = ok(admin.post("/admin/get_model", json={"model_name": "mlp", "model_version": "3"}))
+    assert info["status"] == "rejected" and "not a loadable ONNX model" in info["reasons"][0]
+    state = ok(admin.post("/admin/get_state", json={}))["models"]["mlp"]
+    assert state["rejected"]["3"]["reasons"] == info["reasons"] and "3" not in state["versions"]
+    registered = ok(admin.post("/admin/get_model", json={"model_name": "mlp", "model_version": "1"}))
+    assert (
+        registered["status"] == "registered" and registered["artifact"] == "s3://clipper-models/models/mlp/1/model.onnx"
+    )
+    assert admin.post("/admin/get_model", json={"model_name": "mlp", "model_version": "9"}).status_code == 404
+
+
+def test_an_upload_url_puts_the_model_where_the_updater_reads_it(world):
+    aws, admin = world["aws"], world["admin"]
+    target = ok(admin.post("/admin/get_upload_url", json={"model_name": "mlp", "model_version": "7"}))
+    assert target["key"] == "models/mlp/7/model.onnx" and target["method"] == "PUT"
+    data = (world["demo"] / "mlp" / "1" / "model.onnx").read_bytes()
+    assert requests.put(target["url"], data=data, timeout=10).status_code == 200
+    assert aws.s3.get_object(Bucket=aws.bucket, Key=target["key"])["Body"].read() == data
+    bad = admin.post("/admin/get_upload_url", json={"model_name": "../x", "model_version": "7"})
+    assert bad.status_code == 400 and "model_name" in bad.json()["cause"]
+
+
+def test_the_reverse_links_follow_link_unlink_and_app_deletion(world):
+    registry = world["registry"]
+    demo = world["demo"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    registry.link("digits", "mlp")
+    assert registry.apps_linked_to("mlp") == ["digits"] and registry.model_record("mlp").linked_apps == ["digits"]
+    registry.unlink("digits", "mlp")
+    assert registry.apps_linked_to("mlp") == []
+    registry.link("digits", "mlp")
+    registry.delete_app("digits")
+    assert registry.apps_linked_to("mlp") == []
