@@ -81,7 +81,11 @@ def find_python(version: str) -> Path:
     )
 
 
-def sam_build(sam: Path, build_dir: Path, cache_dir: Path, template_path: Path = TEMPLATE) -> None:
+def sam_build(
+    sam: Path, build_dir: Path, cache_dir: Path | None, template_path: Path = TEMPLATE, *, cached: bool = True
+) -> None:
+    """Run `sam build` into build_dir. cached=False builds from scratch without SAM's caches (which sam keeps
+    in cache_dir and .aws-sam/deps), so concurrent builds cannot meet there; pip's own cache still applies."""
     version = runtime_of(template_path).removeprefix("python")
     python = find_python(version)
     env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -93,10 +97,8 @@ def sam_build(sam: Path, build_dir: Path, cache_dir: Path, template_path: Path =
         str(template_path),
         "--build-dir",
         str(build_dir),
-        "--cache-dir",
-        str(cache_dir),
-        "--cached",
     ]
+    command += ["--cached", "--cache-dir", str(cache_dir)] if cached and cache_dir else ["--no-cached"]
     result = subprocess.run(
         command, cwd=template_path.parent, env=env, capture_output=True, text=True, timeout=900, check=False
     )

@@ -38,7 +38,7 @@ def sam() -> Path:
 @pytest.fixture(scope="module")
 def build_dir(sam: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sam") / "build"
-    sizes.sam_build(sam, out, REPO_ROOT / "build" / "sam-cache")
+    sizes.sam_build(sam, out, None, cached=False)  # no cache shared with `make sam-build` or another run
     return out
 
 
