@@ -217,3 +217,16 @@ def test_model_endpoint_joins_the_cache_vpc_only_when_given_one() -> None:
         "Subnets": {"Ref": "VpcSubnetIds"},
         "SecurityGroupIds": {"Ref": "VpcSecurityGroupIds"},
     }
+
+
+def test_model_stack_alarms_on_dead_letters_and_endpoint_errors_when_there_is_an_endpoint() -> None:
+    model = cfn.load_template(MODEL_TEMPLATE)
+    endpoint = {"SageMakerEndpoint": "true", "ImageUri": "i", "ExecutionRoleArn": "arn:aws:iam::123456789012:role/r"}
+
+    queue_only = resolve(model, ServiceStackName="clipper", ModelName="m")["Resources"]
+    with_endpoint = resolve(model, ServiceStackName="clipper", ModelName="m", **endpoint)["Resources"]
+
+    assert "DeadLetterAlarm" in queue_only and "EndpointErrorsAlarm" not in queue_only
+    alarm = with_endpoint["EndpointErrorsAlarm"]["Properties"]
+    assert (alarm["Namespace"], alarm["MetricName"]) == ("AWS/SageMaker", "Invocation5XXErrors")
+    assert {"Name": "EndpointName", "Value": {"Fn::GetAtt": ["Endpoint", "EndpointName"]}} in alarm["Dimensions"]
