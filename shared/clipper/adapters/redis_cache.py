@@ -1,5 +1,8 @@
 """The prediction cache in Redis (ElastiCache): bounded memory, evicted by the server's LRU policy
-(``maxmemory-policy allkeys-lru``, which approximates Clipper's CLOCK cache), entries with a TTL."""
+(``maxmemory-policy allkeys-lru``, which approximates Clipper's CLOCK cache), entries with a TTL.
+
+Every command names one key: ElastiCache Serverless runs in cluster mode, where a multi-key command
+(``MGET``) over keys in different hash slots fails with CROSSSLOT, so lookups are pipelined ``GET``s."""
 
 from __future__ import annotations
 
@@ -27,7 +30,10 @@ class RedisPredictionCache:
         if not keys:
             return {}
         try:
-            values = self._client.mget([self._key(k) for k in keys])
+            pipe = self._client.pipeline(transaction=False)
+            for k in keys:
+                pipe.get(self._key(k))
+            values = pipe.execute()
         except redis.RedisError as e:
             raise Unavailable(f"redis cache: {type(e).__name__}") from e
         return {k: json.loads(v) for k, v in zip(keys, values, strict=True) if v is not None}
