@@ -778,7 +778,17 @@ def main() -> int:
         help="also measure our functions with the cyclic GC off while the handler module is imported and "
         "gc.freeze() after it (variant ours_gc; what a gc.disable()/gc.freeze() in each app.py would give)",
     )
+    p.add_argument(
+        "--functions",
+        default=",".join(FUNCTIONS),
+        help="comma-separated functions to measure (a quick check: --runs 1 --functions frontend,batcher)",
+    )
+    p.add_argument("--no-endpoint", action="store_true", help="do not measure the endpoint server")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for coldstart.json and coldstart.png")
     args = p.parse_args()
+    wanted = [f.strip() for f in args.functions.split(",") if f.strip()]
+    if unknown := sorted(set(wanted) - set(FUNCTIONS)):
+        p.error(f"unknown functions {unknown}; known: {', '.join(FUNCTIONS)}")
     variants = (*VARIANTS, "ours_gc") if args.what_if_gc else VARIANTS
     if args.runs < 1:
         p.error("--runs must be at least 1")
@@ -788,8 +798,8 @@ def main() -> int:
     manifest = ensure_models(ROOT / "build" / "models", log=lambda line: None)
     mlp = next(m for m in manifest["models"] if m["name"] == "mlp")
     mlp_path = str(Path(manifest["out_dir"]) / mlp["path"])
-    functions = [f for f in FUNCTIONS if (ROOT / "functions" / f / "app.py").exists()]
-    skipped = {f: "absent: there is no functions/{f}/app.py in the repository" for f in FUNCTIONS if f not in functions}
+    functions = [f for f in wanted if (ROOT / "functions" / f / "app.py").exists()]
+    skipped = {f: f"absent: there is no functions/{f}/app.py in the repository" for f in wanted if f not in functions}
     for f, why in skipped.items():
         log(f"{f} not measured ({why})")
 
@@ -825,7 +835,7 @@ def main() -> int:
                             break
                         if rnd:
                             samples.setdefault(f, {}).setdefault(variant, []).append(r)
-                for variant, bare in (("ours", False), ("bare", True)):
+                for variant, bare in () if args.no_endpoint else (("ours", False), ("bare", True)):
                     r = run_endpoint(world, mlp_path, bare)
                     if rnd:
                         samples.setdefault("endpoint", {}).setdefault(variant, []).append(r)
@@ -839,15 +849,16 @@ def main() -> int:
                 except RuntimeError as e:
                     log(f"{f}: the -X importtime run failed: {str(e)[-600:]}")
                     diagnostics[f] = {"error": str(e)[-600:]}
-            diagnostics["endpoint"] = run_endpoint(world, mlp_path, bare=False, diag=True)["diag"]
+            if not args.no_endpoint:
+                diagnostics["endpoint"] = run_endpoint(world, mlp_path, bare=False, diag=True)["diag"]
         finally:
             world.stop()
     result = report(samples, diagnostics, functions, skipped, args.runs, time.monotonic() - started)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "coldstart.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, RESULTS / "coldstart.png")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "coldstart.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out / "coldstart.png")
     print_report(result)
-    log(f"wrote {RESULTS / 'coldstart.json'} and coldstart.png in {time.monotonic() - started:.0f} s")
+    log(f"wrote {args.out / 'coldstart.json'} and coldstart.png in {time.monotonic() - started:.0f} s")
     return 0
 
 

@@ -1,23 +1,33 @@
 """Feedback Lambda: consumes the feedback queue (SQS event source mapping) and applies each message to
 the bandit state; a message that fails is reported alone (partial batch response), retried, and after
-the queue's maxReceiveCount moved to its dead-letter queue."""
+the queue's maxReceiveCount moved to its dead-letter queue.
+
+Cold start: the cyclic garbage collector is off while the composition root runs; its objects are frozen
+afterwards (see functions/frontend/app.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+import gc
 
-from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
-from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+gc.disable()
 
-from clipper.feedback import FeedbackMessage
-from clipper.settings import CommonSettings
-from clipper.wiring import aws_client, build_feedback_processor
+from typing import Any  # noqa: E402
+
+from aws_lambda_powertools import Logger  # noqa: E402
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response  # noqa: E402
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord  # noqa: E402
+
+from clipper.feedback import FeedbackMessage  # noqa: E402
+from clipper.settings import CommonSettings  # noqa: E402
+from clipper.wiring import aws_client, build_feedback_processor  # noqa: E402
 
 logger = Logger(service="clipper-feedback")
 settings = CommonSettings()  # type: ignore[call-arg]
 feedback = build_feedback_processor(settings, aws_client("dynamodb"))
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+
+gc.freeze()
+gc.enable()
 
 
 def record_handler(record: SQSRecord) -> str:

@@ -11,7 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class CommonSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CLIPPER_", extra="ignore")
+    # defer_build: each function builds only the settings class it instantiates, not all four at import
+    model_config = SettingsConfigDict(env_prefix="CLIPPER_", extra="ignore", defer_build=True)
 
     registry_table: str = Field(min_length=3)
     replies_table: str = Field(min_length=3)

@@ -1,28 +1,35 @@
 """Builders of the object graphs the functions run. A handler module calls them once at cold start;
-tests call them with other clients (moto, fakes) to assemble the same graph."""
+tests call them with other clients (moto, fakes) to assemble the same graph.
+
+Each builder imports what its graph needs inside itself, so a function loads only its own graph (the admin
+function, which only calls ``aws_client``, does not load the query processor, the batcher or numpy).
+"""
 
 from __future__ import annotations
 
 import random
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from clipper.adapters.clock import SystemClock
-from clipper.adapters.dynamodb_registry import DynamoDBRegistry
-from clipper.adapters.dynamodb_replies import DynamoDBReplyChannel
-from clipper.adapters.s3_claims import S3ClaimStore
-from clipper.adapters.sqs import SqsRequestQueue
-from clipper.batching.core import Batcher
-from clipper.core.registry_cache import CachedRegistry
-from clipper.feedback import FeedbackProcessor, FeedbackReceiver
-from clipper.frontend.query import QueryProcessor
-from clipper.frontend.selection import Selector
-from clipper.ports import Clock, PredictionCache, Registry, ReplyChannel, SelectionStore
-from clipper.settings import BatcherSettings, CommonSettings, FrontendSettings
+if TYPE_CHECKING:
+    from clipper.batching.core import Batcher
+    from clipper.feedback import FeedbackProcessor, FeedbackReceiver
+    from clipper.frontend.query import QueryProcessor
+    from clipper.ports import Clock, PredictionCache, Registry, ReplyChannel, SelectionStore
+    from clipper.settings import BatcherSettings, CommonSettings, FrontendSettings
+
+
+_botocore_session: Any = None
+_session_lock = threading.Lock()
 
 
 def aws_client(service: str, session: Any = None, **config: Any) -> Any:
-    """A boto3 client with short timeouts; ``AWS_ENDPOINT_URL`` (the local stack) is honoured by boto3."""
-    import boto3
+    """An AWS client with short timeouts; ``AWS_ENDPOINT_URL`` (the local stack) is honoured.
+
+    Without a ``session`` it is a botocore client from one botocore session per process: the same client
+    ``boto3.client`` returns (boto3 only adds S3 transfer helpers, ``upload_file`` and the like, which the
+    functions do not use), without importing boto3 and s3transfer (~60-90 ms of every cold start)."""
     from botocore.config import Config
 
     cfg = Config(
@@ -31,7 +38,45 @@ def aws_client(service: str, session: Any = None, **config: Any) -> Any:
         retries={"mode": "standard", "max_attempts": config.pop("max_attempts", 3)},
         max_pool_connections=config.pop("max_pool_connections", 32),
     )
-    return (session or boto3).client(service, config=cfg)
+    if session is not None:
+        return session.client(service, config=cfg)
+    global _botocore_session
+    with _session_lock:
+        if _botocore_session is None:
+            import botocore.session
+
+            _botocore_session = botocore.session.get_session()
+        return _botocore_session.create_client(service, config=cfg)
+
+
+class LazyClient:
+    """A client created on its first use, once per container, for clients most events never touch (the
+    S3 client of claim checks: only inputs over the SQS message limit use it; the SageMaker runtime client:
+    only models served by a SageMaker endpoint). Their creation (loading the service's botocore model, tens
+    of ms) is then paid by the first event that needs them, not by every cold start."""
+
+    def __init__(self, create: Callable[[], Any]) -> None:
+        self._create = create
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def created(self) -> bool:
+        return self._client is not None
+
+    def _get(self) -> Any:
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._create()
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+
+def lazy_aws_client(service: str, **config: Any) -> LazyClient:
+    return LazyClient(lambda: aws_client(service, **config))
 
 
 def new_query_id() -> int:
@@ -56,11 +101,18 @@ def redis_client(url: str) -> Any:
     return _redis_clients[url]
 
 
+def redis_clients() -> list[Any]:
+    """The Redis clients this process made (the SnapStart restore hook drops their connections)."""
+    return list(_redis_clients.values())
+
+
 def reply_channel(settings: CommonSettings, dynamodb: Any, poll_interval_s: float = 0.01) -> ReplyChannel:
     if settings.redis_url:
         from clipper.adapters.redis_replies import RedisReplyChannel
 
         return RedisReplyChannel(redis_client(settings.redis_url), ttl_s=settings.reply_ttl_s)
+    from clipper.adapters.dynamodb_replies import DynamoDBReplyChannel
+
     return DynamoDBReplyChannel(dynamodb, settings.replies_table, settings.reply_ttl_s, poll_interval_s)
 
 
@@ -87,18 +139,38 @@ def selection_store(settings: CommonSettings, dynamodb: Any) -> SelectionStore |
     return DynamoDBSelectionStore(dynamodb, settings.selection_table)
 
 
+def _registry(settings: CommonSettings, dynamodb: Any, clock: Clock, ttl_s: float) -> Any:
+    from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+    from clipper.core.registry_cache import CachedRegistry
+
+    return CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), clock, ttl_s)
+
+
+def _claims(settings: CommonSettings, s3: Any) -> Any:
+    if not settings.model_bucket:
+        return None
+    from clipper.adapters.s3_claims import S3ClaimStore
+
+    return S3ClaimStore(s3, settings.model_bucket)
+
+
 def build_feedback_processor(settings: CommonSettings, dynamodb: Any) -> FeedbackProcessor:
+    from clipper.adapters.clock import SystemClock
+    from clipper.feedback import FeedbackProcessor
+
     store = selection_store(settings, dynamodb)
     cache = prediction_cache(settings, dynamodb)
     if store is None or cache is None:
         raise ValueError(
             "feedback needs CLIPPER_SELECTION_TABLE and a prediction cache (REDIS_URL or CLIPPER_CACHE_TABLE)"
         )
-    registry = CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), SystemClock(), 2.0)
-    return FeedbackProcessor(registry, store, cache)
+    return FeedbackProcessor(_registry(settings, dynamodb, SystemClock(), 2.0), store, cache)
 
 
 def build_feedback_receiver(settings: FrontendSettings, registry: Registry, sqs: Any) -> FeedbackReceiver:
+    from clipper.adapters.sqs import SqsRequestQueue
+    from clipper.feedback import FeedbackReceiver
+
     return FeedbackReceiver(registry, SqsRequestQueue(sqs), settings.feedback_queue_url)
 
 
@@ -110,8 +182,13 @@ def build_query_processor(
     clock: Clock | None = None,
     replies: ReplyChannel | None = None,
 ) -> QueryProcessor:
+    from clipper.adapters.clock import SystemClock
+    from clipper.adapters.sqs import SqsRequestQueue
+    from clipper.frontend.query import QueryProcessor
+    from clipper.frontend.selection import Selector
+
     clock = clock or SystemClock()
-    registry = CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), clock, settings.config_ttl_s)
+    registry = _registry(settings, dynamodb, clock, settings.config_ttl_s)
     selector = Selector(registry, selection_store(settings, dynamodb), clock, random.Random(), settings.selection_ttl_s)
     return QueryProcessor(
         registry=registry,
@@ -119,7 +196,7 @@ def build_query_processor(
         replies=replies or reply_channel(settings, dynamodb, settings.reply_poll_interval_s),
         clock=clock,
         new_query_id=new_query_id,
-        claims=S3ClaimStore(s3, settings.model_bucket) if settings.model_bucket else None,
+        claims=_claims(settings, s3),
         max_batch=settings.max_batch,
         cache=prediction_cache(settings, dynamodb),
         cache_poll_s=0.002 if settings.redis_url else 0.01,
@@ -137,15 +214,17 @@ def build_batcher(
 ) -> Batcher:
     import urllib3
 
+    from clipper.adapters.clock import SystemClock
     from clipper.adapters.endpoints import EndpointFactory, RegistryEndpointResolver
+    from clipper.batching.core import Batcher
 
     clock = clock or SystemClock()
-    registry = CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), clock, settings.config_ttl_s)
+    registry = _registry(settings, dynamodb, clock, settings.config_ttl_s)
     factory = EndpointFactory(urllib3.PoolManager(maxsize=8), sagemaker)
     return Batcher(
         endpoints=RegistryEndpointResolver(registry, factory),
         replies=replies or reply_channel(settings, dynamodb),
         clock=clock,
-        claims=S3ClaimStore(s3, settings.model_bucket) if settings.model_bucket else None,
+        claims=_claims(settings, s3),
         cache=prediction_cache(settings, dynamodb),
     )
