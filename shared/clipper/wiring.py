@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clipper.batching.core import Batcher
     from clipper.feedback import FeedbackProcessor, FeedbackReceiver
-    from clipper.frontend.query import QueryProcessor
+    from clipper.frontend.query import QueryListener, QueryProcessor
     from clipper.ports import Clock, PredictionCache, Registry, ReplyChannel, SelectionStore
     from clipper.settings import BatcherSettings, CommonSettings, FrontendSettings
 
@@ -181,6 +181,7 @@ def build_query_processor(
     s3: Any,
     clock: Clock | None = None,
     replies: ReplyChannel | None = None,
+    listener: QueryListener | None = None,
 ) -> QueryProcessor:
     from clipper.adapters.clock import SystemClock
     from clipper.adapters.sqs import SqsRequestQueue
@@ -201,6 +202,7 @@ def build_query_processor(
         cache=prediction_cache(settings, dynamodb),
         cache_poll_s=0.002 if settings.redis_url else 0.01,
         selector=selector,
+        listener=listener,
     )
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 
 from clipper.batching.core import Batcher, Inbound
-from clipper.core.messages import QueryMessage
+from clipper.core.messages import QueryMessage, Reply
 from clipper.errors import InvalidInput, NotFound
 from clipper.frontend.query import QueryProcessor
 from tests.fakes import (
@@ -126,4 +126,80 @@ def test_debug_carries_model_and_stage_timings(world):
     processor, *_ = world
     body = processor.predict("digits", {"input": one_hot(2)}).as_dict(debug=True)
     assert body["debug"]["model"] == "mlp"
-    assert {"validate", "select", "cache", "enqueue", "wait", "model_inference_ms"} <= set(body["debug"]["timings_ms"])
+    assert {"validate", "select", "cache", "enqueue", "wait", "combine"} <= set(body["debug"]["timings_ms"])
+    assert {"send", "queue", "inference", "batch_size", "reply"} <= set(body["debug"]["model_timings_ms"]["mlp"])
+
+
+@dataclass
+class ScriptedQueue(ListQueue):
+    """Each send costs ``send_s`` of the clock and is answered at once with the reply timings scripted for
+    its model (as a batcher would report them)."""
+
+    clock: FakeClock | None = None
+    replies: InMemoryReplies | None = None
+    send_s: dict[str, float] | None = None
+    reported: dict[str, dict[str, float]] | None = None
+
+    def send(self, queue_url: str, body: str) -> None:
+        super().send(queue_url, body)
+        assert self.clock and self.replies and self.send_s and self.reported
+        msg = QueryMessage.from_json(body)
+        self.clock.advance(self.send_s[msg.model])
+        reply = Reply(
+            query_id=msg.query_id, model=msg.model, version=msg.version, outputs=[1] * msg.rows,
+            timings=self.reported[msg.model],
+        )  # fmt: skip
+        self.replies.publish(msg.reply_to, reply)
+
+
+class SlowReplies(InMemoryReplies):
+    """The replies arrive ``wait_s`` after the frontend starts waiting."""
+
+    def __init__(self, clock: FakeClock, wait_s: float) -> None:
+        super().__init__()
+        self.clock, self.wait_s = clock, wait_s
+
+    def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:
+        self.clock.advance(self.wait_s)
+        return super().wait(reply_to, expected, timeout_s)
+
+
+def test_each_model_of_an_ensemble_keeps_its_own_timings_and_the_batch_wait_is_apart():
+    clock, registry = FakeClock(), InMemoryRegistry()
+    registry.apps["ens"] = digits_app(name="ens", policy="exp4")
+    registry.links["ens"] = ["good", "slow"]
+    for name in ("good", "slow"):
+        registry.versions[(name, "1")] = model_version(name)
+        registry.active[name] = "1"
+    replies = SlowReplies(clock, 0.050)
+    queue = ScriptedQueue(
+        clock=clock,
+        replies=replies,
+        send_s={"good": 0.004, "slow": 0.006},
+        reported={
+            # queue_ms runs from the message's sent_ms (stamped before the send) to the batch's start
+            "good": {"queue_ms": 10.0, "batch_wait_ms": 3.0, "inference_ms": 2.0, "batch_size": 5.0},
+            "slow": {"queue_ms": 20.0, "inference_ms": 7.0, "batch_size": 1.0},
+        },
+    )
+    processor = QueryProcessor(registry, queue, replies, clock, lambda: 1000)
+    result = processor.predict("ens", {"input": one_hot(1)})
+    assert sorted(result.models) == ["good", "slow"] and result.model_errors == []
+    good, slow = result.model_timings_ms["good"], result.model_timings_ms["slow"]
+    # good: sent 4 ms, then 6 ms of slow's send and 50 ms of waiting until the frontend holds both replies
+    assert good == pytest.approx(
+        {"send": 4.0, "queue": 3.0, "batch_wait": 3.0, "inference": 2.0, "batch_size": 5.0, "reply": 48.0}, abs=1e-3
+    )
+    assert slow == pytest.approx(
+        {"send": 6.0, "queue": 14.0, "inference": 7.0, "batch_size": 1.0, "reply": 29.0}, abs=1e-3
+    )
+    assert result.timings_ms["enqueue"] == pytest.approx(10.0) and result.timings_ms["wait"] == pytest.approx(50.0)
+    debug = result.as_dict(debug=True)["debug"]
+    assert debug["model_timings_ms"] == result.model_timings_ms and "combine" in debug["timings_ms"]
+
+
+def test_a_model_that_gives_no_output_is_counted_as_its_error(world):
+    processor, _, _, endpoint, _ = world
+    endpoint.fail_with = "boom"
+    result = processor.predict("digits", {"input": one_hot(1)})
+    assert result.predictions[0].default and result.model_errors == ["mlp"]

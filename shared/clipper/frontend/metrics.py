@@ -1,7 +1,14 @@
-"""Serving metrics of the query path: CloudWatch embedded-metric-format (EMF) lines through Powertools
-(latency, default outputs, the prediction cache's hits and misses per model: the hit ratio is
-hits / (hits + misses) of the ``model`` dimension), and Clipper's in-process registry behind
-``GET /metrics``."""
+"""Serving metrics of the query path: CloudWatch embedded-metric-format (EMF) lines through Powertools, and
+Clipper's in-process registry behind ``GET /metrics``.
+
+EMF, one line per dimension set and query: by ``app`` the query latency, queries (throughput), default
+outputs (the default rate is DefaultOutputs / Queries) and each stage's time (``<Stage>Latency``: validate,
+select, cache, enqueue, wait, combine, record); by ``service`` the queries and default outputs across
+applications (the template's default-rate alarm); by ``model`` the prediction cache's hits and misses (the
+hit ratio is hits / (hits + misses)), the model's errors (no output: an error, a timeout) and its stages
+(send, queue, batch wait, inference, reply) and batch size. The in-process registry keeps the same figures
+as Clipper named them (``app:<app>:*``, ``model:<model>:<version>:*``).
+"""
 
 from __future__ import annotations
 
@@ -12,31 +19,56 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
 from clipper.frontend.results import QueryResult
+
+
+def _metric_name(stage: str) -> str:
+    return "".join(part.capitalize() for part in stage.split("_")) + "Latency"
 
 
 class EmfQueryMetrics:
     def __init__(self, namespace: str = "Clipper", service: str = "clipper-frontend") -> None:
         self._namespace = namespace
         self._service = service
+        self._lock = threading.Lock()  # under uvicorn, queries finish on several threads
+        self._metrics = EphemeralMetrics(namespace=namespace)
 
-    def _emit(self, name: str, unit: MetricUnit, value: float, **dimensions: str) -> None:
-        with single_metric(name=name, unit=unit, value=value, namespace=self._namespace, default_dimensions=dimensions):
-            pass
+    def _line(self, dimension: tuple[str, str], values: list[tuple[str, MetricUnit, float]]) -> None:
+        """One EMF line: every metric in ``values`` under one dimension."""
+        self._metrics.add_dimension(*dimension)
+        for name, unit, value in values:
+            self._metrics.add_metric(name=name, unit=unit, value=value)
+        self._metrics.flush_metrics()
 
     def __call__(self, app: str, result: QueryResult, seconds: float) -> None:
-        self._emit("QueryLatency", MetricUnit.Milliseconds, seconds * 1000, app=app)
-        self._emit("Queries", MetricUnit.Count, len(result.predictions), app=app)
+        ms, count = MetricUnit.Milliseconds, MetricUnit.Count
+        queries = len(result.predictions)
         defaults = sum(1 for p in result.predictions if p.default)
-        self._emit("DefaultOutputs", MetricUnit.Count, defaults, app=app)
-        # the same two across applications: template.yaml's default-output-rate alarm reads these
-        self._emit("Queries", MetricUnit.Count, len(result.predictions), service=self._service)
-        self._emit("DefaultOutputs", MetricUnit.Count, defaults, service=self._service)
-        for model, (_, hits, misses) in result.cache_by_model.items():
-            self._emit("CacheHits", MetricUnit.Count, hits, model=model)
-            self._emit("CacheMisses", MetricUnit.Count, misses, model=model)
+        by_app: list[tuple[str, MetricUnit, float]] = [
+            ("QueryLatency", ms, seconds * 1000),
+            ("Queries", count, queries),
+            ("DefaultOutputs", count, defaults),
+        ]
+        by_app += [(_metric_name(stage), ms, value) for stage, value in result.timings_ms.items()]
+        with self._lock:
+            self._line(("app", app), by_app)
+            # the same two across applications: template.yaml's default-output-rate alarm reads these
+            self._line(("service", self._service), [("Queries", count, queries), ("DefaultOutputs", count, defaults)])
+            for model in result.models:
+                _, hits, misses = result.cache_by_model.get(model, ("", 0, 0))
+                values: list[tuple[str, MetricUnit, float]] = [
+                    ("CacheHits", count, hits),
+                    ("CacheMisses", count, misses),
+                    ("ModelErrors", count, 1 if model in result.model_errors else 0),
+                ]
+                for stage, value in result.model_timings_ms.get(model, {}).items():
+                    if stage == "batch_size":
+                        values.append(("BatchSize", count, value))
+                    else:
+                        values.append((_metric_name(stage), ms, value))
+                self._line(("model", model), values)
 
 
 class _Meter:
@@ -101,6 +133,14 @@ class InProcessMetrics:
         self.meters: defaultdict[str, _Meter] = defaultdict(_Meter)
         self.histograms: defaultdict[str, _Histogram] = defaultdict(_Histogram)
 
+    def reset(self) -> None:
+        """Forget everything (after a SnapStart restore: the snapshot's figures and clocks are not this
+        container's)."""
+        with self._lock:
+            self.counters.clear()
+            self.meters.clear()
+            self.histograms.clear()
+
     def __call__(self, app: str, result: QueryResult, seconds: float) -> None:
         with self._lock:
             n = len(result.predictions)
@@ -108,13 +148,16 @@ class InProcessMetrics:
             self.counters[f"app:{app}:default_predictions"] += sum(1 for p in result.predictions if p.default)
             self.meters[f"app:{app}:prediction_throughput"].mark(n)
             self.histograms[f"app:{app}:prediction_latency_ms"].add(seconds * 1000)
+            for stage, value in result.timings_ms.items():
+                self.histograms[f"app:{app}:{stage}_ms"].add(value)
             for model, (version, hits, misses) in result.cache_by_model.items():
-                self.counters[f"model:{model}:{version}:cache_hits"] += hits
-                self.counters[f"model:{model}:{version}:cache_misses"] += misses
-            if result.model and "model_inference_ms" in result.timings_ms:
-                prefix = f"model:{result.model}:{result.version}"
-                self.histograms[f"{prefix}:inference_ms"].add(result.timings_ms["model_inference_ms"])
-                self.histograms[f"{prefix}:batch_size"].add(result.timings_ms.get("model_batch_size", 1.0))
+                prefix = f"model:{model}:{version}"
+                self.counters[f"{prefix}:cache_hits"] += hits
+                self.counters[f"{prefix}:cache_misses"] += misses
+                if model in result.model_errors:
+                    self.counters[f"{prefix}:num_errors"] += 1
+                for stage, value in result.model_timings_ms.get(model, {}).items():
+                    self.histograms[f"{prefix}:{stage}" if stage == "batch_size" else f"{prefix}:{stage}_ms"].add(value)
 
     def report(self) -> dict[str, Any]:
         with self._lock:

@@ -4,6 +4,13 @@ until the deadline, answer.
 It never raises for a model failure: a model that fails, is slow or cannot be reached yields the
 application's default output with an explanation. It raises ``NotFound`` for an unknown application and
 ``InvalidInput`` for bad input, before anything is sent to a model.
+
+Every query is timed stage by stage (``QueryResult.timings_ms``: validate, select, cache, enqueue, wait,
+combine, record) and model by model (``QueryResult.model_timings_ms``: per model, ``send`` its SendMessage,
+``queue`` from the end of the send to the start of its batch less the batch wait, ``batch_wait`` when the
+batcher reports it, ``inference`` the endpoint call, ``batch_size``, and ``reply`` from the end of the
+inference to the frontend holding every reply: the reply's publication and pick-up, and for an ensemble the
+wait for the slower models' replies too).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,6 +37,14 @@ logger = logging.getLogger(__name__)
 
 # Time kept back from the SLO for answering the client after the wait for replies ends.
 ANSWER_MARGIN_S = 0.002
+
+
+class QueryListener(Protocol):
+    """Told when a query gets its id and when its models are chosen (logs' correlation id, trace annotations)."""
+
+    def started(self, app: str, query_id: int) -> None: ...
+
+    def selected(self, app: str, models: list[ModelVersion]) -> None: ...
 
 
 def user_id(body: Any) -> str | None:
@@ -61,6 +76,7 @@ class QueryProcessor:
         cache: PredictionCache | None = None,
         cache_poll_s: float = 0.002,
         selector: Selector | None = None,
+        listener: QueryListener | None = None,
     ) -> None:
         self._registry = registry
         self._queue = queue
@@ -72,10 +88,24 @@ class QueryProcessor:
         self._cache = cache
         self._cache_poll = cache_poll_s
         self._selector = selector or Selector(registry, None, clock, random.Random(), 0.0)
+        self._listener = listener
 
     @property
     def registry(self) -> Registry:
         return self._registry
+
+    @property
+    def selector(self) -> Selector:
+        return self._selector
+
+    def after_restore(self) -> None:
+        """After a SnapStart restore: the selector's RNG is re-seeded (every container restored from one
+        snapshot would otherwise draw the same models) and the cached registry and bandit states dropped
+        (the snapshot may be days old)."""
+        self._selector.after_restore()
+        invalidate = getattr(self._registry, "invalidate", None)
+        if invalidate is not None:
+            invalidate()
 
     def predict(self, app_name: str, body: Any) -> QueryResult:
         start = self._clock.now()
@@ -86,6 +116,8 @@ class QueryProcessor:
         timings: dict[str, float] = {"validate": (self._clock.now() - start) * 1000}
         first_id = self._new_id()
         ids = [first_id + i for i in range(query.count)]
+        if self._listener is not None:
+            self._listener.started(app.name, first_id)
 
         def fallback(why: str) -> QueryResult:
             logger.info("default output", extra={"app": app.name, "query_id": first_id, "reason": why})
@@ -100,12 +132,20 @@ class QueryProcessor:
         if choice is None:
             return fallback(f"no model is linked to application '{app.name}'")
         timings["select"] = (self._clock.now() - start) * 1000 - timings["validate"]
+        if self._listener is not None:
+            self._listener.selected(app.name, choice.models)
         answers = self._gather(app, choice.models, query, first_id, deadline, timings)
-        for a in answers:
-            timings.update(a.timings_ms)
+        t0 = self._clock.now()
         preds = [self._combine(app, choice, answers, qid, row) for row, qid in enumerate(ids)]
+        t1 = self._clock.now()
+        timings["combine"] = (t1 - t0) * 1000
+        defaults = [p for p in preds if p.default]
+        if defaults:
+            why = defaults[0].default_explanation
+            logger.info("default output", extra={"app": app.name, "rows": len(defaults), "reason": why})
         if choice.selection.policy != "single":
             self._record(app, user, query, choice, answers)
+            timings["record"] = (self._clock.now() - t1) * 1000
         hits = sum(a.hits for a in answers)
         first = answers[0].model
         return QueryResult(
@@ -114,7 +154,9 @@ class QueryProcessor:
             first.name,
             first.version,
             timings_ms=timings,
+            model_timings_ms={a.model.name: a.timings_ms for a in answers if a.timings_ms},
             models=[a.model.name for a in answers],
+            model_errors=[a.model.name for a in answers if a.problem is not None],
             cache_by_model={a.model.name: (a.model.version, a.hits, query.count - a.hits) for a in answers},
             cache_hits=hits,
             cache_misses=query.count * len(answers) - hits,
@@ -181,16 +223,24 @@ class QueryProcessor:
             timings["cache"] += (t1 - t0) * 1000
             if not todo:
                 continue
+            sent_ms: int | None = None
             try:
-                self._enqueue(app, m, _take(query.rows, todo), query_id, deadline)
+                sent_ms = self._enqueue(app, m, _take(query.rows, todo), query_id, deadline)
                 sent[m.name] = (a, todo)
             except Unavailable as e:
                 a.problem = f"model {m.name}:{m.version}: queue unavailable ({e})"
-            timings["enqueue"] += (self._clock.now() - t1) * 1000
+            t2 = self._clock.now()
+            timings["enqueue"] += (t2 - t1) * 1000
+            if sent_ms is not None:
+                a.timings_ms["send"] = t2 * 1000 - sent_ms  # the message's sent_ms is stamped before the send
+                a.sent_at = t2
         t1 = self._clock.now()
         if sent:
             self._await_replies(app, sent, str(query_id), deadline)
-        timings["wait"] = (self._clock.now() - t1) * 1000
+        t2 = self._clock.now()
+        timings["wait"] = (t2 - t1) * 1000
+        for a, _ in sent.values():
+            _split_model_time(a, t2)
         if any(waiting.values()):
             self._await_cache(answers, keys, waiting, deadline)
         for a in answers:
@@ -240,7 +290,7 @@ class QueryProcessor:
             if reply.model not in sent:
                 continue
             a, rows = sent[reply.model]
-            a.timings_ms = {f"model_{k}": v for k, v in reply.timings.items()}
+            a.reply_timings = dict(reply.timings)
             name = f"model {a.model.name}:{a.model.version}"
             if not reply.ok:
                 a.problem = f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}"
@@ -273,7 +323,8 @@ class QueryProcessor:
                 return
             time.sleep(min(self._cache_poll, remaining))
 
-    def _enqueue(self, app: Application, model: ModelVersion, rows: Rows, query_id: int, deadline: float) -> None:
+    def _enqueue(self, app: Application, model: ModelVersion, rows: Rows, query_id: int, deadline: float) -> int:
+        """Send the rows to the model's queue; returns the message's ``sent_ms``."""
         payload, blob = encode_rows(rows)
         if blob is not None:
             if self._claims is None:
@@ -294,3 +345,25 @@ class QueryProcessor:
             reply_to=str(query_id),
         )
         self._queue.send(model.queue_url, message.to_json())
+        return message.sent_ms
+
+
+def _split_model_time(answer: ModelAnswer, replied_at: float) -> None:
+    """A model's time from the end of its send to the frontend holding the replies, cut by what its batcher
+    reported: ``queue_ms`` (sent_ms to the batch's start: the send, SQS, the receive and the batch wait),
+    ``batch_wait_ms`` when the batcher reports it apart, ``inference_ms``, ``batch_size``."""
+    reported = answer.reply_timings
+    t = answer.timings_ms
+    if "queue_ms" not in reported or answer.sent_at is None:
+        return
+    batch_wait = reported.get("batch_wait_ms")
+    queue = reported["queue_ms"] - t.get("send", 0.0) - (batch_wait or 0.0)
+    t["queue"] = max(0.0, queue)
+    if batch_wait is not None:
+        t["batch_wait"] = batch_wait
+    inference = reported.get("inference_ms", 0.0)
+    t["inference"] = inference
+    if "batch_size" in reported:
+        t["batch_size"] = reported["batch_size"]
+    elapsed = (replied_at - answer.sent_at) * 1000
+    t["reply"] = max(0.0, elapsed - t["queue"] - (batch_wait or 0.0) - inference)

@@ -42,7 +42,9 @@ class QueryResult:
     version: str | None = None
     models: list[str] = field(default_factory=list)
     cache_by_model: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # model -> (version, hits, misses)
-    timings_ms: dict[str, float] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)  # stage -> ms
+    model_timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> stage -> ms
+    model_errors: list[str] = field(default_factory=list)  # the models that gave no output (error, timeout)
     cache_hits: int = 0
     cache_misses: int = 0
 
@@ -58,6 +60,7 @@ class QueryResult:
                 "version": self.version,
                 "models": self.models,
                 "timings_ms": self.timings_ms,
+                "model_timings_ms": self.model_timings_ms,
                 "cache": {"hits": self.cache_hits, "misses": self.cache_misses},
             }
         return body
@@ -71,4 +74,6 @@ class ModelAnswer:
     outputs: list[Any]
     problem: str | None = None
     hits: int = 0
-    timings_ms: dict[str, float] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)  # this model's stages (send, queue, ...)
+    reply_timings: dict[str, float] = field(default_factory=dict)  # as its batcher reported them
+    sent_at: float | None = None  # when its message's send ended (clock seconds)

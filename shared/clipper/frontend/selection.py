@@ -44,6 +44,12 @@ class Selector:
         self._ttl = ttl_s
         self._states: dict[str, tuple[float, SelectionState | None]] = {}
 
+    def after_restore(self) -> None:
+        """After a SnapStart restore: every container restored from one snapshot starts with this RNG in the
+        same state, so it is re-seeded from the OS; cached bandit states (from the snapshot) are dropped."""
+        self._rng.seed()
+        self._states.clear()
+
     def _load(self, key: str) -> SelectionState | None:
         now = self._clock.now()
         hit = self._states.get(key)
