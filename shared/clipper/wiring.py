@@ -139,11 +139,32 @@ def selection_store(settings: CommonSettings, dynamodb: Any) -> SelectionStore |
     return DynamoDBSelectionStore(dynamodb, settings.selection_table)
 
 
-def _registry(settings: CommonSettings, dynamodb: Any, clock: Clock, ttl_s: float) -> Any:
+_refresher: Any = None
+
+
+def background_runner() -> Callable[[Callable[[], None]], Any]:
+    """One thread per process that reloads the frontend's registry copy off the query path (its thread
+    starts with the first reload)."""
+    global _refresher
+    with _session_lock:
+        if _refresher is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clipper-registry-refresh")
+    return _refresher.submit  # type: ignore[no-any-return]
+
+
+def _registry(
+    settings: CommonSettings,
+    dynamodb: Any,
+    clock: Clock,
+    ttl_s: float,
+    refresh: Callable[[Callable[[], None]], Any] | None = None,
+) -> Any:
     from clipper.adapters.dynamodb_registry import DynamoDBRegistry
     from clipper.core.registry_cache import CachedRegistry
 
-    return CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), clock, ttl_s)
+    return CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), clock, ttl_s, refresh=refresh)
 
 
 def _claims(settings: CommonSettings, s3: Any) -> Any:
@@ -182,14 +203,18 @@ def build_query_processor(
     clock: Clock | None = None,
     replies: ReplyChannel | None = None,
     listener: QueryListener | None = None,
+    background_refresh: bool = True,
 ) -> QueryProcessor:
+    """``background_refresh``: the registry copy is reloaded off the query path once past its TTL
+    (``clipper.core.registry_cache``); tests that step a fake clock can turn it off."""
     from clipper.adapters.clock import SystemClock
     from clipper.adapters.sqs import SqsRequestQueue
     from clipper.frontend.query import QueryProcessor
     from clipper.frontend.selection import Selector
 
     clock = clock or SystemClock()
-    registry = _registry(settings, dynamodb, clock, settings.config_ttl_s)
+    refresh = background_runner() if background_refresh else None
+    registry = _registry(settings, dynamodb, clock, settings.config_ttl_s, refresh)
     selector = Selector(registry, selection_store(settings, dynamodb), clock, random.Random(), settings.selection_ttl_s)
     return QueryProcessor(
         registry=registry,

@@ -1,54 +1,127 @@
 """A warm container's short-lived copy of the registry, so a query does not read DynamoDB every time.
 
-Entries are trusted for ``ttl_s`` seconds (the frontend's config refresh interval): a version switch
-reaches every frontend within that time. Misses (``NotFound``) are cached too, for the same time.
+Entries are trusted for ``ttl_s`` seconds (the frontend's config refresh interval). Misses (``NotFound``)
+are cached too, for the same time. An application and its links are one item collection (``APP#<app>``),
+read by one query when the registry offers ``app_and_links``.
+
+With a ``refresh`` runner (e.g. a one-thread executor's ``submit``), an entry older than ``ttl_s`` is
+still answered while it is reloaded off the query path (stale-while-revalidate), so no query waits for a
+registry read after the first: a version switch then reaches a frontend within ``ttl_s`` plus one
+reload. Only an entry older than ``ttl_s + max_stale_s`` (a reload keeps failing, or no query came for a
+while) is reloaded on the query path, as without a runner.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
-from clipper.errors import NotFound
+from clipper.errors import ClipperError, NotFound
 from clipper.ports import Clock, Registry
 
-T = TypeVar("T")
+Key = tuple[str, ...]
+
+logger = logging.getLogger(__name__)
 
 
 class CachedRegistry:
-    def __init__(self, inner: Registry, clock: Clock, ttl_s: float) -> None:
+    def __init__(
+        self,
+        inner: Registry,
+        clock: Clock,
+        ttl_s: float,
+        refresh: Callable[[Callable[[], None]], Any] | None = None,
+        max_stale_s: float | None = None,
+    ) -> None:
         self._inner = inner
         self._clock = clock
         self._ttl = ttl_s
-        self._entries: dict[tuple[str, ...], tuple[float, object]] = {}
+        self._refresh = refresh
+        self._max_stale = (ttl_s if max_stale_s is None else max_stale_s) if refresh is not None else 0.0
+        self._entries: dict[Key, tuple[float, object]] = {}
+        self._in_flight: set[Key] = set()
+        self._lock = threading.Lock()
+        self._app_and_links: Callable[[str], tuple[Application, list[str]]] | None = getattr(
+            inner, "app_and_links", None
+        )
 
-    def _get(self, key: tuple[str, ...], load: Callable[[], T]) -> T:
+    # -- loading -----------------------------------------------------------------------------------------
+    def _load(self, key: Key) -> dict[Key, object]:
+        """The entries one read yields (a NotFound is an entry too)."""
+        kind, name = key[0], key[1]
+        if kind in ("app", "links") and self._app_and_links is not None:
+            try:
+                app, links = self._app_and_links(name)
+            except NotFound as e:
+                return {("app", name): e, ("links", name): e}
+            return {("app", name): app, ("links", name): links}
+        loaders: dict[str, Callable[[], object]] = {
+            "app": lambda: self._inner.get_app(name),
+            "links": lambda: self._inner.linked_models(name),
+            "active": lambda: self._inner.active_version(name),
+            "version": lambda: self._inner.get_version(name, key[2]),
+        }
+        try:
+            return {key: loaders[kind]()}
+        except NotFound as e:
+            return {key: e}
+
+    def _store(self, key: Key, at: float) -> None:
+        for k, v in self._load(key).items():
+            self._entries[k] = (at, v)
+
+    def _reload_in_background(self, key: Key) -> None:
+        assert self._refresh is not None
+        with self._lock:
+            if key in self._in_flight:
+                return
+            self._in_flight.add(key)
+
+        def reload() -> None:
+            try:
+                self._store(key, self._clock.now())
+            except ClipperError as e:  # the stale entry stays; the next query past its TTL tries again
+                logger.warning("registry reload failed: %s", e)
+            finally:
+                with self._lock:
+                    self._in_flight.discard(key)
+
+        try:
+            self._refresh(reload)
+        except RuntimeError:  # the runner is shut down (interpreter exit): reload here
+            reload()
+
+    def _get(self, key: Key) -> Any:
         now = self._clock.now()
         hit = self._entries.get(key)
-        if hit is not None and now - hit[0] < self._ttl:
-            value = hit[1]
-        else:
-            try:
-                value = load()
-            except NotFound as e:
-                value = e
-            self._entries[key] = (now, value)
+        if hit is None or now - hit[0] >= self._ttl + self._max_stale:
+            self._store(key, now)
+            hit = self._entries[key]
+        elif now - hit[0] >= self._ttl:
+            self._reload_in_background(key)
+        value = hit[1]
         if isinstance(value, NotFound):
             raise value
-        return value  # type: ignore[return-value]
+        return value
 
+    # -- the Registry port -------------------------------------------------------------------------------
     def get_app(self, name: str) -> Application:
-        return self._get(("app", name), lambda: self._inner.get_app(name))
+        app: Application = self._get(("app", name))
+        return app
 
     def linked_models(self, app: str) -> list[str]:
-        return self._get(("links", app), lambda: self._inner.linked_models(app))
+        return list(self._get(("links", app)))
 
     def active_version(self, model: str) -> ModelVersion:
-        return self._get(("active", model), lambda: self._inner.active_version(model))
+        version: ModelVersion = self._get(("active", model))
+        return version
 
     def get_version(self, model: str, version: str) -> ModelVersion:
-        return self._get(("version", model, version), lambda: self._inner.get_version(model, version))
+        mv: ModelVersion = self._get(("version", model, version))
+        return mv
 
     def invalidate(self) -> None:
         self._entries.clear()

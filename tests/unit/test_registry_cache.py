@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from clipper.core.domain import Application
+from clipper.core.registry_cache import CachedRegistry
+from clipper.errors import NotFound, Unavailable
+from tests.fakes import FakeClock, InMemoryRegistry, digits_app, model_version
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class OneQueryRegistry(InMemoryRegistry):
+    """Offers ``app_and_links`` (one read of the APP#<app> collection) and counts every read."""
+
+    queries: int = 0
+    down: bool = False
+
+    def app_and_links(self, name: str) -> tuple[Application, list[str]]:
+        self.queries += 1
+        if self.down:
+            raise Unavailable("dynamodb down")
+        return self.get_app(name), self.linked_models(name)
+
+
+class ManualRunner:
+    """A refresh runner whose tasks run when the test says so."""
+
+    def __init__(self) -> None:
+        self.tasks: list[Callable[[], None]] = []
+
+    def __call__(self, task: Callable[[], None]) -> None:
+        self.tasks.append(task)
+
+    def run(self) -> None:
+        tasks, self.tasks = self.tasks, []
+        for t in tasks:
+            t()
+
+
+def world() -> tuple[OneQueryRegistry, FakeClock]:
+    inner = OneQueryRegistry()
+    inner.apps["digits"] = digits_app()
+    inner.links["digits"] = ["mlp"]
+    inner.versions[("mlp", "1")] = model_version("mlp", "1")
+    inner.versions[("mlp", "2")] = model_version("mlp", "2")
+    inner.active["mlp"] = "1"
+    return inner, FakeClock()
+
+
+def test_an_app_and_its_links_are_one_read():
+    inner, clock = world()
+    cached = CachedRegistry(inner, clock, ttl_s=2)
+    assert cached.get_app("digits").name == "digits" and cached.linked_models("digits") == ["mlp"]
+    assert inner.queries == 1
+    clock.advance(2.1)
+    assert cached.linked_models("digits") == ["mlp"] and cached.get_app("digits").name == "digits"
+    assert inner.queries == 2
+    with pytest.raises(NotFound):
+        cached.get_app("nope")
+    with pytest.raises(NotFound):
+        cached.linked_models("nope")  # the same read answered both
+    assert inner.queries == 3
+
+
+def test_stale_entries_are_answered_while_they_reload_off_the_query_path():
+    inner, clock = world()
+    runner = ManualRunner()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner)
+    assert cached.active_version("mlp").version == "1"
+    inner.active["mlp"] = "2"
+    clock.advance(2.1)
+    assert cached.active_version("mlp").version == "1"  # stale, answered at once
+    assert cached.active_version("mlp").version == "1"
+    assert len(runner.tasks) == 1  # one reload per entry in flight
+    runner.run()
+    assert cached.active_version("mlp").version == "2" and runner.tasks == []
+
+
+def test_a_failing_reload_keeps_the_stale_entry_until_the_staleness_bound():
+    inner, clock = world()
+    runner = ManualRunner()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, max_stale_s=3)
+    cached.get_app("digits")
+    inner.down = True
+    clock.advance(2.5)
+    assert cached.get_app("digits").name == "digits"
+    runner.run()  # fails: logged, the entry stays
+    clock.advance(2.0)  # 4.5 s old: still within ttl + max_stale
+    assert cached.get_app("digits").name == "digits"
+    runner.run()
+    clock.advance(1.0)  # 5.5 s: reloaded on the query path, and the failure reaches the caller
+    with pytest.raises(Unavailable):
+        cached.get_app("digits")
+    inner.down = False
+    assert cached.get_app("digits").name == "digits"
+
+
+def test_without_the_combined_read_each_entry_is_read_alone():
+    inner = InMemoryRegistry()
+    inner.apps["digits"] = digits_app()
+    inner.links["digits"] = ["mlp"]
+    cached = CachedRegistry(inner, FakeClock(), ttl_s=2)
+    assert cached.get_app("digits").name == "digits" and cached.linked_models("digits") == ["mlp"]
+    assert inner.reads == 1  # get_app once; the links were read by their own call
