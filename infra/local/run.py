@@ -8,7 +8,10 @@
 3. redis-server on a private port when it is installed (reply channel), else DynamoDB;
 4. per demo model: the ONNX Runtime endpoint server and a long-poll batcher driver beside it;
 5. the registry seeded with the `digits` application and every demo model version;
-6. the frontend (the same FastAPI app the Lambda handler wraps) on http://127.0.0.1:PORT.
+6. the frontend (the same FastAPI app the Lambda handler wraps) on http://127.0.0.1:PORT;
+7. the S3 -> model updater dispatch (infra/local/serving.py): an upload to the model bucket's
+   models/<name>/<version>/model.onnx reaches the updater's handler through template.yaml's EventBridge rule,
+   and each version it registers gets its own stack in moto and its own model server and batcher processes.
 
 It prints a curl line that works, then runs until Ctrl-C (or SIGTERM), and stops every process it
 started.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -98,15 +102,27 @@ class LocalStack:
             }
         )
         self.env.pop("AWS_PROFILE", None)
+        self.serving: Any = None
+        self.dispatcher: Any = None
 
     # -- processes -------------------------------------------------------------------------------------
-    def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, name: str, cmd: list[str], env: dict[str, str] | None = None, supervised: bool = True
+    ) -> subprocess.Popen[bytes]:
+        """Start a process logging to .local-stack/<name>.log; a supervised one ends the stack when it exits
+        (the per-version serving processes are LocalModelServing's to start and stop)."""
         logfile = open(self.state_dir / f"{name}.log", "wb")  # noqa: SIM115  (kept open by the child)
         proc = subprocess.Popen(cmd, env=env or self.env, stdout=logfile, stderr=subprocess.STDOUT, cwd=REPO)
-        self.procs.append((name, proc))
+        if supervised:
+            self.procs.append((name, proc))
         return proc
 
     def stop_all(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.halt.set()
+            self.dispatcher.join(timeout=5)
+        if self.serving is not None:
+            self.serving.stop_all()
         for _, proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -185,6 +201,40 @@ class LocalStack:
             model_outputs[m["name"]] = cfn.deploy_model_stack(clients["cloudformation"], STACK, m["name"])
             log(f"model stack for {m['name']}: queue {model_outputs[m['name']]['QueueUrl']}")
         return outputs, model_outputs
+
+    def start_uploads(self, outputs: dict[str, str]) -> None:
+        """The S3 -> model updater dispatch, and per-version serving for what it registers."""
+        import boto3
+
+        from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
+        from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+        from infra.local.cfn import MODEL_STACK_TEMPLATE
+        from infra.local.serving import LocalModelServing, UploadDispatcher, connect_uploads
+
+        cfn, s3, sqs = boto3.client("cloudformation"), boto3.client("s3"), boto3.client("sqs")
+        bucket = outputs["ModelBucketName"]
+        queue_url = connect_uploads(cfn, s3, sqs, boto3.client("events"), STACK, bucket)
+        # the updater's handler module reads its settings from this process's environment
+        os.environ.update({k: v for k, v in self.env.items() if k.startswith(("CLIPPER_", "POWERTOOLS_", "REDIS"))})
+        from functions.model_updater import app as updater_app
+
+        stacks = CloudFormationModelStacks(cfn, STACK, (REPO / MODEL_STACK_TEMPLATE).read_text(), poll_s=0.05)
+        self.serving = LocalModelServing(
+            stacks,
+            s3,
+            DynamoDBRegistry(boto3.client("dynamodb"), outputs["RegistryTableName"]),
+            self.state_dir / "artifacts",
+            lambda name, cmd: self.spawn(name, cmd, supervised=False),
+            wait_http,
+            free_port,
+            self.args.slo_ms,
+        )
+        updater = updater_app.build(updater_app.settings, boto3.client("dynamodb"), s3, stacks=self.serving)
+        self.dispatcher = UploadDispatcher(
+            sqs, queue_url, lambda event: updater_app.handle_event(updater, event, bucket)
+        )
+        self.dispatcher.start()
+        log(f"uploads to s3://{bucket}/models/<name>/<version>/model.onnx reach the model updater")
 
     def start_models(self, models: list[dict[str, Any]], queues: dict[str, dict[str, str]]) -> dict[str, str]:
         endpoints = {}
@@ -318,11 +368,15 @@ class LocalStack:
                 "POWERTOOLS_LOG_LEVEL": "WARNING",
                 "POWERTOOLS_METRICS_DISABLED": "true",
                 "CLIPPER_ADMIN_TOKEN": os.environ.get("CLIPPER_ADMIN_TOKEN") or secrets.token_urlsafe(18),
+                # the admin function scales and deletes the per-version stacks (infra/model-stack.yaml)
+                "CLIPPER_SERVICE_STACK_NAME": STACK,
+                "CLIPPER_MODEL_STACK_TEMPLATE": str(REPO / "infra" / "model-stack.yaml"),
             }
         )
         endpoints = self.start_models(models, queues)
         self.spawn("feedback", [sys.executable, "-m", "clipper.feedback", "--queue-url", outputs["FeedbackQueueUrl"]])
         self.seed(models, endpoints, queues)
+        self.start_uploads(outputs)
         url = self.start_frontend()
         import numpy as np
 
@@ -358,6 +412,8 @@ class LocalStack:
                 if proc.poll() is not None:
                     log(f"{name} exited with status {proc.returncode}; see .local-stack/{name}.log")
                     return 1
+            if self.serving is not None:
+                self.serving.reconcile()  # replica counts and deleted versions, as the admin API set them
             time.sleep(0.5)
 
 
@@ -368,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slo-ms", type=float, default=float(os.environ.get("CLIPPER_DEMO_SLO_MS", "500")))
     p.add_argument("--no-redis", action="store_true", help="use DynamoDB as reply channel even with Redis")
     args = p.parse_args(argv)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("[local-stack] %(message)s"))
+    logging.getLogger("clipper.local").addHandler(handler)
+    logging.getLogger("clipper.local").setLevel(logging.INFO)
     stack = LocalStack(args)
 
     def on_signal(signum: int, _frame: Any) -> None:
