@@ -84,7 +84,8 @@ def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(s
     assert any(r["batchItemFailures"] for r in stack.esm.invocations)
 
 
-def test_duplicate_sqs_delivery_produces_one_answer(stack):
+def test_duplicate_sqs_delivery_produces_one_answer(stack, capsys, monkeypatch):
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     stack.registry.put_app(Application("digits", InputType.FLOATS, "-1", 200_000, (64,)), overwrite=True)
     stack.esm.running.clear()
     _status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[1].tolist()}, "debug=1")
@@ -99,9 +100,20 @@ def test_duplicate_sqs_delivery_produces_one_answer(stack):
     twice = [record, dict(record, MessageId="dup-1"), dict(record, MessageId="dup-2")]
     from tests.events import sqs_event
 
+    capsys.readouterr()
     first = stack.batcher.handler(sqs_event(twice[:2], stack.esm.arn), LambdaContext())
     second = stack.batcher.handler(sqs_event(twice[2:], stack.esm.arn), LambdaContext())
     assert first["batchItemFailures"] == [] and second["batchItemFailures"] == []
+    # the batcher's EMF lines: the batch's size by model, the messages' fates by service
+    emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+
+    def value(v):
+        return v[0] if isinstance(v, list) else v
+
+    batches = [m for m in emf if m.get("model") == "mlp"]
+    assert len(batches) == 1 and value(batches[0]["BatchSize"]) == 1
+    fates = [m for m in emf if m.get("service") == "clipper-batcher"]
+    assert [(value(m["MessagesAnswered"]), value(m["MessagesDuplicate"])) for m in fates] == [(1, 1), (0, 1)]
     replies = stack.batcher.batcher._replies.wait(msg["reply_to"], 3, 0.3)
     assert len(replies) == 1 and replies[0].ok
 
