@@ -6,17 +6,22 @@ with open-loop Poisson arrivals at a light and at a heavy rate, and collects fro
 per-stage timings the frontend and the batcher report (``debug.timings_ms``) plus the time the client
 measured. Every query carries a new input, so none is a prediction-cache hit.
 
-Stages as reported: ``validate``, ``select``, ``cache`` (lookup), ``enqueue`` (encode + SQS SendMessage),
-``wait`` (until the reply arrived), and from the batcher ``model_queue_ms`` (from just before the
-SendMessage to the start of the endpoint call: SQS, the long-poll receive, batch formation),
-``model_inference_ms`` (the endpoint call: HTTP + ONNX Runtime) and ``model_batch_size``. For the stacked
-bars they are cut into parts that do not overlap:
+Stages as the frontend reports them (``debug.timings_ms``): ``validate``, ``select``, ``cache`` (lookup),
+``enqueue`` (encode + SQS SendMessage), ``wait`` (until every reply arrived), ``combine`` (the policy's
+combination, confidence, default output); and for each model (``debug.model_timings_ms.<model>``): ``send``
+(its SendMessage), ``queue`` (from the end of the send to the start of its batch: SQS, the long-poll
+receive, and the batch's fill unless the batcher reports it apart), ``batch_wait`` (when it does),
+``inference`` (the endpoint call: HTTP + ONNX Runtime), ``batch_size`` and ``reply`` (from the end of the
+inference to the frontend holding the reply: publication and pick-up). For the stacked bars they are cut
+into parts that do not overlap and add up to the time the client measured:
 
     frontend   validate + select + cache + enqueue
-    queue      model_queue_ms - enqueue            (after the send: SQS, receive, batch wait)
-    inference  model_inference_ms                  (the endpoint call)
-    reply      wait - queue - inference            (publish the reply, the frontend picks it up)
-    other      end-to-end - (frontend + wait)      (HTTP, uvicorn, FastAPI, JSON, combining)
+    queue      the model's queue
+    batch wait the model's batch_wait (0 where the batcher does not report it: then inside queue)
+    inference  the model's inference
+    reply      the model's reply
+    combine    combine (+ record, for learning policies)
+    other      end-to-end - (frontend + wait + combine)   (HTTP, uvicorn, FastAPI, JSON)
 
 The local stack runs moto, a test double much slower than the AWS services (SQS ~16 ms a call through its
 server here), and everything shares two cores: the figures say what each hop costs *here*; the costs on
@@ -53,26 +58,21 @@ RESULTS = ROOT / "bench" / "results"
 APP = "digits"
 READY_LINE = "local stack ready"
 START_TIMEOUT_S = 180
-RAW_STAGES = (
-    "validate",
-    "select",
-    "cache",
-    "enqueue",
-    "wait",
-    "model_queue_ms",
-    "model_inference_ms",
-    "model_batch_size",
-    "end_to_end",
-)
-PARTS = ("validate", "select", "cache", "enqueue", "queue", "inference", "reply", "other")
+MODEL = "mlp"  # the digits application's model
+QUERY_STAGES = ("validate", "select", "cache", "enqueue", "wait", "combine")
+MODEL_STAGES = ("send", "queue", "batch_wait", "inference", "reply", "batch_size")
+RAW_STAGES = (*QUERY_STAGES, *(f"model_{s}" for s in MODEL_STAGES), "end_to_end")
+PARTS = ("validate", "select", "cache", "enqueue", "queue", "batch_wait", "inference", "reply", "combine", "other")
 PART_COLORS = {
     "validate": "#c6dbef",
     "select": "#9ecae1",
     "cache": "#6baed6",
     "enqueue": "#3182bd",
     "queue": "#fd8d3c",
+    "batch_wait": "#fdd0a2",
     "inference": "#31a354",
     "reply": "#fdae6b",
+    "combine": "#756bb1",
     "other": "#bdbdbd",
 }
 
@@ -256,7 +256,10 @@ def drive(client: Client, inputs: Inputs, rate: float, count: int, seed: int) ->
         if status == 200:
             answer = json.loads(raw)
             out["default"] = bool(answer.get("default"))
-            out["timings"] = answer.get("debug", {}).get("timings_ms", {})
+            debug = answer.get("debug", {})
+            out["timings"] = dict(debug.get("timings_ms", {}))
+            for stage, value in debug.get("model_timings_ms", {}).get(MODEL, {}).items():
+                out["timings"][f"model_{stage}"] = value
         return out
 
     workers = max(8, min(128, int(rate * 2)))
@@ -275,24 +278,25 @@ def parts_of(q: dict[str, Any]) -> dict[str, float]:
     t = q["timings"]
     e2e = q["end_to_end"]
     front = t["validate"] + t["select"] + t["cache"] + t["enqueue"]
-    queue_after_send = max(0.0, t["model_queue_ms"] - t["enqueue"])
-    inference = t["model_inference_ms"]
+    combine = t.get("combine", 0.0) + t.get("record", 0.0)
     return {
         "validate": t["validate"],
         "select": t["select"],
         "cache": t["cache"],
         "enqueue": t["enqueue"],
-        "queue": queue_after_send,
-        "inference": inference,
-        "reply": max(0.0, t["wait"] - queue_after_send - inference),
-        "other": max(0.0, e2e - front - t["wait"]),
+        "queue": t["model_queue"],
+        "batch_wait": t.get("model_batch_wait", 0.0),
+        "inference": t["model_inference"],
+        "reply": t["model_reply"],
+        "combine": combine,
+        "other": max(0.0, e2e - front - t["wait"] - combine),
     }
 
 
 def summarise(name: str, rate: float, results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     errors = [r for r in results if "error" in r or r.get("status") != 200]
     ok = [r for r in results if r.get("status") == 200]
-    served = [r for r in ok if not r["default"] and "model_queue_ms" in r["timings"]]
+    served = [r for r in ok if not r["default"] and "model_queue" in r["timings"]]
     out: dict[str, Any] = {
         "load": name,
         "rate_qps": rate,
@@ -309,7 +313,10 @@ def summarise(name: str, rate: float, results: list[dict[str, Any]], seconds: fl
         return out
     stages: dict[str, dict[str, float]] = {}
     for stage in RAW_STAGES:
-        values = [r["end_to_end"] if stage == "end_to_end" else r["timings"][stage] for r in served]
+        values = [r["end_to_end"] if stage == "end_to_end" else r["timings"].get(stage) for r in served]
+        values = [v for v in values if v is not None]
+        if not values:  # e.g. model_batch_wait from a batcher that does not report it apart
+            continue
         stages[stage] = {
             "p50": round(float(np.percentile(values, 50)), 2),
             "p99": round(float(np.percentile(values, 99)), 2),
@@ -355,20 +362,26 @@ def markdown(loads: list[dict[str, Any]]) -> str:
         "cache": "cache lookup (frontend)",
         "enqueue": "enqueue: encode + SQS send (frontend)",
         "wait": "wait for the reply (frontend)",
-        "model_queue_ms": "queue: send -> batch start (batcher)",
-        "model_inference_ms": "inference: endpoint call (batcher)",
+        "combine": "combine (frontend)",
+        "model_send": "the model's SQS send (in enqueue)",
+        "model_queue": "queue: after the send -> batch start",
+        "model_batch_wait": "batch wait (batcher)",
+        "model_inference": "inference: endpoint call (batcher)",
+        "model_reply": "reply: publish -> picked up",
         "model_batch_size": "batch size (rows)",
         "end_to_end": "**end to end (client)**",
     }
-    lines += [row(labels[s], s, "stages_ms") for s in RAW_STAGES]
+    lines += [row(labels[s], s, "stages_ms") for s in RAW_STAGES if any(s in lo.get("stages_ms", {}) for lo in loads)]
     lines.append("| *parts that do not overlap:* |" + " |" * (2 * len(loads)))
     part_labels = {
-        "queue": "queue after the send (SQS, receive, batch wait)",
-        "reply": "reply (publish, pick up)",
-        "other": "other (HTTP, uvicorn, FastAPI, JSON, combine)",
+        "queue": "queue after the send (SQS, receive, batch fill)",
+        "batch_wait": "batch wait (when reported apart)",
         "inference": "inference (endpoint call)",
+        "reply": "reply (publish, pick up)",
+        "combine": "combine",
+        "other": "other (HTTP, uvicorn, FastAPI, JSON)",
     }
-    lines += [row(part_labels[p], p, "parts_ms") for p in ("queue", "inference", "reply", "other")]
+    lines += [row(part_labels[p], p, "parts_ms") for p in part_labels]
     return "\n".join(lines)
 
 
@@ -419,6 +432,7 @@ def main() -> int:
     p.add_argument("--heavy-rate", type=float, default=30.0, help="queries/s of the heavy load (default 30)")
     p.add_argument("--heavy-queries", type=int, default=600)
     p.add_argument("--warmup", type=int, default=20, help="sequential queries before measuring (not counted)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for latency.json and latency.png")
     args = p.parse_args()
     started = time.monotonic()
     inputs = Inputs()
@@ -467,26 +481,23 @@ def main() -> int:
         "uvicorn frontend), all on one 2-core machine",
         "loads": loads,
         "table_markdown": table,
-        "missing_stages": [
-            "batch wait: inside model_queue_ms (SQS transit, the long-poll receive, the batch's fill: one figure)",
-            "reply: not timed (derived here as wait - queue after the send - inference)",
-            "combine and answer: not timed (inside 'other' with HTTP, FastAPI and JSON)",
-            "inference: model_inference_ms is the endpoint call (HTTP + decode + ONNX Runtime); the model alone is "
-            "not reported",
-            "several models (exp4): the model_* timings of only one model survive (each answer's keys overwrite "
-            "the previous ones)",
+        "notes": [
+            "batch wait: reported apart only when the batcher reports batch_wait_ms; otherwise inside queue",
+            "reply: derived by the frontend as the time from its send to holding the reply, less queue, batch "
+            "wait and inference (with several models it includes the wait for the slower models' replies)",
+            "inference: the endpoint call (HTTP + decode + ONNX Runtime); the model alone is not reported",
         ],
         "processes_killed_at_stop": killed,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "latency.json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latency.json").write_text(json.dumps(result, indent=2) + "\n")
     if any("parts_ms" in lo for lo in loads):
-        plot(loads, RESULTS / "latency.png")
+        plot(loads, args.out / "latency.png")
     print()
     print(table)
     print()
-    log(f"wrote {RESULTS / 'latency.json'} and latency.png in {result['elapsed_s']:.0f} s")
+    log(f"wrote {args.out / 'latency.json'} and latency.png in {result['elapsed_s']:.0f} s")
     return 0
 
 

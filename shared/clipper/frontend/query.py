@@ -225,15 +225,14 @@ class QueryProcessor:
                 continue
             sent_ms: int | None = None
             try:
-                sent_ms = self._enqueue(app, m, _take(query.rows, todo), query_id, deadline)
+                sent_ms, send_ms = self._enqueue(app, m, _take(query.rows, todo), query_id, deadline)
                 sent[m.name] = (a, todo)
             except Unavailable as e:
                 a.problem = f"model {m.name}:{m.version}: queue unavailable ({e})"
             t2 = self._clock.now()
             timings["enqueue"] += (t2 - t1) * 1000
             if sent_ms is not None:
-                a.timings_ms["send"] = t2 * 1000 - sent_ms  # the message's sent_ms is stamped before the send
-                a.sent_at = t2
+                a.sent_ms, a.sent_at, a.timings_ms["send"] = sent_ms, t2, send_ms
         t1 = self._clock.now()
         if sent:
             self._await_replies(app, sent, str(query_id), deadline)
@@ -323,8 +322,11 @@ class QueryProcessor:
                 return
             time.sleep(min(self._cache_poll, remaining))
 
-    def _enqueue(self, app: Application, model: ModelVersion, rows: Rows, query_id: int, deadline: float) -> int:
-        """Send the rows to the model's queue; returns the message's ``sent_ms``."""
+    def _enqueue(
+        self, app: Application, model: ModelVersion, rows: Rows, query_id: int, deadline: float
+    ) -> tuple[int, float]:
+        """Send the rows to the model's queue; returns the message's ``sent_ms`` (stamped before the send)
+        and the SendMessage call's time in ms."""
         payload, blob = encode_rows(rows)
         if blob is not None:
             if self._claims is None:
@@ -344,8 +346,10 @@ class QueryProcessor:
             sent_ms=int(self._clock.now() * 1000),
             reply_to=str(query_id),
         )
-        self._queue.send(model.queue_url, message.to_json())
-        return message.sent_ms
+        body = message.to_json()
+        t0 = self._clock.now()
+        self._queue.send(model.queue_url, body)
+        return message.sent_ms, (self._clock.now() - t0) * 1000
 
 
 def _split_model_time(answer: ModelAnswer, replied_at: float) -> None:
@@ -354,10 +358,11 @@ def _split_model_time(answer: ModelAnswer, replied_at: float) -> None:
     ``batch_wait_ms`` when the batcher reports it apart, ``inference_ms``, ``batch_size``."""
     reported = answer.reply_timings
     t = answer.timings_ms
-    if "queue_ms" not in reported or answer.sent_at is None:
+    if "queue_ms" not in reported or answer.sent_at is None or answer.sent_ms is None:
         return
     batch_wait = reported.get("batch_wait_ms")
-    queue = reported["queue_ms"] - t.get("send", 0.0) - (batch_wait or 0.0)
+    # queue_ms runs from the message's sent_ms (whole ms, stamped before the send): take off up to the send's end
+    queue = reported["queue_ms"] - (answer.sent_at * 1000 - answer.sent_ms) - (batch_wait or 0.0)
     t["queue"] = max(0.0, queue)
     if batch_wait is not None:
         t["batch_wait"] = batch_wait

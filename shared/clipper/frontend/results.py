@@ -76,4 +76,5 @@ class ModelAnswer:
     hits: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)  # this model's stages (send, queue, ...)
     reply_timings: dict[str, float] = field(default_factory=dict)  # as its batcher reported them
+    sent_ms: int | None = None  # its message's sent_ms
     sent_at: float | None = None  # when its message's send ended (clock seconds)
