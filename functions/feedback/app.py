@@ -14,6 +14,7 @@ gc.disable()
 from typing import Any  # noqa: E402
 
 from aws_lambda_powertools import Logger  # noqa: E402
+from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers  # noqa: E402
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response  # noqa: E402
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord  # noqa: E402
 
@@ -22,6 +23,7 @@ from clipper.settings import CommonSettings  # noqa: E402
 from clipper.wiring import aws_client, build_feedback_processor  # noqa: E402
 
 logger = Logger(service="clipper-feedback")
+copy_config_to_registered_loggers(source_logger=logger, include={"clipper"})
 settings = CommonSettings()  # type: ignore[call-arg]
 feedback = build_feedback_processor(settings, aws_client("dynamodb"))
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
@@ -31,8 +33,11 @@ gc.enable()
 
 
 def record_handler(record: SQSRecord) -> str:
-    outcome = feedback.process(FeedbackMessage.from_json(record.body))
-    logger.info("feedback processed", outcome=outcome, message_id=record.message_id)
+    message = FeedbackMessage.from_json(record.body)
+    # the feedback id (the client got it when the frontend accepted the feedback) correlates the record's lines
+    logger.set_correlation_id(message.feedback_id)
+    outcome = feedback.process(message)
+    logger.info("feedback processed", outcome=outcome, app=message.app, message_id=record.message_id)
     return outcome
 
 
