@@ -79,3 +79,32 @@ def test_redis_down_is_unavailable():
         channel.publish("q", ok())
     with pytest.raises(Unavailable):
         channel.wait("q", 1, 0.1)
+
+
+def test_redis_batch_publication_answers_each_query_once(redis_url):  # noqa: F811
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    channel = RedisReplyChannel(client, ttl_s=60)
+    err = Reply(query_id=3, model="mlp", version="1", error="boom", error_kind="endpoint")
+    assert channel.publish("b1", ok(outputs=(7,)))
+    assert channel.answered_many([("b1", "mlp"), ("b2", "mlp"), ("b1", "other")]) == [True, False, False]
+    got = channel.publish_many([("b1", ok(outputs=(8,))), ("b2", ok(outputs=(2,))), ("b3", err), ("b2", ok())])
+    assert got == [False, True, True, False]
+    assert 0 < client.ttl("clipper:reply:{b2}") <= 60
+    assert [r.outputs for r in channel.wait("b1", 2, timeout_s=0.1)] == [[7]]
+    assert [r.outputs for r in channel.wait("b2", 2, timeout_s=0.1)] == [[2]]
+    (failed,) = channel.wait("b3", 1, timeout_s=0.1)
+    assert failed.error == "boom" and not channel.answered("b3", "mlp")
+    assert channel.answered_many([]) == [] and channel.publish_many([]) == []
+
+
+def test_redis_batch_methods_down_are_unavailable():
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    channel = RedisReplyChannel(client)
+    with pytest.raises(Unavailable):
+        channel.publish_many([("q", ok())])
+    with pytest.raises(Unavailable):
+        channel.answered_many([("q", "mlp")])

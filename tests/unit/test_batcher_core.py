@@ -6,6 +6,7 @@ import pytest
 from clipper.batching.core import Batcher, Inbound
 from clipper.core.domain import InputType
 from clipper.core.messages import QueryMessage, encode_rows
+from clipper.errors import Unavailable
 from tests.fakes import FakeClock, FakeEndpoint, FakeResolver, InMemoryReplies
 
 pytestmark = pytest.mark.unit
@@ -139,3 +140,56 @@ def test_query_that_cannot_be_answered_in_time_is_dropped(setup):
     roomy = message(3, one_hot(3), clock, ttl_s=0.1)
     report = batcher.process([tight, roomy])
     assert report.expired == 1 and report.answered == 1 and endpoint.calls == [1, 1]
+
+
+class BatchReplies(InMemoryReplies):
+    """A reply channel with the batch methods: counts the calls, keeps InMemoryReplies' end state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_calls: list[tuple[str, int]] = []
+        self.publish_down = False
+
+    def answered_many(self, keys):
+        self.batch_calls.append(("answered", len(keys)))
+        if self.down:
+            raise Unavailable("replies down")
+        return [self.answered(*k) for k in keys]
+
+    def publish_many(self, replies):
+        self.batch_calls.append(("publish", len(replies)))
+        if self.down or self.publish_down:
+            raise Unavailable("replies down")
+        return [self.publish(to, r) for to, r in replies]
+
+
+def test_a_batch_channel_is_checked_and_published_once_a_group():
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), BatchReplies()
+    batcher = Batcher(FakeResolver(endpoint), replies, clock)
+    first = message(1, one_hot(1), clock)
+    assert batcher.process([first]).answered == 1
+    msgs = [first] + [message(i, one_hot(i), clock, model="mlp" if i % 2 else "cnn") for i in range(2, 7)]
+    replies.batch_calls.clear()
+    report = batcher.process([*msgs, msgs[2]])  # one redelivered, one duplicated within the batch
+    assert report.answered == 5 and report.duplicates == 2 and report.failed == []
+    assert replies.batch_calls[0] == ("answered", 6)  # msgs[2] again is caught before the channel
+    assert sorted(replies.batch_calls[1:]) == [("publish", 2), ("publish", 3)]
+    assert sorted(endpoint.calls) == [1, 2, 3]
+    for i in range(2, 7):
+        (reply,) = replies.lists[str(i)]
+        assert reply.outputs == [i]
+
+
+def test_a_batch_channel_down_fails_every_message_for_retry():
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), BatchReplies()
+    batcher = Batcher(FakeResolver(endpoint), replies, clock)
+    msgs = [message(i, one_hot(i), clock) for i in range(1, 4)]
+    replies.down = True
+    report = batcher.process(msgs)
+    assert sorted(report.failed) == ["m1", "m2", "m3"] and report.answered == 0
+    assert endpoint.calls == []  # the duplicate check failed: nothing reached the model
+    replies.down, replies.publish_down = False, True
+    report = batcher.process(msgs)
+    assert sorted(report.failed) == ["m1", "m2", "m3"] and endpoint.calls == [3]
+    replies.publish_down = False
+    assert batcher.process(msgs).answered == 3

@@ -123,3 +123,20 @@ def test_npy_codec_falls_back_for_fortran_order_and_rejects_truncation():
         decode_npy(encode_npy(np.zeros((2, 64), np.float32))[:-4])
     with pytest.raises(MalformedMessage, match="dtype"):
         decode_npy(encode_npy(np.zeros(3, np.complex64)))
+
+
+def test_npy_header_cache_keeps_checking_every_body():
+    """A header seen before is not parsed again, but each body is still checked against it."""
+    from clipper.core.tensors import decode_npy, encode_npy
+
+    good = encode_npy(np.arange(64, dtype=np.float32).reshape(1, 64))
+    for _ in range(2):
+        assert np.array_equal(decode_npy(good), np.arange(64, dtype=np.float32).reshape(1, 64))
+        with pytest.raises(MalformedMessage, match="truncated"):
+            decode_npy(good[:-4])
+        with pytest.raises(MalformedMessage, match="truncated"):
+            decode_npy(good + b"\0\0\0\0")
+        with pytest.raises(MalformedMessage, match="dtype"):
+            decode_npy(encode_npy(np.zeros(3, np.complex64)))
+    other = encode_npy(np.ones((2, 64), np.float64))
+    assert decode_npy(other).shape == (2, 64) and decode_npy(other).dtype == np.float64

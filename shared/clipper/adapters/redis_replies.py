@@ -1,8 +1,13 @@
-"""Reply channel over Redis: the batcher RPUSHes replies on a list, the frontend BLPOPs it."""
+"""Reply channel over Redis: the batcher RPUSHes replies on a list, the frontend BLPOPs it.
+
+A successful answer first claims a ``done`` key (SET NX), so a redelivered query is answered once. The batch
+methods (``answered_many``, ``publish_many``) do the same for a whole batch in two pipelined round trips.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import redis
@@ -46,6 +51,37 @@ class RedisReplyChannel:
         except redis.RedisError as e:
             raise Unavailable(f"redis: {type(e).__name__}") from e
         return True
+
+    def publish_many(self, replies: Sequence[tuple[str, Reply]]) -> list[bool]:
+        """Publish a batch of replies: one pipeline claims the ``done`` keys of the successful ones, a second
+        pushes every reply that is not a duplicate. For each, False when it was a duplicate (dropped)."""
+        try:
+            claims = self._client.pipeline(transaction=False)
+            for reply_to, reply in replies:
+                if reply.ok:
+                    claims.set(self._done_key(reply_to, reply.model), "1", ex=self._ttl, nx=True)
+            claimed = iter(claims.execute() if len(claims) else [])
+            fresh = [not reply.ok or bool(next(claimed)) for _, reply in replies]
+            pushes = self._client.pipeline(transaction=False)
+            for (reply_to, reply), new in zip(replies, fresh, strict=True):
+                if new:
+                    key = self._list_key(reply_to)
+                    pushes.rpush(key, reply.to_json())
+                    pushes.expire(key, self._ttl)
+            if len(pushes):
+                pushes.execute()
+        except redis.RedisError as e:
+            raise Unavailable(f"redis: {type(e).__name__}") from e
+        return fresh
+
+    def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for reply_to, model in keys:
+                pipe.exists(self._done_key(reply_to, model))
+            return [bool(n) for n in pipe.execute()] if keys else []
+        except redis.RedisError as e:
+            raise Unavailable(f"redis: {type(e).__name__}") from e
 
     def answered(self, reply_to: str, model: str) -> bool:
         try:

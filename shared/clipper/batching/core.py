@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -24,6 +24,21 @@ from clipper.errors import ClipperError, EndpointError, MalformedMessage
 from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, ReplyChannel
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class BatchReplyChannel(Protocol):
+    """A reply channel that also checks and publishes a whole batch at once (one round trip each, instead
+    of one a message). The batcher uses these methods when its channel has them."""
+
+    def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        """For each ``(reply_to, model)``: whether it was answered already."""
+        ...
+
+    def publish_many(self, replies: Sequence[tuple[str, Reply]]) -> list[bool]:
+        """Publish each ``(reply_to, reply)``; for each, False when it was a duplicate answer (dropped).
+        Raises ``Unavailable`` when the channel cannot be reached (then none is known delivered)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -50,10 +65,13 @@ class _Work:
     rows: Rows
 
 
-def _group_key(work: _Work) -> tuple[str, str, str, tuple[int, ...]]:
+GroupKey = tuple[str, str, Any, tuple[int, ...]]
+
+
+def _group_key(work: _Work) -> GroupKey:
     rows = work.rows
     if isinstance(rows, np.ndarray):
-        return (work.message.model, work.message.version, rows.dtype.str, rows.shape[1:])
+        return (work.message.model, work.message.version, rows.dtype, rows.shape[1:])
     kind = "bytes" if rows and isinstance(rows[0], bytes) else "str"
     return (work.message.model, work.message.version, kind, ())
 
@@ -81,6 +99,7 @@ class Batcher:
         self._clock = clock
         self._claims = claims
         self._cache = cache
+        self._batch_replies = replies if isinstance(replies, BatchReplyChannel) else None
         # The fastest recent batches: no query whose remaining time is under this can still be answered.
         self._recent_latency: deque[float] = deque(maxlen=50)
 
@@ -105,7 +124,7 @@ class Batcher:
         now_ms = self._clock.now() * 1000
         floor_ms = self.latency_floor_s * 1000
         seen: set[tuple[str, str]] = set()
-        groups: dict[tuple[str, str, str, tuple[int, ...]], list[_Work]] = {}
+        live: list[tuple[Inbound, QueryMessage]] = []
         for item in inbound:
             try:
                 msg = QueryMessage.from_json(item.body)
@@ -118,10 +137,14 @@ class Batcher:
                 report.expired += 1
                 continue
             key = (msg.reply_to, msg.model)
-            try:
-                duplicate = key in seen or self._replies.answered(msg.reply_to, msg.model)
-            except ClipperError as e:
-                logger.warning("reply channel unavailable", extra={"error": str(e)})
+            if key in seen:
+                report.duplicates += 1
+                continue
+            seen.add(key)
+            live.append((item, msg))
+        groups: dict[GroupKey, list[_Work]] = {}
+        for (item, msg), duplicate in zip(live, self._answered(live, report), strict=True):
+            if duplicate is None:
                 report.failed.append(item.message_id)
                 continue
             if duplicate:
@@ -133,11 +156,29 @@ class Batcher:
                 logger.warning("undecodable payload", extra={"message_id": item.message_id, "error": str(e)})
                 report.failed.append(item.message_id)
                 continue
-            seen.add(key)
             groups.setdefault(_group_key(work), []).append(work)
         for (model, version, _, _), members in groups.items():
             self._run_group(model, version, members, report)
         return report
+
+    def _answered(self, live: list[tuple[Inbound, QueryMessage]], report: BatchReport) -> list[bool | None]:
+        """Whether each message was answered already (a redelivery); None where the channel is down."""
+        if not live:
+            return []
+        if self._batch_replies is not None:
+            try:
+                return list(self._batch_replies.answered_many([(m.reply_to, m.model) for _, m in live]))
+            except ClipperError as e:
+                logger.warning("reply channel unavailable", extra={"error": str(e)})
+                return [None] * len(live)
+        out: list[bool | None] = []
+        for _, msg in live:
+            try:
+                out.append(self._replies.answered(msg.reply_to, msg.model))
+            except ClipperError as e:
+                logger.warning("reply channel unavailable", extra={"error": str(e)})
+                out.append(None)
+        return out
 
     def _run_group(self, model: str, version: str, members: list[_Work], report: BatchReport) -> None:
         rows = _concat([w.rows for w in members])
@@ -148,40 +189,37 @@ class Batcher:
                 raise EndpointError(f"endpoint returned {len(outputs)} outputs for {len(rows)} inputs")
         except ClipperError as e:
             logger.warning("batch failed", extra={"model": model, "version": version, "error": str(e)})
-            for w in members:
-                self._deliver(
-                    w,
-                    Reply(
-                        query_id=w.message.query_id,
-                        model=model,
-                        version=version,
-                        error=str(e),
-                        error_kind="endpoint",
-                    ),
-                    report,
-                    failed=True,
-                )
+            error = str(e)
+            replies = [
+                Reply(query_id=w.message.query_id, model=model, version=version, error=error, error_kind="endpoint")
+                for w in members
+            ]
+            self._deliver(members, replies, report, failed=True)
             return
         end = self._clock.now()
         self._recent_latency.append(end - start)
         report.batches.append((model, len(rows), end - start))
+        start_ms, inference_ms, size = start * 1000, (end - start) * 1000, float(len(rows))
+        replies = []
         offset = 0
         for w in members:
             n = w.message.rows
             timings = {
-                "queue_ms": max(0.0, start * 1000 - w.message.sent_ms),
-                "inference_ms": (end - start) * 1000,
-                "batch_size": float(len(rows)),
+                "queue_ms": max(0.0, start_ms - w.message.sent_ms),
+                "inference_ms": inference_ms,
+                "batch_size": size,
             }
-            reply = Reply(
-                query_id=w.message.query_id,
-                model=model,
-                version=version,
-                outputs=list(outputs[offset : offset + n]),
-                timings=timings,
+            replies.append(
+                Reply(
+                    query_id=w.message.query_id,
+                    model=model,
+                    version=version,
+                    outputs=outputs[offset : offset + n],
+                    timings=timings,
+                )
             )
             offset += n
-            self._deliver(w, reply, report, failed=False)
+        self._deliver(members, replies, report, failed=False)
         if self._cache is not None:
             self._fill_cache(model, version, members, outputs)
 
@@ -198,13 +236,26 @@ class Batcher:
         except ClipperError as e:  # the replies went out; a cache miss later only costs a recomputation
             logger.warning("cache not filled", extra={"model": model, "error": str(e)})
 
-    def _deliver(self, work: _Work, reply: Reply, report: BatchReport, failed: bool) -> None:
-        try:
-            self._replies.publish(work.message.reply_to, reply)
-        except ClipperError as e:
-            logger.warning("reply not delivered", extra={"query_id": reply.query_id, "error": str(e)})
-            failed = True
-        if failed:
-            report.failed.append(work.message_id)
+    def _deliver(self, members: list[_Work], replies: list[Reply], report: BatchReport, failed: bool) -> None:
+        """Publish one reply per member (in one call when the channel takes batches); a member whose reply
+        could not be delivered, or whose batch failed, is reported failed (left for a retry)."""
+        delivered = [True] * len(members)
+        if self._batch_replies is not None:
+            try:
+                pairs = [(w.message.reply_to, r) for w, r in zip(members, replies, strict=True)]
+                self._batch_replies.publish_many(pairs)
+            except ClipperError as e:
+                logger.warning("replies not delivered", extra={"count": len(replies), "error": str(e)})
+                delivered = [False] * len(members)
         else:
-            report.answered += 1
+            for i, (w, reply) in enumerate(zip(members, replies, strict=True)):
+                try:
+                    self._replies.publish(w.message.reply_to, reply)
+                except ClipperError as e:
+                    logger.warning("reply not delivered", extra={"query_id": reply.query_id, "error": str(e)})
+                    delivered[i] = False
+        for w, ok in zip(members, delivered, strict=True):
+            if failed or not ok:
+                report.failed.append(w.message_id)
+            else:
+                report.answered += 1
