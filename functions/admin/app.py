@@ -47,10 +47,10 @@ settings = AdminFunctionSettings()  # type: ignore[call-arg]
 service = build(
     settings,
     aws_client("dynamodb"),
-    aws_client("s3"),
+    aws_client("s3") if settings.model_bucket else None,  # clients cost cold-start time: only those used
     aws_client("sqs"),
     aws_client("sagemaker"),
-    aws_client("cloudformation"),
+    aws_client("cloudformation") if settings.service_stack_name else None,
 )
 app = create_admin_app(service, settings.admin_auth, settings.admin_token)
 _asgi_handler = Mangum(app, lifespan="off", api_gateway_base_path=settings.api_base_path)

@@ -67,7 +67,12 @@ def build(
     )
 
 
-updater = build(settings, aws_client("dynamodb"), aws_client("s3", read_timeout=60), aws_client("cloudformation"))
+updater = build(
+    settings,
+    aws_client("dynamodb"),
+    aws_client("s3", read_timeout=60),
+    aws_client("cloudformation") if settings.service_stack_name else None,
+)
 
 
 def uploads(event: dict[str, Any]) -> list[dict[str, Any]]:
