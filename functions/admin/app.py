@@ -26,6 +26,7 @@ class AdminFunctionSettings(AdminSettings):
     model_stack_template: str = Field("", description="https URL of infra/model-stack.yaml, or its path")
     model_stack_parameters: str = Field("", description="JSON object of the parameters every version shares")
     model_endpoint: str = Field("", description="address of a version without SageMaker ({model}, {version})")
+    model_stack_role_arn: str = Field("", description="CloudFormation service role of the model stacks")
 
 
 def build(config: AdminFunctionSettings, dynamodb: Any, s3: Any, sqs: Any, sagemaker: Any, cfn: Any) -> AdminService:
@@ -37,6 +38,7 @@ def build(config: AdminFunctionSettings, dynamodb: Any, s3: Any, sqs: Any, sagem
         config.model_stack_template,
         config.model_stack_parameters,
         config.model_endpoint,
+        config.model_stack_role_arn,
     )
     registry = DynamoDBRegistry(dynamodb, config.registry_table)
     return AdminService(registry, AwsServingProbe(sqs, sagemaker), uploads, stacks)

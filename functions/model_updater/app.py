@@ -42,6 +42,7 @@ class ModelUpdaterSettings(CommonSettings):
     model_stack_template: str = Field("", description="https URL of infra/model-stack.yaml, or its path")
     model_stack_parameters: str = Field("", description="JSON object of the parameters every version shares")
     model_endpoint: str = Field("", description="address of a version without SageMaker ({model}, {version})")
+    model_stack_role_arn: str = Field("", description="CloudFormation service role of the model stacks")
 
 
 logger = Logger(service="clipper-model-updater")
@@ -61,6 +62,7 @@ def build(
             config.model_stack_template,
             config.model_stack_parameters,
             config.model_endpoint,
+            config.model_stack_role_arn,
         )
     return build_model_updater(
         dynamodb, s3, config.registry_table, SystemClock(), defaults, config.max_model_bytes, stacks

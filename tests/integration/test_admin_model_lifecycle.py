@@ -182,3 +182,14 @@ def test_the_reverse_links_follow_link_unlink_and_app_deletion(world):
     registry.link("digits", "mlp")
     registry.delete_app("digits")
     assert registry.apps_linked_to("mlp") == []
+
+
+def test_stacks_are_created_and_updated_with_the_service_role_when_given(aws):
+    cfn = boto3.client("cloudformation")
+    role = "arn:aws:iam::123456789012:role/clipper-model-stacks"
+    stacks = CloudFormationModelStacks(cfn, "clipper", TEMPLATE, poll_s=0.05, role_arn=role)
+    stacks.create("mlp", "2", "s3://clipper-models/models/mlp/2/model.onnx", replicas=1)
+    assert cfn.describe_stacks(StackName=stacks.stack_name("mlp", "2"))["Stacks"][0]["RoleARN"] == role
+    stacks.scale("mlp", "2", 2)
+    stack = cfn.describe_stacks(StackName=stacks.stack_name("mlp", "2"))["Stacks"][0]
+    assert stack["RoleARN"] == role and stacks.replicas("mlp", "2") == 2

@@ -39,11 +39,13 @@ class CloudFormationModelStacks:
         endpoint: str = "",
         wait_s: float = 900.0,
         poll_s: float = 0.5,
+        role_arn: str = "",
     ) -> None:
         """``template``: the template's body, or an https URL of it (``TemplateURL``). ``parameters``: the
         stack parameters every version shares (SageMakerEndpoint, ImageUri, InstanceType, LambdaBatcher...).
         ``endpoint``: the address of a version without a SageMaker endpoint (``{model}``, ``{version}``
-        replaced), e.g. an HTTP model server."""
+        replaced), e.g. an HTTP model server. ``role_arn``: the CloudFormation service role that creates the
+        stacks' resources (then the caller needs only ``iam:PassRole`` on it and the stack operations)."""
         self._client = client
         self._service = service_stack
         source = "TemplateURL" if template.startswith("https://") else "TemplateBody"
@@ -51,6 +53,7 @@ class CloudFormationModelStacks:
         self._parameters = dict(parameters or {})
         self._endpoint = endpoint
         self._wait_s, self._poll_s = wait_s, poll_s
+        self._role: dict[str, Any] = {"RoleARN": role_arn} if role_arn else {}
 
     def stack_name(self, model: str, version: str) -> str:
         return f"{self._service}-model-{stack_model_name(model, version)}"
@@ -65,6 +68,7 @@ class CloudFormationModelStacks:
                 Capabilities=_CAPABILITIES,
                 Tags=[{"Key": "clipper:model", "Value": model}, {"Key": "clipper:version", "Value": version}],
                 **self._template,
+                **self._role,
             )
         except ClientError as e:
             if error_code(e) != "AlreadyExistsException":
@@ -132,6 +136,7 @@ class CloudFormationModelStacks:
             "Parameters": [{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()],
             "Capabilities": _CAPABILITIES,
             **self._template,  # the same template and shared parameters as create (moto cannot reuse its own)
+            **self._role,
         }
         for attempt in (1, 2):
             try:
@@ -155,7 +160,12 @@ def _scale_parameters(replicas: int) -> dict[str, str]:
 
 
 def build_model_stacks(
-    client: CloudFormationClient, service_stack: str, template: str, parameters_json: str, endpoint: str
+    client: CloudFormationClient,
+    service_stack: str,
+    template: str,
+    parameters_json: str,
+    endpoint: str,
+    role_arn: str = "",
 ) -> CloudFormationModelStacks | None:
     """From a function's settings: None when no service stack is named (versions then share the active
     version's resources). ``template``: an https URL, or a path to infra/model-stack.yaml (the local stack)."""
@@ -166,4 +176,4 @@ def build_model_stacks(
 
         template = Path(template).read_text(encoding="utf-8")
     parameters = json.loads(parameters_json) if parameters_json else {}
-    return CloudFormationModelStacks(client, service_stack, template, parameters, endpoint)
+    return CloudFormationModelStacks(client, service_stack, template, parameters, endpoint, role_arn=role_arn)
