@@ -60,7 +60,7 @@ lint: venv
 
 # Benchmarks: each prints its figures, writes bench/results/<name>.json and a PNG plot.
 bench-batching: venv models
-	$(PY) bench/batching.py $(BENCH_ARGS)
+	$(PY) -m bench.batching $(BENCH_ARGS)
 
 bench-cache: venv models redis
 	$(PY) bench/cache.py $(BENCH_ARGS)

@@ -1,0 +1,291 @@
+"""The benchmark's outputs: the plot, the Markdown section of bench/README.md and the history of runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.batching.config import GENERATOR_CORE, HISTORY, NEAR_MISS, README, ROOT, SUT_CORE, WITHIN_SLO_REQUIRED
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(2, len(results), figsize=(6.5 * len(results), 9), squeeze=False)
+    for col, r in enumerate(results):
+        a = ax[0, col]
+        labels = ["adaptive", "batch size 1", "raw ORT limit"]
+        values = [r["throughput_adaptive"], r["throughput_unbatched"], r["throughput_raw_limit"]]
+        colors = ["C0", "C1", "C2"]
+        bars = a.bar(labels, values, color=colors)
+        for bar, v in zip(bars, values, strict=True):
+            a.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=9)
+        if max(values) > 20 * max(min(values), 1):
+            a.set_yscale("log")
+        a.set(ylabel="queries/s (rows/s)", title=f"{r['model']}: highest sustained rate, SLO {r['slo_ms']:g} ms")
+        a = ax[1, col]
+        ceiling = 10 * r["slo_ms"]
+        for mode, color in (("adaptive", "C0"), ("unbatched", "C1")):
+            ladder = sorted(r[f"ladder_{mode}"], key=lambda t: t["rate"])
+            xs = [t["rate"] for t in ladder]
+            ys = [min(ceiling, t["p99_ms"]) if t["p99_ms"] is not None else ceiling for t in ladder]
+            a.plot(xs, ys, "o-", color=color, label=f"{mode} p99")
+            a.plot(xs, [min(ceiling, t["p50_ms"]) for t in ladder], "x:", color=color, label=f"{mode} p50")
+        a.axhline(r["slo_ms"], color="k", linestyle="--", linewidth=1, label="SLO")
+        a.set_xscale("log")
+        a.set_yscale("log")
+        a.set(
+            xlabel="offered rate (queries/s, Poisson)",
+            ylabel=f"latency (ms, log; {ceiling:g} = more than 1 % unanswered)",
+            title=f"{r['model']}: latency vs offered rate (every trial)",
+        )
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _para(text: str) -> list[str]:
+    return [*textwrap.wrap(" ".join(text.split()), 110, break_on_hyphens=False), ""]
+
+
+def readme_section(results: list[dict[str, Any]], meta: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    lines = [
+        "## Batching",
+        "",
+        "```bash",
+        "make bench-batching        # BENCH_ARGS=--quick: a smoke run under a minute (writes batching_quick.*)",
+        "```",
+        "",
+    ]
+    lines += _para(
+        f"""It drives the batcher core (`Batcher` run by `LongPollDriver`) and the real endpoint server
+        (`python -m clipper_endpoint`, one ONNX Runtime thread) with open-loop Poisson arrivals, and searches
+        for each model the highest rate that is *sustained*: p99 latency within the SLO and at least
+        {WITHIN_SLO_REQUIRED:.0%} of the queries answered within it, counted after a {meta["warmup_s"]:g} s
+        warm-up. Latency runs from each query's scheduled arrival to the publication of its reply; queries
+        dropped as expired, or not answered, count as outside the SLO. The search doubles the rate until a
+        trial fails, then bisects ({meta["refine_steps"]} steps); a trial lasts {meta["min_trial_s"]:g} to
+        {meta["max_trial_s"]:g} s (at least ~1,000 queries where that fits). The machine is a shared virtual
+        one, where a stall of a few tens of ms now and then expires a handful of queries, so a near miss (at
+        least {NEAR_MISS:.0%} within the SLO) is run once more and counts when the second run passes; both
+        runs are in the JSON."""
+    )
+    lines += _para(
+        f"""Adaptive batching is {CONTROLLER_TEXT[meta["controller"]]}, a fresh controller for every trial,
+        with the default 1 ms batch wait; batch size 1 is `FixedController(1)`. The raw ONNX Runtime
+        limit calls the same model in process, one intra-op thread, with fixed batches of 1 to 256 rows; it is
+        the best rows/s among the batch sizes whose p99 call latency is within the SLO. Every query holds one
+        row, so queries/s and rows/s are the same unit."""
+    )
+    lines += [
+        "| core | what runs there |",
+        "| --- | --- |",
+        f"| {GENERATOR_CORE} | the load generator (its own process): Poisson arrival times; each query encoded as "
+        "the frontend encodes it (`encode_rows` + `QueryMessage.to_json`) at its arrival, then sent through a pipe |",
+        f"| {SUT_CORE} | the system under test: the driver thread (it reads the pipe inside `QueueReader.receive`, "
+        "as it reads SQS in production, runs the `Batcher`, calls the endpoint over HTTP with `.npy` batches, "
+        "publishes one reply per query to an in-memory `ReplyChannel` that records the time); the endpoint "
+        f"server (`taskset -c {SUT_CORE}`); and, between trials, the raw ONNX Runtime measurement |",
+        "",
+    ]
+    if not meta["pinned"]:
+        lines += _para("**This run was not pinned** (fewer than 2 cores, or no `taskset`).")
+    lines += [
+        "| model | SLO | adaptive q/s | batch size 1 q/s | raw ORT limit rows/s (batch) | adaptive p50 / p99 "
+        "| within SLO | mean batch | target | met |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['model']} | {r['slo_ms']:g} ms | {r['throughput_adaptive']:,.0f} | {r['throughput_unbatched']:,.0f} "
+            f"| {r['throughput_raw_limit']:,.0f} ({r['raw_limit_batch']}) | {_num(r['p50_ms_adaptive'])} / "
+            f"{_num(r['p99_ms_adaptive'])} ms | {_pct(r['within_slo_fraction'])} | {_num(r['mean_batch_size'])} "
+            f"| {r['target']} | {'yes' if r['target_met'] else '**no**'} |"
+        )
+    lines += [""]
+    lines += spread_lines(results, runs)
+    lines += ["![batching benchmark](results/batching.png)", "", "Reading the figures:", ""]
+    lines += findings(results)
+    lines += _para(WHERE_THE_TIME_GOES)
+    if any(r["model"] == "cnn" and not r["target_met"] for r in results):
+        lines += _para(WHY_THE_CNN_MISSES)
+    lines += _para(
+        f"""Run on {meta["machine"]}, {meta["cpus"]} cores, ONNX Runtime {meta["onnxruntime"]}, load average
+        {meta["loadavg"]} at the start, {meta["seconds"]:.0f} s in all. `bench/results/batching.json` holds,
+        per model, the fields above and every trial of each search (rate, p50/p99, within-SLO fraction,
+        expired queries, mean and largest batch, endpoint call time, the batcher's time per message, the
+        generator's lateness), and the raw table."""
+    )
+    return "\n".join(lines)
+
+
+# Mechanisms behind the figures, measured on this kind of machine with cProfile on the driver thread and with
+# micro-benchmarks (they do not change from run to run the way the rates do).
+WHERE_THE_TIME_GOES = """**Where the time goes.**
+    The HTTP call to the endpoint costs about 1.3 ms when the core is busy and 2-3 ms after idle gaps
+    (wake-ups are slow on this virtual machine), nearly independent of the batch size up to 64 rows, while
+    ONNX Runtime needs 0.05-0.3 ms for the MLP. Batch size 1 therefore pays ~1-2 ms of the shared core a
+    query; adaptive batching shares the call and is then bound by the batcher's per-message Python cost
+    (~80 us at the sustained rate): the `.npy` payload (a header regex and `np.frombuffer` in
+    `clipper.core.tensors`, ~20 us with the base64 decode; `np.load` took ~100 us before), then
+    `QueryMessage.from_json` (5-13 us) and the `Reply` and its publication (~5 us). Expiry and duplicate checks
+    run before the payload is decoded, so shedding an expired query in an overload is cheap. The faster codec
+    lifted batch size 1 as much as adaptive batching (both spend it per message), so the ratio stays near 5x:
+    10x needs the per-message cost well under the HTTP call's share of an unbatched query. The controller does
+    not decide these figures: a batch is whatever queued while the endpoint was busy, and at the sustained
+    rates the AIMD limit ends just above the largest batch seen (`controller_limit_end` in the JSON)."""
+WHY_THE_CNN_MISSES = """**Why the CNN misses.**
+    On a CPU, ONNX Runtime gains little from batching this model (about 20 % from
+    batch 1 to batch 8), and serving adds the HTTP call plus the batcher's per-row work (base64 and
+    `.npy` decode of a 12 KB row) on the same core. The driver sends whatever is queued as soon as the endpoint is
+    free (as Clipper does; the 1 ms batch wait only bounds how long a batch may fill), so at the sustained
+    rates batches hold one to three rows, where a row costs noticeably more of the core than the raw session
+    at its best batch. Batches grow only under a backlog, and a backlog of ~50 ms batches (one running, one
+    waiting) already fills a 100 ms SLO: at saturation the core serves close to the raw limit, but by then
+    the median is past the SLO. Reaching 0.8x of the raw limit with p99 within the SLO would need ~90 %
+    utilisation with batches of 5-8 rows, more than Poisson arrivals leave room for."""
+
+
+CONTROLLER_TEXT = {
+    "aimd": "Clipper's AIMD (`AimdController` with the SLO as its latency objective, up to 256 rows)",
+    "quantile": "the quantile-regression controller (`QuantileController` with the SLO, up to 256 rows)",
+}
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}" if value < 100 else f"{value:,.0f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2%}"
+
+
+def findings(results: list[dict[str, Any]]) -> list[str]:
+    out: list[str] = []
+    for r in results:
+        at = r.get("adaptive_at_max") or {}
+        un = r.get("unbatched_at_max") or {}
+        raw_ms_per_row = 1000 / r["throughput_raw_limit"] if r["throughput_raw_limit"] else None
+        every = r["ladder_adaptive"] + r["ladder_unbatched"]
+        top: dict[str, Any] = max(
+            (t for t in r["ladder_adaptive"] if t["served_ms_per_message"]), key=lambda t: t["rate"], default={}
+        )
+        text = f"""**{r["model"]}** (SLO {r["slo_ms"]:g} ms; target: {r["target"]}: {
+            "met" if r["target_met"] else "missed"
+        }). Adaptive batching sustains {r["throughput_adaptive"]:,.0f} q/s,
+            {r["adaptive_over_unbatched"]}x batch size 1 ({r["throughput_unbatched"]:,.0f} q/s) and
+            {r["adaptive_over_raw_limit"]}x the raw limit ({r["throughput_raw_limit"]:,.0f} rows/s at batch
+            {r["raw_limit_batch"]}). At its highest sustained rate the mean batch is {_num(at.get("mean_batch_size"))}
+            rows, an endpoint call takes {at.get("endpoint_call_ms_mean")} ms over HTTP, and the batcher spends
+            {at.get("batcher_us_per_message")} us a message besides (decode, expiry and duplicate checks,
+            replies): {at.get("served_ms_per_message")} ms of the driver's time a query, against
+            {_num(raw_ms_per_row)} ms a row for the raw session at its best batch. Unbatched, a call takes
+            {un.get("endpoint_call_ms_mean")} ms and the batcher {un.get("batcher_us_per_message")} us a
+            message. In the most loaded adaptive trial ({top.get("rate", 0):,.0f} q/s, mean batch
+            {_num(top.get("mean_batch_size"))}) the driver needs {top.get("served_ms_per_message")} ms a query,
+            so the core saturates near {1000 / top["served_ms_per_message"] if top else 0:,.0f} q/s. Queries
+            expired across all {len(every)} trials: {sum(t["expired"] for t in every):,}."""
+        out += _para(text)
+    return out
+
+
+def update_readme(section: str) -> None:
+    """Replace (or append) the ``## Batching`` section of bench/README.md, leaving every other section alone."""
+    text = README.read_text() if README.exists() else "# Benchmarks\n"
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == "## Batching"), None)
+    if start is None:
+        new = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        head = "\n".join(lines[:start]).rstrip("\n")
+        tail = "\n".join(lines[end:])
+        new = head + "\n\n" + section.rstrip("\n") + "\n" + ("\n" + tail.rstrip("\n") + "\n" if tail else "")
+    README.write_text(new)
+
+
+# The files whose code decides the figures: runs are compared only with runs of the same code.
+SUT_FILES = (
+    "shared/clipper/batching",
+    "shared/clipper/core/messages.py",
+    "shared/clipper/core/tensors.py",
+    "shared/clipper/adapters/endpoints.py",
+    "model-images/onnx-runtime/clipper_endpoint",
+    "infra/demo/cnn_model.py",
+)
+# Change this when the way this benchmark measures changes, so that older runs are no longer compared.
+METHOD_REVISION = 1
+HEADLINE = (
+    "throughput_adaptive",
+    "throughput_unbatched",
+    "throughput_raw_limit",
+    "adaptive_over_unbatched",
+    "adaptive_over_raw_limit",
+    "target_met",
+)
+MAX_HISTORY = 30
+
+
+def code_fingerprint(controller: str) -> str:
+    """A hash of the code under test, the measuring method's revision and the controller."""
+    digest = hashlib.sha256(f"{METHOD_REVISION}:{controller}".encode())
+    for rel in SUT_FILES:
+        path = ROOT / rel
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            if f.is_file():
+                digest.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def record_run(results: list[dict[str, Any]], controller: str) -> list[dict[str, Any]]:
+    """Add this full run's headline figures to ``batching_runs.json``; return the runs of the same code."""
+    try:
+        runs: list[dict[str, Any]] = json.loads(HISTORY.read_text()) if HISTORY.exists() else []
+    except ValueError:
+        runs = []
+    code = code_fingerprint(controller)
+    entry: dict[str, Any] = {"code": code, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "models": {}}
+    for r in results:
+        figures = {k: r[k] for k in HEADLINE}
+        entry["models"][r["model"]] = figures
+    runs = [*runs, entry][-MAX_HISTORY:]
+    HISTORY.write_text(json.dumps(runs, indent=1) + "\n")
+    return [run for run in runs if run["code"] == code]
+
+
+def spread_lines(results: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[str]:
+    """One sentence per model: the range of each headline figure over the full runs of this code."""
+    if len(runs) < 2:
+        return []
+
+    def span(model: str, key: str, unit: str = "") -> str:
+        values = [run["models"][model][key] for run in runs if run["models"].get(model, {}).get(key) is not None]
+        if not values:
+            return "-"
+        lo, hi = min(values), max(values)
+
+        def fmt(v: float) -> str:
+            return f"{v:,.0f}" if lo >= 10 else f"{v:.3g}"
+
+        return f"{fmt(lo)}{unit}" if lo == hi else f"{fmt(lo)}-{fmt(hi)}{unit}"
+
+    text = f"""The rates move from run to run on this shared virtual machine. Over the {len(runs)} full runs of this
+        code so far (`results/batching_runs.json`):"""
+    for r in results:
+        m = r["model"]
+        met = sum(1 for run in runs if run["models"].get(m, {}).get("target_met"))
+        count = sum(1 for run in runs if m in run["models"])
+        text += f""" {m}: adaptive {span(m, "throughput_adaptive")} q/s, batch size 1
+            {span(m, "throughput_unbatched")} q/s, raw {span(m, "throughput_raw_limit")} rows/s, adaptive over
+            batch size 1 {span(m, "adaptive_over_unbatched", "x")}, over raw {span(m, "adaptive_over_raw_limit", "x")},
+            target met in {met} of {count} runs"""
+        text += ";"
+    return _para(text.rstrip(";") + ".")
