@@ -88,7 +88,7 @@ def uploads(event: dict[str, Any]) -> list[dict[str, Any]]:
                 "key": unquote_plus(obj.get("key", "")),
                 "size": int(obj.get("size", 0)),
                 "etag": obj.get("etag") or obj.get("eTag", ""),  # moto's EventBridge events spell it eTag
-                "version_id": obj.get("version-id"),
+                "version_id": _pinning(obj.get("version-id")),
             }
         ]
     found = []
@@ -103,10 +103,16 @@ def uploads(event: dict[str, Any]) -> list[dict[str, Any]]:
                 "key": unquote_plus(obj.get("key", "")),  # S3 notifications URL-encode keys
                 "size": int(obj.get("size", 0)),
                 "etag": obj.get("eTag", ""),
-                "version_id": obj.get("versionId"),
+                "version_id": _pinning(obj.get("versionId")),
             }
         )
     return found
+
+
+def _pinning(version_id: str | None) -> str | None:
+    """The S3 version id that pins the uploaded object, or None. "null" is the version id of an object in an
+    unversioned bucket: every upload of the key has it, so it pins nothing (the ETag does)."""
+    return None if version_id in (None, "", "null") else version_id
 
 
 @logger.inject_lambda_context

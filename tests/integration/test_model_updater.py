@@ -284,6 +284,25 @@ def test_an_eventbridge_object_created_event_has_the_same_outcome(world: World) 
     assert world.active() == "2"
 
 
+def test_the_null_version_id_of_an_unversioned_bucket_pins_nothing(world: World) -> None:
+    """moto (and S3 for objects written while versioning was off) name the version "null": every upload of the
+    key has it, so a fixed file after a rejection must not pass for a redelivery of the rejected one."""
+
+    def event_for(data: bytes) -> dict[str, Any]:
+        put = world.aws.s3.put_object(Bucket=world.aws.bucket, Key=KEY, Body=data)
+        event = json.loads((EVENTS / "eventbridge-model-upload.json").read_text())
+        event["detail"]["bucket"]["name"] = world.aws.bucket
+        obj = {"key": KEY, "size": len(data), "etag": put["ETag"].strip('"'), "version-id": "null"}
+        event["detail"]["object"].update(obj)
+        return event
+
+    (rejected,) = world.handle(event_for(b"garbage"))
+    (fixed,) = world.handle(event_for(world.model_bytes()))
+
+    assert (rejected["status"], fixed["status"]) == ("rejected", "registered")
+    assert world.item("VERSION#2")["artifact_version_id"] == {"S": ""}
+
+
 # --- one record at a time; retries ---------------------------------------------------------------------------
 
 
