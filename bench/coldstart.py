@@ -31,7 +31,8 @@ start) and boto3 clients created by events (they must be created once, at cold s
 Writes bench/results/coldstart.json and coldstart.png. ``--runs N`` (default 5) rounds after a discarded
 warm-up round (it compiles .pyc files and warms the page cache, as a deployed package has them); about
 2.5 minutes on 2 cores. ``--what-if-gc`` adds a variant of ours with the cyclic GC off during the import
-and ``gc.freeze()`` after it (what two lines in each app.py would give).
+and ``gc.freeze()`` after it (the frontend, batcher and feedback handlers do it themselves since issue 6, so
+for them the variant measures the same thing twice; the admin and model updater handlers do not).
 """
 
 from __future__ import annotations
