@@ -193,3 +193,37 @@ def test_a_batch_channel_down_fails_every_message_for_retry():
     assert sorted(report.failed) == ["m1", "m2", "m3"] and endpoint.calls == [3]
     replies.publish_down = False
     assert batcher.process(msgs).answered == 3
+
+
+def timed(endpoint: FakeEndpoint, clock: FakeClock, fixed_s: float, per_row_s: float) -> None:
+    """Every call advances the clock by ``fixed_s + per_row_s * rows``."""
+
+    def predict(rows, inner=endpoint.predict):
+        clock.advance(fixed_s + per_row_s * len(rows))
+        return inner(rows)
+
+    endpoint.predict = predict
+
+
+def test_batches_are_cut_earliest_deadline_first_to_what_can_still_meet_it(setup):
+    clock, endpoint, replies, batcher = setup
+    timed(endpoint, clock, 0.002, 0.010)  # 12 ms for one row, 42 ms for four
+    for n in (1, 4):
+        assert batcher.process([message(100 + n, one_hot(0, n), clock, ttl_s=1.0)], defer=True).answered == 1
+    roomy = [message(i, one_hot(i), clock, ttl_s=0.5) for i in range(1, 5)]
+    urgent = message(9, one_hot(9), clock, ttl_s=0.045)  # 45 ms left: three rows fit (1.1 x 32 ms)
+    report = batcher.process([*roomy, urgent], defer=True)
+    assert report.answered == 3 and endpoint.calls[-1] == 3 and report.failed == []
+    assert "9" in replies.lists and sorted(report.deferred) == ["m3", "m4"]  # the latest deadlines wait
+    again = batcher.process([roomy[2], roomy[3]], defer=True)
+    assert again.answered == 2 and again.deferred == [] and "3" in replies.lists and "4" in replies.lists
+
+
+def test_without_defer_a_batch_is_never_cut(setup):
+    clock, endpoint, _, batcher = setup
+    timed(endpoint, clock, 0.002, 0.010)
+    for n in (1, 4):
+        batcher.process([message(100 + n, one_hot(0, n), clock, ttl_s=1.0)])
+    msgs = [message(i, one_hot(i), clock, ttl_s=0.5) for i in range(1, 5)]
+    report = batcher.process([*msgs, message(9, one_hot(9), clock, ttl_s=0.045)])
+    assert report.answered == 5 and report.deferred == [] and endpoint.calls[-1] == 5

@@ -1,6 +1,12 @@
 """The batcher core: decode query messages, drop expired and duplicate ones, call the model endpoint
 once per group of compatible rows, and deliver one reply per message.
 
+Deadline-aware cutting (``process(..., defer=True)``, the long-poll driver's way): a group's members are
+taken earliest deadline first while the batch's predicted latency (``LatencyModel``, fitted per model on
+the batches so far) still lets the earliest of them meet its deadline; the others are *deferred*: reported
+apart, for the driver to hold and offer again with its next batch. The Lambda driver cannot hold messages,
+so it processes everything it gets.
+
 Invariant (Ray Serve's): a batched call yields exactly one output per input row, or fails every message
 of the batch with the same error. A message that fails is reported to the driver, which leaves it for
 retry (and, after the queue's ``maxReceiveCount``, the dead-letter queue); one bad message never fails the
@@ -17,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from clipper.batching.latency import LatencyModel
 from clipper.core.cache_keys import row_keys
 from clipper.core.messages import QueryMessage, Reply, decode_rows
 from clipper.core.validation import Rows
@@ -52,6 +59,7 @@ class Inbound:
 @dataclass
 class BatchReport:
     failed: list[str] = field(default_factory=list)
+    deferred: list[str] = field(default_factory=list)  # cut from this batch to meet deadlines (defer=True)
     answered: int = 0
     expired: int = 0
     duplicates: int = 0
@@ -102,6 +110,15 @@ class Batcher:
         self._batch_replies = replies if isinstance(replies, BatchReplyChannel) else None
         # The fastest recent batches: no query whose remaining time is under this can still be answered.
         self._recent_latency: deque[float] = deque(maxlen=50)
+        self._latency: dict[tuple[str, str], LatencyModel] = {}
+
+    def latency_model(self, model: str, version: str) -> LatencyModel:
+        """The fitted batch latency of one model version (created empty on first use)."""
+        key = (model, version)
+        fitted = self._latency.get(key)
+        if fitted is None:
+            fitted = self._latency[key] = LatencyModel()
+        return fitted
 
     @property
     def latency_floor_s(self) -> float:
@@ -119,7 +136,9 @@ class Batcher:
             raise MalformedMessage(f"message says {message.rows} rows, payload has {len(rows)}")
         return rows
 
-    def process(self, inbound: Sequence[Inbound]) -> BatchReport:
+    def process(self, inbound: Sequence[Inbound], defer: bool = False) -> BatchReport:
+        """Answer ``inbound``; with ``defer``, cut each group to what can meet its earliest deadline and
+        report the rest as ``deferred`` (not answered, not failed: the caller offers them again)."""
         report = BatchReport()
         now_ms = self._clock.now() * 1000
         floor_ms = self.latency_floor_s * 1000
@@ -158,8 +177,26 @@ class Batcher:
                 continue
             groups.setdefault(_group_key(work), []).append(work)
         for (model, version, _, _), members in groups.items():
+            if defer and len(members) > 1:
+                members = self._cut(model, version, members, now_ms, report)
             self._run_group(model, version, members, report)
         return report
+
+    def _cut(self, model: str, version: str, members: list[_Work], now_ms: float, report: BatchReport) -> list[_Work]:
+        """Earliest deadline first, as many members as the predicted batch latency lets the earliest meet its
+        deadline (at least one); the rest are deferred."""
+        members = sorted(members, key=lambda w: w.message.deadline_ms)
+        budget_s = (members[0].message.deadline_ms - now_ms) / 1000
+        total = sum(w.message.rows for w in members)
+        fits = self.latency_model(model, version).rows_within(budget_s, total)
+        if fits >= total:
+            return members
+        taken, rows = 1, members[0].message.rows
+        while taken < len(members) and rows + members[taken].message.rows <= fits:
+            rows += members[taken].message.rows
+            taken += 1
+        report.deferred.extend(w.message_id for w in members[taken:])
+        return members[:taken]
 
     def _answered(self, live: list[tuple[Inbound, QueryMessage]], report: BatchReport) -> list[bool | None]:
         """Whether each message was answered already (a redelivery); None where the channel is down."""
@@ -198,6 +235,7 @@ class Batcher:
             return
         end = self._clock.now()
         self._recent_latency.append(end - start)
+        self.latency_model(model, version).observe(len(rows), end - start)
         report.batches.append((model, len(rows), end - start))
         start_ms, inference_ms, size = start * 1000, (end - start) * 1000, float(len(rows))
         replies = []

@@ -6,6 +6,9 @@ is full or the oldest message has waited ``batch_wait_s`` (a receive that comes 
 at once: nothing is gained by waiting on an idle queue); then it runs the batch through the batcher core,
 deletes what was answered (or dropped as expired or duplicate), and releases failed messages for a retry
 after a back-off (the queue's redrive policy moves a message to the dead-letter queue after ``maxReceiveCount`` tries).
+
+The core cuts each batch to what can still meet its earliest deadline (``Batcher.process(defer=True)``);
+the messages it defers stay in flight (neither deleted nor released) and lead the next batch.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class DriverStats:
     expired: int = 0
     duplicates: int = 0
     failed: int = 0
+    deferred: int = 0  # times a message was cut from a batch to meet deadlines (it leads the next one)
 
 
 class LongPollDriver:
@@ -60,6 +64,7 @@ class LongPollDriver:
         self._save_every = save_every_s
         self._saved_at = time.monotonic()
         self.stats = DriverStats()
+        self._carry: list[ReceivedMessage] = []  # deferred by the last batch: they lead the next one
         self._restore()
 
     def _restore(self) -> None:
@@ -85,10 +90,12 @@ class LongPollDriver:
 
     def collect(self, stop: threading.Event) -> list[ReceivedMessage]:
         """Receive one batch: block (long poll) until a message arrives, then fill until full or late."""
-        batch: list[ReceivedMessage] = []
-        first_at = 0.0
+        batch, self._carry = self._carry, []
+        first_at = time.monotonic()
         while not stop.is_set():
             limit = self._controller.max_batch_size()
+            if len(batch) >= limit:
+                return batch
             wait = 0 if batch else self._idle_wait
             try:
                 got = self._reader.receive(limit - len(batch), wait)
@@ -109,11 +116,13 @@ class LongPollDriver:
 
     def handle(self, batch: list[ReceivedMessage]) -> BatchReport:
         started = time.monotonic()
-        report = self._batcher.process([Inbound(m.message_id, m.body) for m in batch])
+        report = self._batcher.process([Inbound(m.message_id, m.body) for m in batch], defer=True)
         latency = time.monotonic() - started
-        self._controller.observe(len(batch), latency)
+        deferred = set(report.deferred)
+        self._controller.observe(len(batch) - len(deferred), latency)
         failed = set(report.failed)
-        done = [m.receipt_handle for m in batch if m.message_id not in failed]
+        self._carry = [m for m in batch if m.message_id in deferred]
+        done = [m.receipt_handle for m in batch if m.message_id not in failed and m.message_id not in deferred]
         try:
             self._reader.delete(done)
             for m in batch:
@@ -129,6 +138,7 @@ class LongPollDriver:
         s.expired += report.expired
         s.duplicates += report.duplicates
         s.failed += len(failed)
+        s.deferred += len(deferred)
         if time.monotonic() - self._saved_at >= self._save_every:
             self.save_state()
         return report
