@@ -54,6 +54,7 @@ def test_every_log_line_of_a_query_carries_its_query_id_as_correlation_id(clippe
     out = io.StringIO()
     logger = Logger(service="clipper-frontend", logger_handler=logging.StreamHandler(out), level="INFO")
     copy_config_to_registered_loggers(source_logger=logger, include={"clipper"})
+    logger.set_correlation_id("api-gateway-request-id")  # what the handler's inject_lambda_context sets
     tracer = FakeTracer()
     clock = FakeClock()
     # no reply ever comes: the query answers the default output and the core logs why
@@ -69,6 +70,7 @@ def test_every_log_line_of_a_query_carries_its_query_id_as_correlation_id(clippe
     own = next(line for line in lines if line["message"] == "query answered")
     assert own["correlation_id"] == str(result.predictions[0].query_id)
     assert tracer.annotations == {"app": "digits", "query_id": str(4242 << 16), "model": "mlp:1"}
+    logger.thread_safe_clear_keys()  # this thread's keys (a query under Mangum or uvicorn has its own context)
 
 
 def test_tracing_follows_powertools_rule():
