@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import Reply
 from clipper.core.validation import Rows
-from clipper.selection.state import SelectionState
+
+if TYPE_CHECKING:  # the batcher never loads the selection package
+    from clipper.selection.state import SelectionState
 
 
 class Clock(Protocol):
