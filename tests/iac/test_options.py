@@ -230,3 +230,18 @@ def test_model_stack_alarms_on_dead_letters_and_endpoint_errors_when_there_is_an
     alarm = with_endpoint["EndpointErrorsAlarm"]["Properties"]
     assert (alarm["Namespace"], alarm["MetricName"]) == ("AWS/SageMaker", "Invocation5XXErrors")
     assert {"Name": "EndpointName", "Value": {"Fn::GetAtt": ["Endpoint", "EndpointName"]}} in alarm["Dimensions"]
+
+
+# --- batcher tracing ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "mode", "disabled"), [("off", "PassThrough", "true"), ("on", "Active", "false")])
+def test_batcher_tracing_follows_its_parameter(
+    translated: dict[str, Any], value: str, mode: str, disabled: str
+) -> None:
+    template = resolve(translated, BatcherTracing=value)
+    batcher = template["Resources"]["BatcherFunction"]["Properties"]
+
+    assert batcher["TracingConfig"]["Mode"] == mode
+    assert env(template, "BatcherFunction")["POWERTOOLS_TRACE_DISABLED"] == disabled
+    assert template["Resources"]["FrontendFunction"]["Properties"]["TracingConfig"]["Mode"] == "Active"
