@@ -227,3 +227,20 @@ def test_without_defer_a_batch_is_never_cut(setup):
     msgs = [message(i, one_hot(i), clock, ttl_s=0.5) for i in range(1, 5)]
     report = batcher.process([*msgs, message(9, one_hot(9), clock, ttl_s=0.045)])
     assert report.answered == 5 and report.deferred == [] and endpoint.calls[-1] == 5
+
+
+def test_a_query_that_cannot_make_it_even_alone_is_dropped_once_the_line_is_fitted(setup):
+    clock, endpoint, replies, batcher = setup
+    timed(endpoint, clock, 0.002, 0.010)  # one row: 12 ms, predicted 13.2 ms with the margin
+    assert batcher.process([message(101, one_hot(0), clock, ttl_s=1.0)], defer=True).answered == 1
+    tight = message(1, one_hot(1), clock, ttl_s=0.013)  # over the 12 ms floor, under the prediction
+    report = batcher.process([tight, message(2, one_hot(2), clock, ttl_s=0.5)], defer=True)
+    # one batch size seen: a guess, so no drop; the tight one runs alone, the other waits
+    assert report.answered == 1 and report.expired == 0 and report.deferred == ["m2"] and "1" in replies.lists
+    batcher.process([message(102, one_hot(0, 4), clock, ttl_s=1.0)], defer=True)  # now a fitted line
+    tight = message(3, one_hot(3), clock, ttl_s=0.013)
+    report = batcher.process([tight, message(4, one_hot(4), clock, ttl_s=0.5)], defer=True)
+    assert report.expired == 1 and report.answered == 1 and "3" not in replies.lists and "4" in replies.lists
+    calls = len(endpoint.calls)
+    alone = batcher.process([message(5, one_hot(5), clock, ttl_s=0.013)], defer=True)
+    assert alone.expired == 1 and len(endpoint.calls) == calls and "5" not in replies.lists

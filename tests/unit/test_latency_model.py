@@ -31,7 +31,11 @@ def test_before_two_sizes_it_scales_up_but_never_down():
     m = LatencyModel(margin=1.0)
     assert m.predict(4) is None and m.rows_within(0.001, 7) == 7  # nothing known: no cut
     m.observe(4, 0.040)
+    m.observe(4, 0.040)
     assert m.predict(8) == pytest.approx(0.080) and m.predict(1) == pytest.approx(0.040)
+    assert not m.fitted
+    m.observe(1, 0.013)
+    assert m.fitted and m.predict(1) < 0.040
 
 
 def test_rows_within_the_budget():

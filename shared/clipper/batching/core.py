@@ -177,19 +177,29 @@ class Batcher:
                 continue
             groups.setdefault(_group_key(work), []).append(work)
         for (model, version, _, _), members in groups.items():
-            if defer and len(members) > 1:
+            if defer:
                 members = self._cut(model, version, members, now_ms, report)
-            self._run_group(model, version, members, report)
+            if members:
+                self._run_group(model, version, members, report)
         return report
 
     def _cut(self, model: str, version: str, members: list[_Work], now_ms: float, report: BatchReport) -> list[_Work]:
         """Earliest deadline first, as many members as the predicted batch latency lets the earliest meet its
-        deadline (at least one); the rest are deferred."""
+        deadline; the rest are deferred. Once the latency line is fitted, a member that could not meet its
+        deadline even alone is dropped as expired (in an overload it would only slow the others down)."""
         members = sorted(members, key=lambda w: w.message.deadline_ms)
-        budget_s = (members[0].message.deadline_ms - now_ms) / 1000
+        fitted = self.latency_model(model, version)
         total = sum(w.message.rows for w in members)
-        fits = self.latency_model(model, version).rows_within(budget_s, total)
-        if fits >= total:
+        while members:
+            budget_s = (members[0].message.deadline_ms - now_ms) / 1000
+            fits = fitted.rows_within(budget_s, total)
+            if fits >= total:
+                return members
+            if fits >= members[0].message.rows or not fitted.fitted:
+                break
+            report.expired += 1
+            total -= members.pop(0).message.rows
+        if not members:
             return members
         taken, rows = 1, members[0].message.rows
         while taken < len(members) and rows + members[taken].message.rows <= fits:

@@ -3,8 +3,9 @@ model. Pure, no clock: the batcher feeds it each batch's (rows, seconds) and ask
 
 It lets the batcher cut batches so that their queries can still meet their deadlines (a batch whose
 earliest deadline falls before its predicted end is cut smaller; the rest waits for the next batch) and drop
-queries that no batch could answer in time. Until it has seen two batch sizes it scales the mean latency up
-with the number of rows and never down (a cautious guess for bigger batches, the mean for smaller ones).
+queries that no batch could answer in time (only once ``fitted``). Until it has seen two batch sizes it
+scales the mean latency up with the number of rows and never down (a cautious guess for bigger batches, the
+mean for smaller ones).
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ class LatencyModel:
         s[1] += sign * t
         s[2] += sign * n * n
         s[3] += sign * n * t
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the window holds two batch sizes or more (a line, not a guess)."""
+        count = len(self._samples)
+        if count < 2:
+            return False
+        sn, _, snn, _ = self._sums
+        mean_n = sn / count
+        return snn / count - mean_n * mean_n > 1e-9 * max(1.0, mean_n * mean_n)
 
     def line(self) -> tuple[float, float] | None:
         """``(a, b)``, both at least 0, or None before any batch."""
