@@ -204,37 +204,20 @@ class LocalStack:
 
     def start_uploads(self, outputs: dict[str, str]) -> None:
         """The S3 -> model updater dispatch, and per-version serving for what it registers."""
-        import boto3
+        from infra.local.serving import start_uploads
 
-        from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
-        from clipper.adapters.dynamodb_registry import DynamoDBRegistry
-        from infra.local.cfn import MODEL_STACK_TEMPLATE
-        from infra.local.serving import LocalModelServing, UploadDispatcher, connect_uploads
-
-        cfn, s3, sqs = boto3.client("cloudformation"), boto3.client("s3"), boto3.client("sqs")
-        bucket = outputs["ModelBucketName"]
-        queue_url = connect_uploads(cfn, s3, sqs, boto3.client("events"), STACK, bucket)
         # the updater's handler module reads its settings from this process's environment
         os.environ.update({k: v for k, v in self.env.items() if k.startswith(("CLIPPER_", "POWERTOOLS_", "REDIS"))})
-        from functions.model_updater import app as updater_app
-
-        stacks = CloudFormationModelStacks(cfn, STACK, (REPO / MODEL_STACK_TEMPLATE).read_text(), poll_s=0.05)
-        self.serving = LocalModelServing(
-            stacks,
-            s3,
-            DynamoDBRegistry(boto3.client("dynamodb"), outputs["RegistryTableName"]),
+        self.serving, self.dispatcher = start_uploads(
+            STACK,
+            outputs,
             self.state_dir / "artifacts",
             lambda name, cmd: self.spawn(name, cmd, supervised=False),
             wait_http,
             free_port,
             self.args.slo_ms,
         )
-        updater = updater_app.build(updater_app.settings, boto3.client("dynamodb"), s3, stacks=self.serving)
-        self.dispatcher = UploadDispatcher(
-            sqs, queue_url, lambda event: updater_app.handle_event(updater, event, bucket)
-        )
-        self.dispatcher.start()
-        log(f"uploads to s3://{bucket}/models/<name>/<version>/model.onnx reach the model updater")
+        log(f"uploads to s3://{outputs['ModelBucketName']}/models/<name>/<version>/model.onnx reach the model updater")
 
     def start_models(self, models: list[dict[str, Any]], queues: dict[str, dict[str, str]]) -> dict[str, str]:
         endpoints = {}

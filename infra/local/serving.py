@@ -252,3 +252,40 @@ def connect_uploads(cfn: Any, s3: Any, sqs: Any, events: Any, stack: str, bucket
         events.remove_targets(Rule=rule, Ids=[t["Id"] for t in declared])
     events.put_targets(Rule=rule, Targets=[{"Id": "local-upload-dispatcher", "Arn": arn}, *declared])
     return queue_url
+
+
+def start_uploads(
+    stack: str,
+    outputs: dict[str, str],
+    artifacts_dir: Path,
+    spawn: Spawn,
+    wait_ready: WaitReady,
+    free_port: Callable[[], int],
+    slo_ms: float,
+) -> tuple[LocalModelServing, UploadDispatcher]:
+    """Connect the bucket's rule to a local queue and start the dispatcher over the updater's handler, with
+    ``LocalModelServing`` as the updater's ``ServingStacks``. The handler module reads its settings from this
+    process's environment (the caller sets it)."""
+    import boto3
+
+    from functions.model_updater import app as updater_app
+    from infra.local.cfn import MODEL_STACK_TEMPLATE, REPO_ROOT
+
+    cfn, s3, sqs = boto3.client("cloudformation"), boto3.client("s3"), boto3.client("sqs")
+    bucket = outputs["ModelBucketName"]
+    queue_url = connect_uploads(cfn, s3, sqs, boto3.client("events"), stack, bucket)
+    stacks = CloudFormationModelStacks(cfn, stack, (REPO_ROOT / MODEL_STACK_TEMPLATE).read_text(), poll_s=0.05)
+    serving = LocalModelServing(
+        stacks,
+        s3,
+        DynamoDBRegistry(boto3.client("dynamodb"), outputs["RegistryTableName"]),
+        artifacts_dir,
+        spawn,
+        wait_ready,
+        free_port,
+        slo_ms,
+    )
+    updater = updater_app.build(updater_app.settings, boto3.client("dynamodb"), s3, stacks=serving)
+    dispatcher = UploadDispatcher(sqs, queue_url, lambda event: updater_app.handle_event(updater, event, bucket))
+    dispatcher.start()
+    return serving, dispatcher
