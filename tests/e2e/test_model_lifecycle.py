@@ -171,6 +171,13 @@ def test_deploy_query_roll_forward_by_upload_roll_back(stack, demo_models):
         time.sleep(0.5)
     assert predict(stack, rows) == v1_answers
     assert conn.get_num_replicas(MODEL) == 2
+    # deleting the inactive version stops its processes (its stack goes with it)
+    assert conn.stop_inactive_model_versions([MODEL]) == [{"deleted": [f"{MODEL}:2"]}]
+    deadline = time.monotonic() + 30
+    while endpoint_processes(MODEL, "2") != 0:
+        assert time.monotonic() < deadline, "the deleted version's model servers still run"
+        time.sleep(0.5)
+    assert endpoint_processes(MODEL, "1") == 2 and predict(stack, rows) == v1_answers
 
 
 def current(conn: ClipperConnection, version: str) -> bool:
