@@ -8,6 +8,7 @@ import logging
 import random
 import sys
 import types
+import uuid
 
 import pytest
 from aws_lambda_powertools import Logger
@@ -52,7 +53,10 @@ def clipper_logger():
 
 def test_every_log_line_of_a_query_carries_its_query_id_as_correlation_id(clipper_logger):
     out = io.StringIO()
-    logger = Logger(service="clipper-frontend", logger_handler=logging.StreamHandler(out), level="INFO")
+    # a service name of its own: Powertools configures a logger name once per process, and the frontend's
+    # composition root (imported by the e2e tests) may already have taken "clipper-frontend"
+    service = f"clipper-frontend-{uuid.uuid4().hex[:8]}"
+    logger = Logger(service=service, logger_handler=logging.StreamHandler(out), level="INFO")
     copy_config_to_registered_loggers(source_logger=logger, include={"clipper"})
     logger.set_correlation_id("api-gateway-request-id")  # what the handler's inject_lambda_context sets
     tracer = FakeTracer()
