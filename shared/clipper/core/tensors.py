@@ -36,7 +36,8 @@ def encode_npy(array: np.ndarray) -> bytes:
         buf = io.BytesIO()
         np.save(buf, array, allow_pickle=False)
         return buf.getvalue()
-    return _MAGIC + b"\x01\x00" + len(header_bytes).to_bytes(2, "little") + header_bytes + array.tobytes()
+    prefix = _MAGIC_V1 + len(header_bytes).to_bytes(2, "little") + header_bytes
+    return b"".join((prefix, array.data))  # one copy of the data (tobytes and + would make two)
 
 
 # Parsed headers, keyed by their bytes: a stream of messages repeats a handful of headers (one row of the
