@@ -62,6 +62,10 @@ def test_service_stack_is_complete_with_all_outputs(session: Any, service: dict[
         "BatcherFunctionName",
         "BatcherFunctionArn",
         "SharedLayerArn",
+        "AdminFunctionName",
+        "ModelUpdaterFunctionName",
+        "SageMakerExecutionRoleArn",
+        "ModelStackTemplateUrl",
     }
 
 
@@ -274,9 +278,22 @@ def test_service_stack_with_options_deploys(session: Any) -> None:
             "QueryJwtAudience": "client-a",
             "FrontendWarmMode": "snapstart",
             "BatcherReservedConcurrency": "7",
+            "ModelStacks": "on",
+            "ModelImageUri": ECR_IMAGE,
         },
     )
     lam = session.client("lambda")
+
+    # the functions that create and scale the per-version model stacks know the stack, its template, the
+    # role CloudFormation uses and the shared parameters, resolved to this deployment's resources
+    for name in ("AdminFunctionName", "ModelUpdaterFunctionName"):
+        variables = lam.get_function(FunctionName=outputs[name])["Configuration"]["Environment"]["Variables"]
+        assert variables["CLIPPER_SERVICE_STACK_NAME"] == "clipper-options"
+        assert variables["CLIPPER_MODEL_STACK_TEMPLATE"].startswith("https://")
+        assert variables["CLIPPER_MODEL_STACK_ROLE_ARN"].startswith("arn:aws:iam::")
+        shared = json.loads(variables["CLIPPER_MODEL_STACK_PARAMETERS"])
+        assert shared["SageMakerEndpoint"] == "true" and shared["ImageUri"] == ECR_IMAGE
+        assert shared["ExecutionRoleArn"].startswith("arn:aws:iam::")
 
     assert "RedisUrl" not in outputs
     concurrency = lam.get_function_concurrency(FunctionName=outputs["BatcherFunctionName"])

@@ -4,6 +4,7 @@ concurrency), ElastiCache Serverless with the functions in a VPC, and the batche
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -245,3 +246,35 @@ def test_batcher_tracing_follows_its_parameter(
     assert batcher["TracingConfig"]["Mode"] == mode
     assert env(template, "BatcherFunction")["POWERTOOLS_TRACE_DISABLED"] == disabled
     assert template["Resources"]["FrontendFunction"]["Properties"]["TracingConfig"]["Mode"] == "Active"
+
+
+# --- per-version model stacks -------------------------------------------------------------------------------
+
+STACK_FUNCTIONS = ("AdminFunction", "ModelUpdaterFunction")
+
+
+def test_model_stacks_are_off_by_default(translated: dict[str, Any]) -> None:
+    template = resolve(translated)
+
+    for function in STACK_FUNCTIONS:
+        assert env(template, function)["CLIPPER_SERVICE_STACK_NAME"] == "", function
+
+
+@pytest.mark.parametrize("serving", ["sagemaker", "http"])
+def test_model_stacks_get_the_shared_parameters_of_their_serving_mode(translated: dict[str, Any], serving: str) -> None:
+    template = resolve(translated, ModelStacks="on", ModelServing=serving, ModelImageUri="1.dkr.ecr/x:1")
+    model_parameters = set(cfn.load_template(MODEL_TEMPLATE)["Parameters"])
+
+    for function in STACK_FUNCTIONS:
+        variables = env(template, function)
+        assert variables["CLIPPER_SERVICE_STACK_NAME"] == {"Ref": "AWS::StackName"}
+        assert variables["CLIPPER_MODEL_STACK_ROLE_ARN"] == {"Fn::GetAtt": ["ModelStackRole", "Arn"]}
+        assert "/templates/model-stack.yaml" in str(variables["CLIPPER_MODEL_STACK_TEMPLATE"])
+        shared = variables["CLIPPER_MODEL_STACK_PARAMETERS"]["Fn::Sub"]
+        text = shared[0] if isinstance(shared, list) else shared
+        names = set(re.findall(r'"([A-Za-z]+)":', text))
+        assert names <= model_parameters, names - model_parameters  # every key is a model-stack parameter
+        if serving == "sagemaker":
+            assert {"SageMakerEndpoint", "ImageUri", "InstanceType", "ExecutionRoleArn", "RedisUrl"} <= names
+        else:
+            assert names == {"LambdaBatcher", "BatcherFunctionArn"}

@@ -1,6 +1,7 @@
 """Least privilege, statement by statement: every IAM statement in the translated template names the resources
 it applies to, or is listed below with the reason it cannot; every managed policy attached is listed with its
-reason; every role trusts only Lambda; every invoke permission names its source; admin routes need IAM."""
+reason; the functions' roles trust only Lambda, the model-stack role only CloudFormation and the endpoint role
+only SageMaker; every invoke permission names its source; admin routes need IAM."""
 
 from __future__ import annotations
 
@@ -35,8 +36,39 @@ MANAGED_POLICY_REASONS = {
 # Which roles get the VPC policy (the functions that use Redis).
 VPC_ROLES = {"FrontendFunctionRole", "BatcherFunctionRole", "FeedbackFunctionRole"}
 
-# Inline statements allowed to use a wildcard resource: (role, Sid) -> reason. None today: add with a reason.
-WILDCARD_STATEMENT_REASONS: dict[tuple[str, str], str] = {}
+# Inline statements allowed to use a wildcard resource: (role, Sid) -> reason.
+WILDCARD_STATEMENT_REASONS: dict[tuple[str, str], str] = {
+    ("ModelStackRole", "CreateBatcherMappings"): (
+        "lambda:CreateEventSourceMapping has no resource-level permission (the mapping does not exist yet); the "
+        "statement's lambda:FunctionArn condition limits it to this stack's batcher function."
+    ),
+    ("ModelStackRole", "ManageBatcherMappings"): (
+        "event source mappings are named by a UUID that CloudFormation gets back at creation, so no name pattern "
+        "exists; the lambda:FunctionArn condition limits the statement to mappings of this stack's batcher."
+    ),
+    ("ModelStackRole", "SageMakerEndpointConfigs"): (
+        "CloudFormation generates the endpoint configuration's name (EndpointConfig-<random>), so no name "
+        "pattern exists; the model and endpoint themselves are scoped to <stack>-* in the statement before."
+    ),
+    ("SageMakerExecutionRole", "PullModelImage"): (
+        "the model image's repository is a deploy-time choice (ModelImageUri) in this account and region, "
+        "not a resource of this stack; pulling needs read actions only."
+    ),
+    ("SageMakerExecutionRole", "EcrToken"): "ecr:GetAuthorizationToken accepts only '*' (it is not per repository).",
+    ("SageMakerExecutionRole", "EndpointMetrics"): (
+        "cloudwatch:PutMetricData accepts only '*'; a cloudwatch:namespace condition limits it to Clipper's "
+        "and the endpoint's namespaces."
+    ),
+    ("SageMakerExecutionRole", "EndpointInVpc"): (
+        "SageMaker creates the endpoint's network interfaces in the VPC (when the cache is in one) and these "
+        "EC2 actions accept only '*'."
+    ),
+}
+# Roles that are not a function's, and the one service each trusts.
+SERVICE_ROLES = {
+    "ModelStackRole": "cloudformation.amazonaws.com",
+    "SageMakerExecutionRole": "sagemaker.amazonaws.com",
+}
 
 # A resource string names a specific resource when it is a reference to one in this stack, or an ARN built
 # from this stack's name (the per-model queues and endpoints live in stacks named after it).
@@ -87,7 +119,7 @@ def test_there_are_inline_statements_to_check(translated: dict[str, Any]) -> Non
 
     assert len(found) >= 15
     functions = ("Frontend", "Batcher", "Feedback", "Admin", "ModelUpdater")
-    assert {owner for owner, _ in found} == {f"{f}FunctionRole" for f in functions}
+    assert {owner for owner, _ in found} == {f"{f}FunctionRole" for f in functions} | set(SERVICE_ROLES)
 
 
 def test_every_statement_names_specific_resources_or_has_a_reason(translated: dict[str, Any]) -> None:
@@ -97,7 +129,10 @@ def test_every_statement_names_specific_resources_or_has_a_reason(translated: di
         assert "NotResource" not in statement and "NotAction" not in statement, (owner, statement)
         assert not any(a == "*" or a.endswith(":*") for a in as_list(statement["Action"])), (owner, statement)
         specific = all(names_a_specific_resource(r) for r in as_list(statement["Resource"]))
-        if not specific and (owner, statement.get("Sid", "")) not in WILDCARD_STATEMENT_REASONS:
+        reason = WILDCARD_STATEMENT_REASONS.get((owner, statement.get("Sid", "")))
+        if specific:
+            assert reason is None, f"{owner}/{statement.get('Sid')} is scoped: drop its recorded reason"
+        elif reason is None:
             unexplained.append((owner, statement.get("Sid"), statement["Resource"]))
 
     assert unexplained == []
@@ -137,10 +172,11 @@ def test_no_role_gets_the_sqs_policy_for_every_queue(translated: dict[str, Any])
     }
 
 
-def test_roles_trust_only_lambda(translated: dict[str, Any]) -> None:
+def test_roles_trust_only_the_service_that_uses_them(translated: dict[str, Any]) -> None:
     for name, role in roles(translated).items():
         (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
-        assert trust["Principal"] == {"Service": ["lambda.amazonaws.com"]}, name
+        service = SERVICE_ROLES.get(name, "lambda.amazonaws.com")
+        assert trust["Principal"] == {"Service": [service]}, name
         assert trust["Action"] == ["sts:AssumeRole"], name
 
 

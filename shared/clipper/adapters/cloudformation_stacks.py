@@ -88,7 +88,8 @@ class CloudFormationModelStacks:
             **_scale_parameters(replicas),
         }
         if self._parameters.get("SageMakerEndpoint") == "true":
-            params["ModelDataUrl"] = artifact
+            # the version's folder, uncompressed (ModelDataSource S3Prefix): model.onnx lands in /opt/ml/model
+            params["ModelDataUrl"] = artifact if artifact.endswith("/") else artifact.rsplit("/", 1)[0] + "/"
         return params
 
     def _wait(self, name: str) -> dict[str, str]:
