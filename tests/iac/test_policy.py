@@ -211,3 +211,9 @@ def test_model_stack_declares_no_iam() -> None:
     model = cfn.load_template(MODEL_TEMPLATE)
 
     assert not [r for r in model["Resources"].values() if r["Type"].startswith("AWS::IAM::")]
+
+
+def test_metrics_route_needs_iam(translated: dict[str, Any]) -> None:
+    paths = resolve(translated)["Resources"]["HttpApi"]["Properties"]["Body"]["paths"]
+
+    assert paths["/metrics"]["get"]["security"] == [{"AWS_IAM": []}]

@@ -154,6 +154,7 @@ def test_http_api_has_exactly_the_query_routes(translated: dict[str, Any]) -> No
         ("/{app}/predict", "post"),
         ("/{app}/update", "post"),
         ("/health", "get"),
+        ("/metrics", "get"),
         ("/admin/ping", "get"),
         ("/admin/{operation}", "post"),
     }
@@ -161,7 +162,8 @@ def test_http_api_has_exactly_the_query_routes(translated: dict[str, Any]) -> No
         for method, spec in methods.items():
             security = spec.get("security", [])
             iam = isinstance(security, list) and {"AWS_IAM": []} in security
-            assert iam == path.startswith("/admin/"), (path, method)  # admin routes, and only they, need IAM
+            operator = path.startswith("/admin/") or path == "/metrics"
+            assert iam == operator, (path, method)  # admin routes and /metrics, and only they, need IAM
     (stage,) = of_type(translated, "AWS::ApiGatewayV2::Stage").values()
     assert stage["Properties"]["StageName"] == {"Ref": "StageName"}
 
