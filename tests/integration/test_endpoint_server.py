@@ -327,3 +327,21 @@ def test_the_server_stops_cleanly_on_sigterm(models_dir: Path, tmp_path: Path) -
     assert "Application shutdown complete" in log
     assert "Finished server process" in log
     assert "Traceback" not in log
+
+
+def test_the_batchers_client_against_the_server(
+    mlp_server: Server, models_dir: Path, holdout: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """``HttpModelEndpoint`` (one write a request, kept-alive connections) gets the model's own answers."""
+    import urllib3
+
+    from clipper.adapters.endpoints import HttpModelEndpoint
+    from clipper.errors import EndpointError
+
+    endpoint = HttpModelEndpoint(f"http://127.0.0.1:{mlp_server.port}", urllib3.PoolManager(), timeout_s=10)
+    expected = _direct(models_dir / "mlp" / "1" / "model.onnx", holdout[0][:64])
+    for rows in (1, 7, 64, 1):
+        assert endpoint.predict(holdout[0][:rows]) == expected[:rows].tolist()
+    with pytest.raises(EndpointError, match="endpoint answered 400"):
+        endpoint.predict(np.zeros((2, 3), np.float32))
+    assert endpoint.predict(holdout[0][:2]) == expected[:2].tolist()  # the connection survives a 400

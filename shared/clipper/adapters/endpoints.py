@@ -2,13 +2,24 @@
 and SageMaker's ``InvokeEndpoint`` on AWS. Numeric batches travel as ``.npy``; strings and bytes as JSON.
 
 An endpoint address is a URL (``http://127.0.0.1:9001``) or ``sagemaker:<endpoint-name>``.
+
+A plain ``http://`` endpoint (the model server beside the batcher) is called through ``KeepAliveHttp``: a
+minimal HTTP/1.1 client that writes each request (line, headers and body) with one ``sendall`` on a kept-alive
+connection. urllib3 writes the headers and the body separately and adds ~0.1 ms of Python a request; with
+the batcher and the server on one core, each write wakes the server, and a call to the MLP took ~770 us
+through urllib3 against ~340 us this way (batches of 16, both pinned to one core, measured back to back).
+``https://`` addresses go through urllib3.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any
+import select
+import socket
+import threading
+from typing import TYPE_CHECKING, Any, BinaryIO
+from urllib.parse import urlsplit
 
 import numpy as np
 import urllib3
@@ -55,28 +66,177 @@ def _error_text(body: bytes) -> str:
         return body[:200].decode(errors="replace")
 
 
+class _Stale(Exception):
+    """A kept-alive connection the server had closed: the request is sent again on a fresh one."""
+
+
+class KeepAliveHttp:
+    """POST to one plain-HTTP host over kept-alive connections (thread-safe: a connection per caller).
+
+    Each request is written with one ``sendall``. A response needs ``Content-Length`` or chunked encoding (or
+    ends with the connection). A request on a reused connection that the server had closed meanwhile is sent
+    once more on a fresh connection (a prediction has no side effect); anything else is an EndpointError.
+    """
+
+    def __init__(self, host: str, port: int, timeout_s: float, connect_timeout_s: float = 1.0) -> None:
+        self._address = (host, port)
+        self._host_header = f"{host}:{port}"
+        self._timeout = timeout_s
+        self._connect_timeout = connect_timeout_s
+        self._idle: list[tuple[socket.socket, BinaryIO]] = []
+        self._lock = threading.Lock()
+
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        lines = [f"POST {path} HTTP/1.1", f"Host: {self._host_header}", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin1") + body
+        conn = self._take()
+        if conn is not None:
+            try:
+                return self._exchange(conn, request, reused=True)
+            except _Stale:
+                pass
+        return self._exchange(self._connect(), request, reused=False)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for sock, _ in idle:
+            sock.close()
+
+    def _take(self) -> tuple[socket.socket, BinaryIO] | None:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                sock, reader = self._idle.pop()
+            readable, _, _ = select.select([sock], [], [], 0)
+            if not readable:  # an idle connection has nothing to read unless the server closed it
+                return sock, reader
+            sock.close()
+
+    def _connect(self) -> tuple[socket.socket, BinaryIO]:
+        try:
+            sock = socket.create_connection(self._address, timeout=self._connect_timeout)
+        except OSError as e:
+            raise EndpointError(f"endpoint unreachable at {self._host_header}: {type(e).__name__}") from e
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self._timeout)
+        return sock, sock.makefile("rb")
+
+    def _exchange(
+        self, conn: tuple[socket.socket, BinaryIO], request: bytes, reused: bool
+    ) -> tuple[int, dict[str, str], bytes]:
+        sock, reader = conn
+        keep = False
+        try:
+            try:
+                sock.sendall(request)
+                status_line = reader.readline(65537)
+            except TimeoutError:
+                raise
+            except OSError as e:
+                if reused:
+                    raise _Stale from e
+                raise
+            if not status_line:
+                if reused:
+                    raise _Stale
+                raise EndpointError(f"endpoint at {self._host_header} closed the connection without answering")
+            status, headers = _parse_head(status_line, reader)
+            data = _read_body(reader, headers)
+            keep = headers.get("connection", "").lower() != "close" and (
+                "content-length" in headers or "chunked" in headers.get("transfer-encoding", "")
+            )
+            return status, headers, data
+        except TimeoutError as e:
+            raise EndpointError(f"endpoint at {self._host_header} did not answer within {self._timeout:g} s") from e
+        except (OSError, ValueError) as e:
+            raise EndpointError(f"endpoint at {self._host_header}: {type(e).__name__}: {e}") from e
+        finally:
+            if keep:
+                with self._lock:
+                    self._idle.append(conn)
+            else:
+                sock.close()
+
+
+def _parse_head(status_line: bytes, reader: BinaryIO) -> tuple[int, dict[str, str]]:
+    parts = status_line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+    headers: dict[str, str] = {}
+    while True:
+        line = reader.readline(65537)
+        if line in (b"\r\n", b"\n"):
+            return int(parts[1]), headers
+        if not line:
+            raise ValueError("the connection closed in the response headers")
+        name, sep, value = line.decode("latin1").partition(":")
+        if not sep:
+            raise ValueError(f"malformed response header {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+
+
+def _read_body(reader: BinaryIO, headers: dict[str, str]) -> bytes:
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        chunks: list[bytes] = []
+        while True:
+            size = int(reader.readline(1024).split(b";")[0].strip(), 16)
+            if size == 0:
+                while reader.readline(65537) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(chunks)
+            chunks.append(_read_exactly(reader, size))
+            reader.readline(3)
+    if "content-length" in headers:
+        return _read_exactly(reader, int(headers["content-length"]))
+    return reader.read()
+
+
+def _read_exactly(reader: BinaryIO, size: int) -> bytes:
+    data = reader.read(size)
+    if len(data) != size:
+        raise ValueError(f"the connection closed {size - len(data)} bytes before the end of the response")
+    return data
+
+
 class HttpModelEndpoint:
+    """The model server over HTTP: ``KeepAliveHttp`` for ``http://`` addresses, ``pool`` (urllib3) for
+    ``https://``."""
+
     def __init__(self, url: str, pool: urllib3.PoolManager, timeout_s: float = 30.0) -> None:
         self._url = url.rstrip("/") + "/invocations"
         self._pool = pool
         self._timeout = timeout_s
+        parts = urlsplit(self._url)
+        self._direct: KeepAliveHttp | None = None
+        if parts.scheme == "http" and parts.hostname:
+            self._direct = KeepAliveHttp(parts.hostname, parts.port or 80, timeout_s)
+            self._path = parts.path
 
     def predict(self, rows: Rows) -> list[Any]:
         body, content_type = encode_batch(rows)
-        try:
-            resp = self._pool.request(
-                "POST",
-                self._url,
-                body=body,
-                headers={"Content-Type": content_type, "Accept": content_type},
-                timeout=urllib3.Timeout(connect=1.0, read=self._timeout),
-                retries=False,
-            )
-        except urllib3.exceptions.HTTPError as e:
-            raise EndpointError(f"endpoint unreachable at {self._url}: {type(e).__name__}") from e
-        if resp.status != 200:
-            raise EndpointError(f"endpoint answered {resp.status}: {_error_text(resp.data)}")
-        return decode_outputs(resp.data, resp.headers.get("Content-Type", JSON), len(rows))
+        headers = {"Content-Type": content_type, "Accept": content_type}
+        if self._direct is not None:
+            status, response_headers, data = self._direct.post(self._path, body, headers)
+            response_type = response_headers.get("content-type", JSON)
+        else:
+            try:
+                resp = self._pool.request(
+                    "POST",
+                    self._url,
+                    body=body,
+                    headers=headers,
+                    timeout=urllib3.Timeout(connect=1.0, read=self._timeout),
+                    retries=False,
+                )
+            except urllib3.exceptions.HTTPError as e:
+                raise EndpointError(f"endpoint unreachable at {self._url}: {type(e).__name__}") from e
+            status, data, response_type = resp.status, resp.data, resp.headers.get("Content-Type", JSON)
+        if status != 200:
+            raise EndpointError(f"endpoint answered {status}: {_error_text(data)}")
+        return decode_outputs(data, response_type, len(rows))
 
 
 class SageMakerModelEndpoint:
