@@ -131,16 +131,17 @@ def readme_section(results: list[dict[str, Any]], meta: dict[str, Any], runs: li
 # Mechanisms behind the figures, measured on this kind of machine with cProfile on the driver thread and with
 # micro-benchmarks (they do not change from run to run the way the rates do).
 WHERE_THE_TIME_GOES = """**Where the time goes.**
-    The HTTP call to the endpoint costs about 0.6-1.3 ms on this machine (more after idle gaps: wake-ups are
-    slow on a virtual machine), nearly independent of the batch size up to 64 rows, while ONNX Runtime needs
-    0.05-0.3 ms for the MLP. Batch size 1 therefore pays about a millisecond of the shared core a query;
-    adaptive batching shares the call, and is then bound by the batcher's per-message Python: the message
-    (`QueryMessage.from_json`, ~6 us), its `.npy` payload (base64 and `np.frombuffer`; the header is parsed
-    once per distinct header, ~4 us), the expiry and duplicate checks (before any payload decoding, so
-    shedding an expired query in an overload is cheap; one `answered_many` call a batch) and the `Reply`
-    (one `publish_many` call a group: with Redis two pipelined round trips a batch instead of two a
-    message). In process, with a fake endpoint and 32 MLP messages a batch, that is 15-18 us a message,
-    against 31-50 us before those changes (measured back to back on the shared machine). The controller
+    An endpoint call is one request on a kept-alive connection, written with one `sendall`
+    (`KeepAliveHttp`): with the batcher and the MLP server on one core, ~340 us for 16 rows against ~770 us
+    through urllib3, which writes the headers and the body apart (each write wakes the server) and adds
+    Python of its own; ONNX Runtime itself needs 0.05-0.3 ms for the MLP. So batch size 1 pays about half a
+    millisecond of the shared core a query, and adaptive batching shares the call and is then bound by the
+    per-message Python: the message (`QueryMessage.from_json`, ~6 us), its `.npy` payload (base64 and
+    `np.frombuffer`; the header is parsed once per distinct header), the expiry and duplicate checks (before
+    any payload decoding, so shedding expired queries in an overload is cheap; one `answered_many` call a
+    batch) and the `Reply` (one `publish_many` call a group: with Redis two pipelined round trips a batch
+    instead of two a message). In process, with a fake endpoint and 32 MLP messages a batch, that is 15-18 us
+    a message against 31-50 us before these changes (alternated runs on the shared machine). The controller
     does not decide these figures: a batch is whatever queued while the endpoint was busy, and at the
     sustained rates the AIMD limit ends just above the largest batch seen (`controller_limit_end` in the
     JSON)."""
