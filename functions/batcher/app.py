@@ -65,7 +65,7 @@ def emit_metrics(report: BatchReport) -> None:
 
 def _handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
     records = event.get("Records", [])
-    report = batcher.process([Inbound(r["messageId"], r["body"]) for r in records])
+    report = batcher.process([Inbound.from_sqs_record(r) for r in records])
     failed = set(report.failed)
     models = sorted({m for m, _, _ in report.batches})
     logger.info(

@@ -29,6 +29,7 @@ class ReceivedMessage:
     receipt_handle: str
     body: str
     receive_count: int = 1
+    received_ms: float | None = None  # epoch ms at which the driver got it (the batch wait starts there)
 
 
 class QueueReader(Protocol):

@@ -244,3 +244,37 @@ def test_a_query_that_cannot_make_it_even_alone_is_dropped_once_the_line_is_fitt
     calls = len(endpoint.calls)
     alone = batcher.process([message(5, one_hot(5), clock, ttl_s=0.013)], defer=True)
     assert alone.expired == 1 and len(endpoint.calls) == calls and "5" not in replies.lists
+
+
+def test_the_batch_wait_is_reported_apart_when_the_driver_stamped_the_receive(setup):
+    clock, _, replies, batcher = setup
+    sent = message(1, one_hot(1), clock)
+    clock.advance(0.004)  # 4 ms in the queue, then received
+    received = Inbound(sent.message_id, sent.body, received_ms=clock.now() * 1000)
+    unstamped = message(2, one_hot(2), clock)
+    clock.advance(0.003)  # 3 ms waiting for the batch to be cut
+
+    batcher.process([received, unstamped])
+
+    (reply,) = replies.lists["1"]
+    assert reply.timings["queue_ms"] == pytest.approx(7.0, abs=1.0)  # sent -> batch start (whole-ms sent_ms)
+    assert reply.timings["batch_wait_ms"] == pytest.approx(3.0)
+    (other,) = replies.lists["2"]
+    assert "batch_wait_ms" not in other.timings
+
+
+def test_an_event_source_record_stamps_its_first_receive_only():
+    first = {
+        "messageId": "a",
+        "body": "{}",
+        "attributes": {"ApproximateReceiveCount": "1", "ApproximateFirstReceiveTimestamp": "1700000000123"},
+    }
+    again = {
+        "messageId": "b",
+        "body": "{}",
+        "attributes": {"ApproximateReceiveCount": "2", "ApproximateFirstReceiveTimestamp": "1700000000123"},
+    }
+
+    assert Inbound.from_sqs_record(first) == Inbound("a", "{}", 1700000000123.0)
+    assert Inbound.from_sqs_record(again).received_ms is None
+    assert Inbound.from_sqs_record({"messageId": "c", "body": "{}"}).received_ms is None

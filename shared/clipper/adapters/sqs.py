@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from clipper.adapters.aws_errors import aws_call
@@ -37,12 +38,14 @@ class SqsQueueReader:
                 WaitTimeSeconds=max(0, min(20, int(wait_s))),
                 MessageSystemAttributeNames=["ApproximateReceiveCount"],
             )
+        received_ms = time.time() * 1000
         return [
             ReceivedMessage(
                 m["MessageId"],
                 m["ReceiptHandle"],
                 m["Body"],
                 int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
+                received_ms,
             )
             for m in resp.get("Messages", [])
         ]

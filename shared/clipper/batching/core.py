@@ -54,6 +54,19 @@ class Inbound:
 
     message_id: str
     body: str
+    # epoch ms at which the driver received it: the batch wait (until its batch starts) is reported apart
+    # from the queue wait when known
+    received_ms: float | None = None
+
+    @classmethod
+    def from_sqs_record(cls, record: dict[str, Any]) -> Inbound:
+        """A record of an SQS event source's event. Its batch wait starts when the event source took the
+        message from the queue (``ApproximateFirstReceiveTimestamp``; the batching window and the invocation
+        follow); a redelivery's first receive is older than its wait, so it reports none."""
+        attributes = record.get("attributes", {})
+        stamp = attributes.get("ApproximateFirstReceiveTimestamp")
+        first = attributes.get("ApproximateReceiveCount", "1") == "1"
+        return cls(record["messageId"], record["body"], float(stamp) if stamp and first else None)
 
 
 @dataclass
@@ -71,6 +84,7 @@ class _Work:
     message_id: str
     message: QueryMessage
     rows: Rows
+    received_ms: float | None = None
 
 
 GroupKey = tuple[str, str, Any, tuple[int, ...]]
@@ -170,7 +184,7 @@ class Batcher:
                 report.duplicates += 1
                 continue
             try:
-                work = _Work(item.message_id, msg, self.rows_of(msg))
+                work = _Work(item.message_id, msg, self.rows_of(msg), item.received_ms)
             except ClipperError as e:
                 logger.warning("undecodable payload", extra={"message_id": item.message_id, "error": str(e)})
                 report.failed.append(item.message_id)
@@ -257,6 +271,8 @@ class Batcher:
                 "inference_ms": inference_ms,
                 "batch_size": size,
             }
+            if w.received_ms is not None:
+                timings["batch_wait_ms"] = max(0.0, start_ms - w.received_ms)
             replies.append(
                 Reply(
                     query_id=w.message.query_id,

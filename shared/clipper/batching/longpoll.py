@@ -116,7 +116,7 @@ class LongPollDriver:
 
     def handle(self, batch: list[ReceivedMessage]) -> BatchReport:
         started = time.monotonic()
-        report = self._batcher.process([Inbound(m.message_id, m.body) for m in batch], defer=True)
+        report = self._batcher.process([Inbound(m.message_id, m.body, m.received_ms) for m in batch], defer=True)
         latency = time.monotonic() - started
         deferred = set(report.deferred)
         self._controller.observe(len(batch) - len(deferred), latency)
