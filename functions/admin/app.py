@@ -7,7 +7,6 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.logging import correlation_paths
 from mangum import Mangum
-from pydantic import Field
 
 from clipper.adapters.cloudformation_stacks import build_model_stacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
@@ -15,31 +14,19 @@ from clipper.adapters.s3_uploads import S3ModelUploads
 from clipper.adapters.serving_probe import AwsServingProbe
 from clipper.admin.api import create_admin_app
 from clipper.admin.service import AdminService
-from clipper.settings import AdminSettings
+from clipper.settings import AdminSettings, ModelStackSettings
 from clipper.wiring import aws_client
 
 
-class AdminFunctionSettings(AdminSettings):
-    # The per-version model stacks (infra/model-stack.yaml) set_num_replicas scales and version deletion
-    # removes; no service stack named: versions are not managed as stacks.
-    service_stack_name: str = ""
-    model_stack_template: str = Field("", description="https URL of infra/model-stack.yaml, or its path")
-    model_stack_parameters: str = Field("", description="JSON object of the parameters every version shares")
-    model_endpoint: str = Field("", description="address of a version without SageMaker ({model}, {version})")
-    model_stack_role_arn: str = Field("", description="CloudFormation service role of the model stacks")
+class AdminFunctionSettings(AdminSettings, ModelStackSettings):
+    """The admin settings and the per-version model stacks that set_num_replicas scales and version
+    deletion removes."""
 
 
 def build(config: AdminFunctionSettings, dynamodb: Any, s3: Any, sqs: Any, sagemaker: Any, cfn: Any) -> AdminService:
     """The service over these clients (the handler's graph; tests pass moto's)."""
     uploads = S3ModelUploads(s3, config.model_bucket) if config.model_bucket else None
-    stacks = build_model_stacks(
-        cfn,
-        config.service_stack_name,
-        config.model_stack_template,
-        config.model_stack_parameters,
-        config.model_endpoint,
-        config.model_stack_role_arn,
-    )
+    stacks = build_model_stacks(cfn, config)
     registry = DynamoDBRegistry(dynamodb, config.registry_table)
     return AdminService(registry, AwsServingProbe(sqs, sagemaker), uploads, stacks)
 

@@ -23,11 +23,11 @@ from clipper.adapters.cloudformation_stacks import build_model_stacks
 from clipper.errors import ClipperError, Conflict, Unavailable
 from clipper.models.serving import ServingStacks
 from clipper.models.updater import ModelUpdater, ServingDefaults, build_model_updater
-from clipper.settings import CommonSettings
+from clipper.settings import ModelStackSettings
 from clipper.wiring import aws_client
 
 
-class ModelUpdaterSettings(CommonSettings):
+class ModelUpdaterSettings(ModelStackSettings):
     # Serving resources of a model's first version ("{model}" is replaced); a later version copies the
     # active version's. Empty: a model's first version must be added with add_model, not by an upload.
     default_queue_url: str = Field(
@@ -36,13 +36,8 @@ class ModelUpdaterSettings(CommonSettings):
     default_endpoint: str = Field("", description="e.g. sagemaker:<stack>-{model}")
     # Larger files are rejected unread; the function's memory must hold the file and its ORT session.
     max_model_bytes: int = Field(512 * 1024**2, ge=1)
-    # With a service stack named, each version gets its own serving stack (infra/model-stack.yaml) before it
-    # is registered, instead of the defaults above or the active version's resources.
-    service_stack_name: str = ""
-    model_stack_template: str = Field("", description="https URL of infra/model-stack.yaml, or its path")
-    model_stack_parameters: str = Field("", description="JSON object of the parameters every version shares")
-    model_endpoint: str = Field("", description="address of a version without SageMaker ({model}, {version})")
-    model_stack_role_arn: str = Field("", description="CloudFormation service role of the model stacks")
+    # With a service stack named (ModelStackSettings), each version gets its own serving stack
+    # (infra/model-stack.yaml) before it is registered, instead of the defaults above or the active version's.
 
 
 logger = Logger(service="clipper-model-updater")
@@ -56,14 +51,7 @@ def build(
     CloudFormation stacks the settings name (the local stack passes its process-starting one)."""
     defaults = ServingDefaults(config.default_queue_url, config.default_endpoint)
     if stacks is None and cfn is not None:
-        stacks = build_model_stacks(
-            cfn,
-            config.service_stack_name,
-            config.model_stack_template,
-            config.model_stack_parameters,
-            config.model_endpoint,
-            config.model_stack_role_arn,
-        )
+        stacks = build_model_stacks(cfn, config)
     return build_model_updater(
         dynamodb, s3, config.registry_table, SystemClock(), defaults, config.max_model_bytes, stacks
     )

@@ -49,3 +49,14 @@ class AdminSettings(CommonSettings):
     admin_auth: Literal["token", "iam"] = "token"
     admin_token: str = ""
     api_base_path: str = Field("/", pattern=r"^/")
+
+
+class ModelStackSettings(CommonSettings):
+    """The per-version serving stacks (infra/model-stack.yaml) of the functions that create, scale or delete
+    them (admin, model updater). No service stack named: versions are not managed as stacks."""
+
+    service_stack_name: str = ""
+    model_stack_template: str = Field("", description="https URL of infra/model-stack.yaml, or its path")
+    model_stack_parameters: str = Field("", description="JSON object of the parameters every version shares")
+    model_endpoint: str = Field("", description="address of a version without SageMaker ({model}, {version})")
+    model_stack_role_arn: str = Field("", description="CloudFormation service role of the model stacks")

@@ -23,6 +23,8 @@ from clipper.models.serving import Serving, stack_model_name
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudformation import CloudFormationClient
+
+    from clipper.settings import ModelStackSettings
 else:
     CloudFormationClient = Any
 
@@ -160,21 +162,22 @@ def _scale_parameters(replicas: int) -> dict[str, str]:
     return {"InitialInstanceCount": str(replicas), "MaximumConcurrency": str(max(2, replicas))}
 
 
-def build_model_stacks(
-    client: CloudFormationClient,
-    service_stack: str,
-    template: str,
-    parameters_json: str,
-    endpoint: str,
-    role_arn: str = "",
-) -> CloudFormationModelStacks | None:
+def build_model_stacks(client: CloudFormationClient, settings: ModelStackSettings) -> CloudFormationModelStacks | None:
     """From a function's settings: None when no service stack is named (versions then share the active
-    version's resources). ``template``: an https URL, or a path to infra/model-stack.yaml (the local stack)."""
-    if not service_stack:
+    version's resources). The template: an https URL, or a path to infra/model-stack.yaml (the local stack)."""
+    if not settings.service_stack_name:
         return None
+    template = settings.model_stack_template
     if not template.startswith("https://"):
         from pathlib import Path
 
         template = Path(template).read_text(encoding="utf-8")
-    parameters = json.loads(parameters_json) if parameters_json else {}
-    return CloudFormationModelStacks(client, service_stack, template, parameters, endpoint, role_arn=role_arn)
+    parameters = json.loads(settings.model_stack_parameters) if settings.model_stack_parameters else {}
+    return CloudFormationModelStacks(
+        client,
+        settings.service_stack_name,
+        template,
+        parameters,
+        settings.model_endpoint,
+        role_arn=settings.model_stack_role_arn,
+    )
