@@ -132,3 +132,54 @@ class AtomicRequests:
                 return method(*args, **kwargs)
 
         return call
+
+
+class LocalStackProcess:
+    """The local stack (``make run`` or ``infra/local/run.py``) started as a user starts it: in a session of
+    its own, with AWS/Clipper variables of the test environment left out; its output lines are collected,
+    ``wait_ready`` waits for its ready line and ``interrupt`` stops it as Ctrl-C does."""
+
+    def __init__(self, command: list[str], extra_env: dict[str, str]) -> None:
+        import os
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLIPPER_", "REDIS_URL"))}
+        env.update(extra_env)
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own session, like a terminal's foreground job
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if "local stack ready" in line:
+                self._ready.set()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_ready(self, timeout_s: float = 240) -> None:
+        assert self._ready.wait(timeout_s), "no ready line:\n" + "".join(self.lines[-30:])
+
+    def interrupt(self, timeout_s: float = 60) -> None:
+        import os
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGINT)  # Ctrl-C
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
+        self._reader.join(timeout=5)

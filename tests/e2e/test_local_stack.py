@@ -7,15 +7,13 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.services import REPO, free_port
+from tests.services import REPO, LocalStackProcess, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -35,52 +33,24 @@ def session_processes(sid: int) -> list[int]:
 
 def test_make_run_serves_the_demo_app_and_stops_cleanly(demo_models):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLIPPER_", "REDIS_URL"))}
-    env["PORT"] = str(port)
-    proc = subprocess.Popen(
-        ["make", "--no-print-directory", "run"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own session, like a terminal's foreground job
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if "local stack ready" in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    local = LocalStackProcess(["make", "--no-print-directory", "run"], {"PORT": str(port)})
     try:
-        assert ready.wait(240), "no ready line:\n" + "".join(lines[-30:])
+        local.wait_ready()
         time.sleep(0.5)  # the curl line follows the ready line
-        curl = next(line.strip() for line in lines if line.strip().startswith("curl "))
+        curl = next(line.strip() for line in local.lines if line.strip().startswith("curl "))
         assert f"127.0.0.1:{port}/digits/predict" in curl
         out = subprocess.run(shlex.split(curl), capture_output=True, text=True, timeout=30, check=True).stdout
         answer = json.loads(out)
         assert answer["default"] is False and isinstance(answer["output"], int), answer
-        assert re.search(r"sample query answered: .*'default': False", "".join(lines))
-        manage_as_a_user(port, "".join(lines), answer["output"])
+        assert re.search(r"sample query answered: .*'default': False", local.output)
+        manage_as_a_user(port, local.output, answer["output"])
     finally:
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        reader.join(timeout=5)
+        local.interrupt()
     deadline = time.monotonic() + 10
-    while session_processes(proc.pid) and time.monotonic() < deadline:
+    while session_processes(local.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert session_processes(proc.pid) == [], "left running after Ctrl-C"
-    assert "all processes stopped" in "".join(lines)
+    assert session_processes(local.proc.pid) == [], "left running after Ctrl-C"
+    assert "all processes stopped" in local.output
 
 
 def manage_as_a_user(port: int, output: str, label: int) -> None:

@@ -6,11 +6,8 @@ again; a bad file is rejected with its reason; replicas start and stop processes
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +21,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from clipper.client import AdminError, ClipperConnection
 from clipper.models.convert import DeployError, as_sample, sklearn_to_onnx
-from tests.services import REPO, free_port
+from tests.services import REPO, LocalStackProcess, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -35,39 +32,14 @@ APP, MODEL = "lifecycle", "digits-lr"
 @pytest.fixture(scope="module")
 def stack(demo_models) -> Iterator[str]:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLIPPER_", "REDIS_URL"))}
-    env["CLIPPER_ADMIN_TOKEN"] = TOKEN
-    proc = subprocess.Popen(
-        [sys.executable, "infra/local/run.py", "--port", str(port), "--models", demo_models["out_dir"]],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if "local stack ready" in line:
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    command = [sys.executable, "infra/local/run.py", "--port", str(port), "--models", demo_models["out_dir"]]
+    local = LocalStackProcess(command, {"CLIPPER_ADMIN_TOKEN": TOKEN})
     try:
-        assert ready.wait(240), "no ready line:\n" + "".join(lines[-30:])
+        local.wait_ready()
         yield f"http://127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-    assert "all processes stopped" in "".join(lines)
+        local.interrupt()
+    assert "all processes stopped" in local.output
 
 
 def predict(url: str, rows: np.ndarray) -> list[Any]:
