@@ -331,3 +331,28 @@ def test_model_uploads_reach_the_updater_through_eventbridge(translated: dict[st
     assert pattern["detail-type"] == ["Object Created"]
     assert pattern["detail"]["object"]["key"] == [{"prefix": "models/"}]
     assert rule["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": ["ModelUpdaterFunction", "Arn"]}
+
+
+# Each table's TTL and point-in-time recovery, and why: what must survive an accident is recoverable, what
+# is only useful for a while expires.
+TABLE_DURABILITY = {
+    "RegistryTable": (False, True),  # apps, models, versions, links: kept until deleted, recoverable
+    "SelectionTable": (True, True),  # bandit states (learned, recoverable); feedback markers expire
+    "RepliesTable": (True, False),  # a reply matters until its query's SLO: expires, nothing to recover
+    "CacheTable": (True, False),  # a cache: expires, rebuilt by queries, nothing to recover
+}
+
+
+@pytest.mark.parametrize(("table", "durability"), TABLE_DURABILITY.items())
+def test_every_table_expires_or_is_recoverable_as_its_data_needs(
+    translated: dict[str, Any], table: str, durability: tuple[bool, bool]
+) -> None:
+    props = translated["Resources"][table]["Properties"]
+    ttl, pitr = durability
+
+    assert props.get("TimeToLiveSpecification", {}).get("Enabled", False) is ttl
+    assert props.get("PointInTimeRecoverySpecification", {}).get("PointInTimeRecoveryEnabled", False) is pitr
+
+
+def test_every_table_is_in_the_durability_list(translated: dict[str, Any]) -> None:
+    assert set(of_type(translated, "AWS::DynamoDB::Table")) == set(TABLE_DURABILITY)
