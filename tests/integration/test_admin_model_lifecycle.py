@@ -193,3 +193,18 @@ def test_stacks_are_created_and_updated_with_the_service_role_when_given(aws):
     stacks.scale("mlp", "2", 2)
     stack = cfn.describe_stacks(StackName=stacks.stack_name("mlp", "2"))["Stacks"][0]
     assert stack["RoleARN"] == role and stacks.replicas("mlp", "2") == 2
+
+
+def test_a_stack_that_still_serves_a_kept_version_is_not_deleted(world, stacks):
+    # v2 is added without resources of its own: it is served by v1's stack (queue, endpoint)
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    body = {"model_name": "mlp", "model_version": "2", "input_type": "floats", "input_shape": [64]}
+    ok(admin.post("/admin/add_model", json=body))
+    _, versions = world["registry"].model_and_versions("mlp")
+    assert versions["2"].queue_url == versions["1"].queue_url
+
+    ok(admin.post("/admin/delete_versioned_model", json={"model_name": "mlp", "model_version": "1"}))
+
+    assert stacks.replicas("mlp", "1") == 1  # still there: the active version's queries go through it
+    world["aws"].sqs.get_queue_attributes(QueueUrl=versions["2"].queue_url)

@@ -5,6 +5,7 @@ anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
@@ -196,11 +197,14 @@ class AdminService:
     def get_num_replicas(self, model: str) -> dict[str, Any]:
         return {"model_name": model, "num_replicas": self._registry.model_record(model).replicas}
 
-    def _retire(self, model: str, version: str) -> None:
-        """Delete a deleted version's serving stack, when it has one (its queue, endpoint and instances)."""
-        if self._stacks is not None:
-            with contextlib.suppress(NotFound):
-                self._stacks.delete(model, version)
+    def _retire(self, model: str, gone: ModelVersion, kept: Iterable[ModelVersion]) -> None:
+        """Delete a deleted version's serving stack, when it has one (its queue, endpoint and instances), unless
+        a version that stays is served by the same queue: a version added without resources of its own copies
+        the active version's, so the stack of an old version may serve the current one."""
+        if self._stacks is None or any(v.queue_url == gone.queue_url for v in kept):
+            return
+        with contextlib.suppress(NotFound):
+            self._stacks.delete(model, gone.version)
 
     def get_upload_url(self, model: str, version: str, expires_s: int = 900) -> dict[str, Any]:
         if self._uploads is None:
@@ -241,7 +245,7 @@ class AdminService:
         if version == head.active_version:
             raise InvalidInput("model_version", "an inactive version (set another version active first)", version)
         self._registry.delete_version(model, version)
-        self._retire(model, version)
+        self._retire(model, versions[version], [v for k, v in versions.items() if k != version])
         return {"deleted": f"{model}:{version}"}
 
     def stop_inactive_model_versions(self, model: str) -> dict[str, Any]:
@@ -249,7 +253,7 @@ class AdminService:
         gone = [v for v in versions if v != head.active_version]
         for v in gone:
             self._registry.delete_version(model, v)
-            self._retire(model, v)
+            self._retire(model, versions[v], [versions[k] for k in versions if k not in gone])
         return {"deleted": [f"{model}:{v}" for v in gone]}
 
     # -- links -----------------------------------------------------------------------------------------
