@@ -208,3 +208,18 @@ def test_a_stack_that_still_serves_a_kept_version_is_not_deleted(world, stacks):
 
     assert stacks.replicas("mlp", "1") == 1  # still there: the active version's queries go through it
     world["aws"].sqs.get_queue_attributes(QueueUrl=versions["2"].queue_url)
+
+
+def test_scaling_changes_the_replicas_and_nothing_else(aws, stacks):
+    stacks.create("mlp", "1", "s3://clipper-models/models/mlp/1/model.onnx", replicas=1)
+    # the functions' shared parameters changed since (a new deployment of the service stack)
+    later = CloudFormationModelStacks(
+        boto3.client("cloudformation"), "clipper", TEMPLATE, {"MaxReceiveCount": "7"}, poll_s=0.05
+    )
+
+    later.scale("mlp", "1", 2)
+
+    (stack,) = boto3.client("cloudformation").describe_stacks(StackName=stacks.stack_name("mlp", "1"))["Stacks"]
+    values = {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}
+    assert values["InitialInstanceCount"] == "2"
+    assert values["MaxReceiveCount"] == "3"  # what the version was created with

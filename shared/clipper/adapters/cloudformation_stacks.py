@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
-from clipper.errors import NotFound, Unavailable
+from clipper.errors import Conflict, NotFound, Unavailable
 from clipper.models.serving import Serving, stack_model_name
 
 if TYPE_CHECKING:
@@ -129,14 +129,18 @@ class CloudFormationModelStacks:
     def scale(self, model: str, version: str, replicas: int) -> None:
         name = self.stack_name(model, version)
         stack = self._describe(name)
+        if stack["StackStatus"].endswith("_IN_PROGRESS"):  # an update takes minutes; CloudFormation queues none
+            raise Conflict(f"model stack {name} is {stack['StackStatus']}; scale it again when that ends")
         current = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
         wanted = _scale_parameters(replicas)
         if all(current.get(k) == v for k, v in wanted.items()):
             return  # nothing to update (CloudFormation refuses an update that changes nothing)
-        params = self._stack_parameters(model, version, current.get("ModelDataUrl", ""), replicas)
+        # only the replica parameters change: the version keeps the image, instance type and the rest it has
+        # (given back as values: moto's UsePreviousValue knows only the parameters passed at creation)
+        parameters = [{"ParameterKey": k, "ParameterValue": v} for k, v in {**current, **wanted}.items()]
         request: dict[str, Any] = {
             "StackName": name,
-            "Parameters": [{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()],
+            "Parameters": parameters,
             "Capabilities": _CAPABILITIES,
             **self._template,  # the same template and shared parameters as create (moto cannot reuse its own)
             **self._role,
