@@ -200,7 +200,9 @@ class Batcher:
     def _cut(self, model: str, version: str, members: list[_Work], now_ms: float, report: BatchReport) -> list[_Work]:
         """Earliest deadline first, as many members as the predicted batch latency lets the earliest meet its
         deadline; the rest are deferred. Once the latency line is fitted, a member that could not meet its
-        deadline even alone is dropped as expired (in an overload it would only slow the others down)."""
+        deadline even alone is dropped as expired (in an overload it would only slow the others down), but the
+        group's last member always runs: a line fitted on an outlier (a cold first batch) would otherwise
+        drop every query and, seeing no batch, never be corrected."""
         members = sorted(members, key=lambda w: w.message.deadline_ms)
         fitted = self.latency_model(model, version)
         total = sum(w.message.rows for w in members)
@@ -209,12 +211,10 @@ class Batcher:
             fits = fitted.rows_within(budget_s, total)
             if fits >= total:
                 return members
-            if fits >= members[0].message.rows or not fitted.fitted:
+            if fits >= members[0].message.rows or not fitted.fitted or len(members) == 1:
                 break
             report.expired += 1
             total -= members.pop(0).message.rows
-        if not members:
-            return members
         taken, rows = 1, members[0].message.rows
         while taken < len(members) and rows + members[taken].message.rows <= fits:
             rows += members[taken].message.rows
