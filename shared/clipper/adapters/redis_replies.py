@@ -1,7 +1,9 @@
 """Reply channel over Redis: the batcher RPUSHes replies on a list, the frontend BLPOPs it.
 
-A successful answer first claims a ``done`` key (SET NX), so a redelivered query is answered once. The batch
-methods (``answered_many``, ``publish_many``) do the same for a whole batch in two pipelined round trips.
+A successful answer claims a ``done`` key (SET NX) and pushes the reply in one atomic step (a Lua script), so a
+redelivered query is answered once and a claim never stands without its reply (a failure between the two
+would make the retry look like a duplicate and lose the answer). Both keys carry the ``{reply_to}`` hash tag,
+so the script runs in cluster mode too. ``publish_many`` runs the script for a whole batch in one pipeline.
 """
 
 from __future__ import annotations
@@ -15,11 +17,22 @@ import redis
 from clipper.core.messages import Reply
 from clipper.errors import Unavailable
 
+# KEYS: done key, list key; ARGV: reply JSON, ttl, "1" when the reply is an answer to claim. 1: pushed,
+# 0: a duplicate (already answered), nothing pushed.
+_PUBLISH = """
+if ARGV[3] == '1' and not redis.call('SET', KEYS[1], '1', 'EX', ARGV[2], 'NX') then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
 
 class RedisLike(Protocol):
     """The part of ``redis.Redis`` the channel uses."""
 
     def pipeline(self, transaction: bool = True) -> Any: ...
+
+    def register_script(self, script: str) -> Any: ...
 
     def set(self, name: str, value: str, ex: int | None = None, nx: bool = False) -> Any: ...
 
@@ -33,6 +46,7 @@ class RedisReplyChannel:
         self._client = client
         self._ttl = ttl_s
         self._prefix = prefix
+        self._publish = client.register_script(_PUBLISH)  # EVALSHA, loaded on first use
 
     def _list_key(self, reply_to: str) -> str:
         return f"{self._prefix}:reply:{{{reply_to}}}"
@@ -40,39 +54,28 @@ class RedisReplyChannel:
     def _done_key(self, reply_to: str, model: str) -> str:
         return f"{self._prefix}:done:{{{reply_to}}}:{model}"
 
+    def _run_publish(self, reply_to: str, reply: Reply, client: Any = None) -> Any:
+        keys = [self._done_key(reply_to, reply.model), self._list_key(reply_to)]
+        return self._publish(keys=keys, args=[reply.to_json(), self._ttl, "1" if reply.ok else "0"], client=client)
+
     def publish(self, reply_to: str, reply: Reply) -> bool:
         try:
-            if reply.ok and not self._client.set(self._done_key(reply_to, reply.model), "1", ex=self._ttl, nx=True):
-                return False
-            pipe = self._client.pipeline(transaction=False)
-            pipe.rpush(self._list_key(reply_to), reply.to_json())
-            pipe.expire(self._list_key(reply_to), self._ttl)
-            pipe.execute()
+            return bool(self._run_publish(reply_to, reply))
         except redis.RedisError as e:
             raise Unavailable(f"redis: {type(e).__name__}") from e
-        return True
 
     def publish_many(self, replies: Sequence[tuple[str, Reply]]) -> list[bool]:
-        """Publish a batch of replies: one pipeline claims the ``done`` keys of the successful ones, a second
-        pushes every reply that is not a duplicate. For each, False when it was a duplicate (dropped)."""
+        """Publish a batch of replies in one pipelined round trip (each claimed and pushed atomically). For
+        each, False when it was a duplicate (dropped)."""
+        if not replies:
+            return []
         try:
-            claims = self._client.pipeline(transaction=False)
+            pipe = self._client.pipeline(transaction=False)
             for reply_to, reply in replies:
-                if reply.ok:
-                    claims.set(self._done_key(reply_to, reply.model), "1", ex=self._ttl, nx=True)
-            claimed = iter(claims.execute() if len(claims) else [])
-            fresh = [not reply.ok or bool(next(claimed)) for _, reply in replies]
-            pushes = self._client.pipeline(transaction=False)
-            for (reply_to, reply), new in zip(replies, fresh, strict=True):
-                if new:
-                    key = self._list_key(reply_to)
-                    pushes.rpush(key, reply.to_json())
-                    pushes.expire(key, self._ttl)
-            if len(pushes):
-                pushes.execute()
+                self._run_publish(reply_to, reply, client=pipe)
+            return [bool(n) for n in pipe.execute()]
         except redis.RedisError as e:
             raise Unavailable(f"redis: {type(e).__name__}") from e
-        return fresh
 
     def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
         try:
