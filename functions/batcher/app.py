@@ -49,18 +49,26 @@ gc.freeze()
 gc.enable()
 
 
+def flush(lines: EphemeralMetrics) -> None:
+    """One EMF line; cleared even where flushing is disabled (POWERTOOLS_METRICS_DISABLED keeps them)."""
+    try:
+        lines.flush_metrics()
+    finally:
+        lines.clear_metrics()
+
+
 def emit_metrics(report: BatchReport) -> None:
     for model, rows, seconds in report.batches:
         metrics.add_dimension("model", model)
         metrics.add_metric(name="BatchSize", unit=MetricUnit.Count, value=rows)
         metrics.add_metric(name="BatchLatency", unit=MetricUnit.Milliseconds, value=seconds * 1000)
-        metrics.flush_metrics()
+        flush(metrics)
     metrics.add_dimension("service", SERVICE)
     metrics.add_metric(name="MessagesAnswered", unit=MetricUnit.Count, value=report.answered)
     metrics.add_metric(name="MessagesExpired", unit=MetricUnit.Count, value=report.expired)
     metrics.add_metric(name="MessagesDuplicate", unit=MetricUnit.Count, value=report.duplicates)
     metrics.add_metric(name="MessagesFailed", unit=MetricUnit.Count, value=len(report.failed))
-    metrics.flush_metrics()
+    flush(metrics)
 
 
 def _handle(event: dict[str, Any], context: Any) -> dict[str, Any]:

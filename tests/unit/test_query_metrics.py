@@ -69,3 +69,20 @@ def test_in_process_histograms_per_stage_and_per_model_and_a_reset():
     assert counters["model:slow:2:num_errors"] == 2 and "model:good:1:num_errors" not in counters
     metrics.reset()
     assert metrics.report() == {"counters": [], "meters": [], "histograms": []}
+
+
+def test_with_emf_disabled_nothing_piles_up_between_queries(capsys, monkeypatch):
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")  # as the local stack runs it
+    metrics = EmfQueryMetrics()
+    for _ in range(3):
+        metrics("ens", ensemble_result(), 0.07)
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED")
+    capsys.readouterr()
+
+    metrics("ens", ensemble_result(), 0.07)
+
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    (by_app,) = [m for m in lines if m.get("app") == "ens"]
+    latency = by_app["QueryLatency"]
+    assert (latency if isinstance(latency, list) else [latency]) == [70.0]  # this query's value alone, not four
+    assert "model" not in by_app  # no dimension left over from an earlier line

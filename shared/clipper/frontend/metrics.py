@@ -40,7 +40,10 @@ class EmfQueryMetrics:
         self._metrics.add_dimension(*dimension)
         for name, unit, value in values:
             self._metrics.add_metric(name=name, unit=unit, value=value)
-        self._metrics.flush_metrics()
+        try:
+            self._metrics.flush_metrics()
+        finally:  # with POWERTOOLS_METRICS_DISABLED (the local stack) a flush leaves them in place
+            self._metrics.clear_metrics()
 
     def __call__(self, app: str, result: QueryResult, seconds: float) -> None:
         ms, count = MetricUnit.Milliseconds, MetricUnit.Count
