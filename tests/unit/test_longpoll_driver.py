@@ -59,3 +59,23 @@ def test_deferred_messages_stay_in_flight_and_lead_the_next_batch():
     assert [m.message_id for m in nxt] == ["m3", "m4", "m5"]
     assert driver.handle(nxt).answered == 3
     assert {"h-m3", "h-m4", "h-m5"} <= set(reader.deleted) and driver.stats.answered == 2 + 3 + 3
+
+
+def test_messages_deferred_when_the_driver_stops_go_back_to_the_queue_at_once():
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
+    timed(endpoint, clock, 0.002, 0.010)
+    reader = ListReader()
+    driver = LongPollDriver(reader, Batcher(FakeResolver(endpoint), replies, clock), FixedController(10), 0.0)
+    stop = threading.Event()
+    for n in (1, 4):
+        reader.add(message(100 + n, one_hot(0, n), clock, ttl_s=1.0))
+        driver.handle(driver.collect(stop))
+    for i in range(1, 5):
+        reader.add(message(i, one_hot(i), clock, ttl_s=0.5))
+    reader.add(message(9, one_hot(9), clock, ttl_s=0.045))
+    assert sorted(driver.handle(driver.collect(stop)).deferred) == ["m3", "m4"]
+
+    stop.set()
+    driver.run(stop)
+
+    assert sorted(reader.released) == ["h-m3", "h-m4"] and not set(reader.released) & set(reader.deleted)

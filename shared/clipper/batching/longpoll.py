@@ -148,7 +148,18 @@ class LongPollDriver:
             batch = self.collect(stop)
             if batch:
                 self.handle(batch)
+        self.release_carried()
         self.save_state()
+
+    def release_carried(self) -> None:
+        """Hand the messages deferred by the last batch back to the queue at once (on stop), so another
+        batcher answers them within their deadlines instead of after their visibility timeout."""
+        carried, self._carry = self._carry, []
+        for m in carried:
+            try:
+                self._reader.release(m.receipt_handle, 0)
+            except ClipperError as e:
+                logger.warning("releasing a deferred message failed: %s", e)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
