@@ -101,8 +101,8 @@ class KeepAliveHttp:
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for sock, _ in idle:
-            sock.close()
+        for conn in idle:
+            _close(conn)
 
     def _take(self) -> tuple[socket.socket, BinaryIO] | None:
         while True:
@@ -110,10 +110,13 @@ class KeepAliveHttp:
                 if not self._idle:
                     return None
                 sock, reader = self._idle.pop()
-            readable, _, _ = select.select([sock], [], [], 0)
-            if not readable:  # an idle connection has nothing to read unless the server closed it
+            # An idle connection has nothing to read unless the server closed it (or it is out of step): then
+            # it is not reused. poll(), not select(), which fails on descriptors >= 1024.
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            if not poller.poll(0):
                 return sock, reader
-            sock.close()
+            _close((sock, reader))
 
     def _connect(self) -> tuple[socket.socket, BinaryIO]:
         try:
@@ -145,8 +148,10 @@ class KeepAliveHttp:
                 raise EndpointError(f"endpoint at {self._host_header} closed the connection without answering")
             status, headers = _parse_head(status_line, reader)
             data = _read_body(reader, headers)
-            keep = headers.get("connection", "").lower() != "close" and (
-                "content-length" in headers or "chunked" in headers.get("transfer-encoding", "")
+            keep = (
+                status_line.startswith(b"HTTP/1.1")  # HTTP/1.0 closes unless it says otherwise: never reused
+                and headers.get("connection", "").lower() != "close"
+                and ("content-length" in headers or "chunked" in headers.get("transfer-encoding", ""))
             )
             return status, headers, data
         except TimeoutError as e:
@@ -158,7 +163,13 @@ class KeepAliveHttp:
                 with self._lock:
                     self._idle.append(conn)
             else:
-                sock.close()
+                _close(conn)
+
+
+def _close(conn: tuple[socket.socket, BinaryIO]) -> None:
+    sock, reader = conn
+    reader.close()
+    sock.close()
 
 
 def _parse_head(status_line: bytes, reader: BinaryIO) -> tuple[int, dict[str, str]]:
