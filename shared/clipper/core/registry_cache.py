@@ -85,6 +85,8 @@ class CachedRegistry:
                 self._store(key, self._clock.now())
             except ClipperError as e:  # the stale entry stays; the next query past its TTL tries again
                 logger.warning("registry reload failed: %s", e)
+            except Exception:  # a bug, on a background thread where nothing else would report it
+                logger.exception("registry reload failed")
             finally:
                 with self._lock:
                     self._in_flight.discard(key)
