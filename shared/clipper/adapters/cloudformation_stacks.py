@@ -75,6 +75,7 @@ class CloudFormationModelStacks:
         except ClientError as e:
             if error_code(e) != "AlreadyExistsException":
                 raise translate(e, "cloudformation.CreateStack(model)") from e
+            self._clear_failed(name)
         except BotoCoreError as e:
             raise translate(e, "cloudformation.CreateStack(model)") from e
         outputs = self._wait(name)
@@ -93,6 +94,17 @@ class CloudFormationModelStacks:
             # the version's folder, uncompressed (ModelDataSource S3Prefix): model.onnx lands in /opt/ml/model
             params["ModelDataUrl"] = artifact if artifact.endswith("/") else artifact.rsplit("/", 1)[0] + "/"
         return params
+
+    def _clear_failed(self, name: str) -> None:
+        """A stack whose creation failed stays in ROLLBACK_COMPLETE, where it can only be deleted: delete it
+        and fail this try, so the next one (the upload event's retry) creates it afresh instead of finding
+        the dead stack again and again."""
+        stack = self._describe(name)
+        if stack["StackStatus"] == "ROLLBACK_COMPLETE":
+            with aws_call("cloudformation.DeleteStack(model)"):
+                self._client.delete_stack(StackName=name)
+            reason = stack.get("StackStatusReason", "no reason given")
+            raise Unavailable(f"stack {name} had failed to create ({reason}); deleted, to be created on the next try")
 
     def _wait(self, name: str) -> dict[str, str]:
         deadline = time.monotonic() + self._wait_s
