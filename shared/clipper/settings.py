@@ -60,3 +60,5 @@ class ModelStackSettings(CommonSettings):
     model_stack_parameters: str = Field("", description="JSON object of the parameters every version shares")
     model_endpoint: str = Field("", description="address of a version without SageMaker ({model}, {version})")
     model_stack_role_arn: str = Field("", description="CloudFormation service role of the model stacks")
+    # under the model updater's 900 s Lambda timeout, so a stack that takes longer fails with its reason
+    model_stack_wait_s: float = Field(600.0, gt=0, description="how long creating a version's stack may take")

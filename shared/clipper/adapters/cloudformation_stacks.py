@@ -195,5 +195,6 @@ def build_model_stacks(client: CloudFormationClient, settings: ModelStackSetting
         template,
         parameters,
         settings.model_endpoint,
+        wait_s=settings.model_stack_wait_s,
         role_arn=settings.model_stack_role_arn,
     )
