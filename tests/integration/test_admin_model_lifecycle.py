@@ -223,3 +223,13 @@ def test_scaling_changes_the_replicas_and_nothing_else(aws, stacks):
     values = {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}
     assert values["InitialInstanceCount"] == "2"
     assert values["MaxReceiveCount"] == "3"  # what the version was created with
+
+
+def test_upload_urls_without_a_model_bucket_are_unavailable_not_a_bad_request(world, stacks):
+    service = AdminService(world["registry"], None, None, stacks)
+    admin = TestClient(create_admin_app(service, "token", TOKEN))
+    admin.headers["Authorization"] = f"Bearer {TOKEN}"
+
+    resp = admin.post("/admin/get_upload_url", json={"model_name": "mlp", "model_version": "7"})
+
+    assert resp.status_code == 503 and "CLIPPER_MODEL_BUCKET" in resp.text

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from clipper.adapters.dynamodb_registry import ModelRecord
 from clipper.admin import schemas
 from clipper.core.domain import Application, InputType, Model, ModelVersion
-from clipper.errors import ClipperError, InvalidInput, NotFound
+from clipper.errors import ClipperError, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import ServingStacks
 
 
@@ -208,7 +208,7 @@ class AdminService:
 
     def get_upload_url(self, model: str, version: str, expires_s: int = 900) -> dict[str, Any]:
         if self._uploads is None:
-            raise InvalidInput("model_name", "a deployment with a model bucket (CLIPPER_MODEL_BUCKET is not set)")
+            raise Unavailable("model uploads: this deployment has no model bucket (CLIPPER_MODEL_BUCKET is not set)")
         key = f"models/{model}/{version}/model.onnx"
         url = self._uploads.upload_url(key, expires_s)
         return {"url": url, "method": "PUT", "bucket": self._uploads.bucket, "key": key, "expires_s": expires_s}
