@@ -72,6 +72,14 @@ class InMemoryReplies:
     def answered(self, reply_to: str, model: str) -> bool:
         return (reply_to, model) in self.done
 
+    def publish_many(self, replies):
+        return [self.publish(reply_to, reply) for reply_to, reply in replies]
+
+    def answered_many(self, keys):
+        if self.down:
+            raise Unavailable("replies down")
+        return [self.answered(reply_to, model) for reply_to, model in keys]
+
     def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:
         got = self.lists.get(reply_to, [])[:expected]
         self.lists[reply_to] = self.lists.get(reply_to, [])[expected:]

@@ -136,7 +136,7 @@ class RecordingReplies:
         return reply_to in self.done_at
 
     def publish_many(self, replies: Sequence[tuple[str, Reply]]) -> list[bool]:
-        """A batch at once (the batcher's ``BatchReplyChannel``), as ``RedisReplyChannel`` does in production."""
+        """A batch at once (the ``ReplyChannel`` port's batch method), as ``RedisReplyChannel`` does in production."""
         now = time.monotonic()
         out = []
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,6 +61,15 @@ class ReplyChannel(Protocol):
 
     def answered(self, reply_to: str, model: str) -> bool:
         """Whether a successful reply for this model was already delivered."""
+        ...
+
+    def publish_many(self, replies: Sequence[tuple[str, Reply]]) -> list[bool]:
+        """``publish`` for each ``(reply_to, reply)`` of a batch, in as few round trips as the channel allows.
+        Raises ``Unavailable`` when the channel cannot be reached (then none is known delivered)."""
+        ...
+
+    def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        """``answered`` for each ``(reply_to, model)`` of a batch."""
         ...
 
     def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:

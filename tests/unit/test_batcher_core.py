@@ -143,7 +143,7 @@ def test_query_that_cannot_be_answered_in_time_is_dropped(setup):
 
 
 class BatchReplies(InMemoryReplies):
-    """A reply channel with the batch methods: counts the calls, keeps InMemoryReplies' end state."""
+    """InMemoryReplies counting the batch calls, with a way to fail only the publications."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -55,6 +56,13 @@ class DynamoDBReplyChannel:
         except BotoCoreError as e:
             raise translate(e, "dynamodb.PutItem(replies)") from e
         return True
+
+    def publish_many(self, replies: Sequence[tuple[str, Reply]]) -> list[bool]:
+        """One conditional write a reply (DynamoDB has no batched conditional put)."""
+        return [self.publish(reply_to, reply) for reply_to, reply in replies]
+
+    def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        return [self.answered(reply_to, model) for reply_to, model in keys]
 
     def answered(self, reply_to: str, model: str) -> bool:
         with aws_call("dynamodb.GetItem(replies)"):

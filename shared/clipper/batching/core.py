@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -31,21 +31,6 @@ from clipper.errors import ClipperError, EndpointError, MalformedMessage
 from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, ReplyChannel
 
 logger = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class BatchReplyChannel(Protocol):
-    """A reply channel that also checks and publishes a whole batch at once (one round trip each, instead
-    of one a message). The batcher uses these methods when its channel has them."""
-
-    def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
-        """For each ``(reply_to, model)``: whether it was answered already."""
-        ...
-
-    def publish_many(self, replies: Sequence[tuple[str, Reply]]) -> list[bool]:
-        """Publish each ``(reply_to, reply)``; for each, False when it was a duplicate answer (dropped).
-        Raises ``Unavailable`` when the channel cannot be reached (then none is known delivered)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -121,7 +106,6 @@ class Batcher:
         self._clock = clock
         self._claims = claims
         self._cache = cache
-        self._batch_replies = replies if isinstance(replies, BatchReplyChannel) else None
         # The fastest recent batches: no query whose remaining time is under this can still be answered.
         self._recent_latency: deque[float] = deque(maxlen=50)
         self._latency: dict[tuple[str, str], LatencyModel] = {}
@@ -226,20 +210,11 @@ class Batcher:
         """Whether each message was answered already (a redelivery); None where the channel is down."""
         if not live:
             return []
-        if self._batch_replies is not None:
-            try:
-                return list(self._batch_replies.answered_many([(m.reply_to, m.model) for _, m in live]))
-            except ClipperError as e:
-                logger.warning("reply channel unavailable", extra={"error": str(e)})
-                return [None] * len(live)
-        out: list[bool | None] = []
-        for _, msg in live:
-            try:
-                out.append(self._replies.answered(msg.reply_to, msg.model))
-            except ClipperError as e:
-                logger.warning("reply channel unavailable", extra={"error": str(e)})
-                out.append(None)
-        return out
+        try:
+            return list(self._replies.answered_many([(m.reply_to, m.model) for _, m in live]))
+        except ClipperError as e:
+            logger.warning("reply channel unavailable", extra={"error": str(e)})
+            return [None] * len(live)
 
     def _run_group(self, model: str, version: str, members: list[_Work], report: BatchReport) -> None:
         rows = _concat([w.rows for w in members])
@@ -301,25 +276,14 @@ class Batcher:
             logger.warning("cache not filled", extra={"model": model, "error": str(e)})
 
     def _deliver(self, members: list[_Work], replies: list[Reply], report: BatchReport, failed: bool) -> None:
-        """Publish one reply per member (in one call when the channel takes batches); a member whose reply
-        could not be delivered, or whose batch failed, is reported failed (left for a retry)."""
-        delivered = [True] * len(members)
-        if self._batch_replies is not None:
-            try:
-                pairs = [(w.message.reply_to, r) for w, r in zip(members, replies, strict=True)]
-                self._batch_replies.publish_many(pairs)
-            except ClipperError as e:
-                logger.warning("replies not delivered", extra={"count": len(replies), "error": str(e)})
-                delivered = [False] * len(members)
+        """Publish one reply per member in one call; when the channel fails, every member is reported failed
+        (left for a retry: one delivered meanwhile is a duplicate then, answered once); so is a failed batch."""
+        try:
+            self._replies.publish_many([(w.message.reply_to, r) for w, r in zip(members, replies, strict=True)])
+        except ClipperError as e:
+            logger.warning("replies not delivered", extra={"count": len(replies), "error": str(e)})
+            failed = True
+        if failed:
+            report.failed.extend(w.message_id for w in members)
         else:
-            for i, (w, reply) in enumerate(zip(members, replies, strict=True)):
-                try:
-                    self._replies.publish(w.message.reply_to, reply)
-                except ClipperError as e:
-                    logger.warning("reply not delivered", extra={"query_id": reply.query_id, "error": str(e)})
-                    delivered[i] = False
-        for w, ok in zip(members, delivered, strict=True):
-            if failed or not ok:
-                report.failed.append(w.message_id)
-            else:
-                report.answered += 1
+            report.answered += len(members)
