@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
-from clipper.core.domain import Application, InputType, Model, ModelVersion
+from clipper.core.domain import Application, InputType, Model, ModelRecord, ModelVersion
 from clipper.errors import Conflict, NotFound
 
 if TYPE_CHECKING:
@@ -39,20 +38,6 @@ def _shape_of(attr: dict[str, Any] | None) -> tuple[int, ...] | None:
     if not attr or "L" not in attr:
         return None
     return tuple(int(d["N"]) for d in attr["L"])
-
-
-@dataclass(frozen=True)
-class ModelRecord:
-    """Everything the registry holds about one model, for the management API."""
-
-    head: Model
-    versions: dict[str, ModelVersion]
-    auto_promote: bool = False
-    replicas: int = 1
-    # per version: artifact, sha256, created_at... of registered versions; reasons... of rejected uploads
-    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rejected: dict[str, dict[str, Any]] = field(default_factory=dict)
-    linked_apps: list[str] = field(default_factory=list)
 
 
 def _plain(attr: dict[str, Any]) -> Any:

@@ -9,9 +9,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
-from clipper.adapters.dynamodb_registry import ModelRecord
 from clipper.admin import schemas
-from clipper.core.domain import Application, InputType, Model, ModelVersion
+from clipper.core.domain import Application, InputType, Model, ModelRecord, ModelVersion
 from clipper.errors import ClipperError, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import ServingStacks
 

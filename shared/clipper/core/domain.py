@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class InputType(enum.StrEnum):
@@ -67,3 +68,17 @@ class Model:
 
     name: str
     active_version: str
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """Everything the registry holds about one model, for the management API."""
+
+    head: Model
+    versions: dict[str, ModelVersion]
+    auto_promote: bool = False
+    replicas: int = 1
+    # per version: artifact, sha256, created_at... of registered versions; reasons... of rejected uploads
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rejected: dict[str, dict[str, Any]] = field(default_factory=dict)
+    linked_apps: list[str] = field(default_factory=list)
