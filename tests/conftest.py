@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Processes the tests start import this checkout's package (a git worktree's, not the editable install's).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(REPO_ROOT / "shared"), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+)
 DEMO_MODELS_DIR = REPO_ROOT / "build" / "models"
 
 

@@ -98,7 +98,9 @@ class LocalStack:
                 "AWS_DEFAULT_REGION": "us-east-1",
                 "AWS_REGION": "us-east-1",
                 "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "model-images" / "onnx-runtime")]),
+                "PYTHONPATH": os.pathsep.join(
+                    [str(REPO / "shared"), str(REPO), str(REPO / "model-images" / "onnx-runtime")]
+                ),
             }
         )
         self.env.pop("AWS_PROFILE", None)

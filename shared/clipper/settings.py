@@ -24,6 +24,9 @@ class CommonSettings(BaseSettings):
     cache_enabled: bool = True
     selection_table: str = Field("", description="DynamoDB table of bandit states (empty: no learning)")
     aws_endpoint_url: str = Field("", validation_alias=AliasChoices("AWS_ENDPOINT_URL"))
+    # The request queues' transport: SQS on AWS; Redis Streams (REDIS_URL) on one machine. A version's queue
+    # address stays its SQS queue URL either way (the Redis transport names its stream after the queue).
+    queue_transport: Literal["sqs", "redis"] = "sqs"
 
 
 class FrontendSettings(CommonSettings):
