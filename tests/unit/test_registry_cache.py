@@ -107,3 +107,38 @@ def test_without_the_combined_read_each_entry_is_read_alone():
     cached = CachedRegistry(inner, FakeClock(), ttl_s=2)
     assert cached.get_app("digits").name == "digits" and cached.linked_models("digits") == ["mlp"]
     assert inner.reads == 1  # get_app once; the links were read by their own call
+
+
+def test_unknown_names_cannot_grow_the_cache_and_are_forgotten_soon():
+    clock, inner = FakeClock(), OneQueryRegistry()
+    inner.apps["digits"] = digits_app()
+    cached = CachedRegistry(inner, clock, ttl_s=2.0, max_entries=64, max_negative=100, negative_ttl_s=0.5)
+    cached.get_app("digits")
+    for i in range(10_000):
+        with pytest.raises(NotFound):
+            cached.get_app(f"nope-{i}")
+    assert cached.sizes[1] <= 100 and cached.sizes[0] <= 64
+    assert cached.get_app("digits").name == "digits"  # known entries are not pushed out by misses
+    reads = inner.queries
+    with pytest.raises(NotFound):
+        cached.get_app("nope-9999")  # remembered for a moment
+    assert inner.queries == reads
+    inner.apps["nope-9999"] = digits_app(name="nope-9999")
+    clock.advance(0.6)
+    assert cached.get_app("nope-9999").name == "nope-9999"  # a miss is forgotten after negative_ttl_s
+
+
+def test_the_cache_keeps_the_most_recently_used_entries():
+    clock, inner = FakeClock(), OneQueryRegistry()
+    for i in range(10):
+        inner.apps[f"a{i}"] = digits_app(name=f"a{i}")
+    cached = CachedRegistry(inner, clock, ttl_s=60.0, max_entries=4)  # an app and its links: 2 entries
+    cached.get_app("a0")
+    cached.get_app("a1")
+    cached.get_app("a0")  # a0 used last: a1 goes first
+    cached.get_app("a2")
+    reads = inner.queries
+    cached.get_app("a0")
+    assert inner.queries == reads and cached.sizes[0] <= 4
+    cached.get_app("a1")
+    assert inner.queries == reads + 1

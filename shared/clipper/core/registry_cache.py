@@ -1,8 +1,10 @@
 """A warm container's short-lived copy of the registry, so a query does not read DynamoDB every time.
 
-Entries are trusted for ``ttl_s`` seconds (the frontend's config refresh interval). Misses (``NotFound``)
-are cached too, for the same time. An application and its links are one item collection (``APP#<app>``),
-read by one query when the registry offers ``app_and_links``.
+Entries are trusted for ``ttl_s`` seconds (the frontend's config refresh interval). Memory is bounded
+whatever clients send: at most ``max_entries`` entries, least recently used first out; misses (``NotFound``:
+an unknown application name in a URL) are remembered apart, at most ``max_negative`` of them, for
+``negative_ttl_s`` only. An application and its links are one item collection (``APP#<app>``), read by one
+query when the registry offers ``app_and_links``.
 
 With a ``refresh`` runner (e.g. a one-thread executor's ``submit``), an entry older than ``ttl_s`` is
 still answered while it is reloaded off the query path (stale-while-revalidate), so no query waits for a
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +38,20 @@ class CachedRegistry:
         ttl_s: float,
         refresh: Callable[[Callable[[], None]], Any] | None = None,
         max_stale_s: float | None = None,
+        max_entries: int = 4096,
+        max_negative: int = 1024,
+        negative_ttl_s: float = 1.0,
     ) -> None:
         self._inner = inner
         self._clock = clock
         self._ttl = ttl_s
         self._refresh = refresh
         self._max_stale = (ttl_s if max_stale_s is None else max_stale_s) if refresh is not None else 0.0
-        self._entries: dict[Key, tuple[float, object]] = {}
+        self._max_entries = max_entries
+        self._max_negative = max_negative
+        self._negative_ttl = min(ttl_s, negative_ttl_s)
+        self._entries: OrderedDict[Key, tuple[float, object]] = OrderedDict()
+        self._negative: OrderedDict[Key, tuple[float, NotFound]] = OrderedDict()
         self._in_flight: set[Key] = set()
         self._lock = threading.Lock()
         self._app_and_links: Callable[[str], tuple[Application, list[str]]] | None = getattr(
@@ -70,8 +80,23 @@ class CachedRegistry:
             return {key: e}
 
     def _store(self, key: Key, at: float) -> None:
-        for k, v in self._load(key).items():
-            self._entries[k] = (at, v)
+        self._keep(self._load(key), at)
+
+    def _keep(self, loaded: dict[Key, object], at: float) -> None:
+        with self._lock:
+            for k, v in loaded.items():
+                if isinstance(v, NotFound):
+                    self._entries.pop(k, None)
+                    self._negative[k] = (at, v)
+                    self._negative.move_to_end(k)
+                    while len(self._negative) > self._max_negative:
+                        self._negative.popitem(last=False)
+                else:
+                    self._negative.pop(k, None)
+                    self._entries[k] = (at, v)
+                    self._entries.move_to_end(k)
+                    while len(self._entries) > self._max_entries:
+                        self._entries.popitem(last=False)
 
     def _reload_in_background(self, key: Key) -> None:
         assert self._refresh is not None
@@ -96,18 +121,37 @@ class CachedRegistry:
         except RuntimeError:  # the runner is shut down (interpreter exit): reload here
             reload()
 
+    def _cached(self, key: Key, now: float) -> object | None:
+        """The entry's value (a ``NotFound`` for a remembered miss) if fresh enough, else None."""
+        with self._lock:
+            missing = self._negative.get(key)
+            if missing is not None:
+                if now - missing[0] < self._negative_ttl:
+                    return missing[1]
+                del self._negative[key]
+            hit = self._entries.get(key)
+            if hit is None or now - hit[0] >= self._ttl + self._max_stale:
+                return None
+            self._entries.move_to_end(key)
+        if now - hit[0] >= self._ttl:
+            self._reload_in_background(key)
+        return hit[1]
+
     def _get(self, key: Key) -> Any:
         now = self._clock.now()
-        hit = self._entries.get(key)
-        if hit is None or now - hit[0] >= self._ttl + self._max_stale:
-            self._store(key, now)
-            hit = self._entries[key]
-        elif now - hit[0] >= self._ttl:
-            self._reload_in_background(key)
-        value = hit[1]
+        value = self._cached(key, now)
+        if value is None:
+            loaded = self._load(key)
+            self._keep(loaded, now)
+            value = loaded[key]
         if isinstance(value, NotFound):
             raise value
         return value
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """(entries, remembered misses) held now."""
+        return len(self._entries), len(self._negative)
 
     # -- the Registry port -------------------------------------------------------------------------------
     def get_app(self, name: str) -> Application:
@@ -126,4 +170,6 @@ class CachedRegistry:
         return mv
 
     def invalidate(self) -> None:
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
+            self._negative.clear()

@@ -2,12 +2,15 @@
 bandit state (per application, or per (application, user) when the query carries a user id).
 
 States are read from the store and kept for ``ttl_s`` in the warm container (a bandit tolerates weights a
-moment old); the single-model policy needs no state at all.
+moment old), at most ``max_states`` of them (least recently used out first: there is one per user, and users
+are unbounded); the single-model policy needs no state at all.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from clipper.core.domain import Application, ModelVersion
@@ -35,20 +38,33 @@ class Choice:
 
 class Selector:
     def __init__(
-        self, registry: Registry, store: SelectionStore | None, clock: Clock, rng: random.Random, ttl_s: float
+        self,
+        registry: Registry,
+        store: SelectionStore | None,
+        clock: Clock,
+        rng: random.Random,
+        ttl_s: float,
+        max_states: int = 10_000,
     ) -> None:
         self._registry = registry
         self._store = store
         self._clock = clock
         self._rng = rng
         self._ttl = ttl_s
-        self._states: dict[str, tuple[float, SelectionState | None]] = {}
+        self._max_states = max_states
+        self._states: OrderedDict[str, tuple[float, SelectionState | None]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def after_restore(self) -> None:
         """After a SnapStart restore: every container restored from one snapshot starts with this RNG in the
         same state, so it is re-seeded from the OS; cached bandit states (from the snapshot) are dropped."""
         self._rng.seed()
-        self._states.clear()
+        with self._lock:
+            self._states.clear()
+
+    @property
+    def cached_states(self) -> int:
+        return len(self._states)
 
     def _load(self, key: str) -> SelectionState | None:
         now = self._clock.now()
@@ -56,7 +72,11 @@ class Selector:
         if hit is not None and now - hit[0] < self._ttl:
             return hit[1]
         state = self._store.load(key) if self._store is not None else None
-        self._states[key] = (now, state)
+        with self._lock:
+            self._states[key] = (now, state)
+            self._states.move_to_end(key)
+            while len(self._states) > self._max_states:
+                self._states.popitem(last=False)
         return state
 
     def state_for(self, app: Application, linked: list[str], user: str | None) -> SelectionState:
