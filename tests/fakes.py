@@ -80,10 +80,22 @@ class InMemoryReplies:
             raise Unavailable("replies down")
         return [self.answered(reply_to, model) for reply_to, model in keys]
 
-    def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:
-        got = self.lists.get(reply_to, [])[:expected]
-        self.lists[reply_to] = self.lists.get(reply_to, [])[expected:]
-        return got
+    addresses: int = 0
+
+    def new_address(self) -> str:
+        self.addresses += 1
+        return f"inbox.{self.addresses:032x}"
+
+    def expect(self, reply_to: str) -> None:
+        pass
+
+    def wait(self, reply_to: str, models, timeout_s: float) -> list[Reply]:
+        """What was published so far: one reply per model, a success winning over an error."""
+        by_model: dict[str, Reply] = {}
+        for r in self.lists.pop(reply_to, []):
+            if r.model not in by_model or (r.ok and not by_model[r.model].ok):
+                by_model[r.model] = r
+        return list(by_model.values())
 
 
 @dataclass
@@ -171,6 +183,15 @@ class InMemoryCache:
         owned = {k for k in keys if k not in self.claims}
         self.claims |= owned
         return owned
+
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def fail_many(self, failures: dict[str, str], ttl_s: float) -> None:
+        self.failed.update(failures)
+
+    def poll(self, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+        hits = self.get_many(keys)
+        return hits, {k: self.failed[k] for k in keys if k in self.failed and k not in hits}
 
 
 @dataclass

@@ -58,7 +58,7 @@ metrics = InProcessMetrics()
 app = create_app(
     processor,
     settings.max_body_bytes,
-    inline=settings.inline_predict,
+    query_threads=settings.query_threads,
     feedback=build_feedback_receiver(settings, processor.registry, sqs),
     observe=Observers(EmfQueryMetrics(), metrics),
     metrics=metrics,

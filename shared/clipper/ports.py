@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -72,8 +72,18 @@ class ReplyChannel(Protocol):
         """``answered`` for each ``(reply_to, model)`` of a batch."""
         ...
 
-    def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:
-        """Replies that arrive within ``timeout_s``; returns early once ``expected`` have arrived."""
+    def new_address(self) -> str:
+        """A fresh reply address for one query: unique (UUID-class), so no two live queries share one."""
+        ...
+
+    def expect(self, reply_to: str) -> None:
+        """Start collecting the replies to ``reply_to``; called before the query's messages are sent."""
+        ...
+
+    def wait(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
+        """The replies to ``reply_to`` that arrive within ``timeout_s``, at most one per model (a success wins
+        over an error); returns as soon as each of ``models`` has replied. Ends the expectation. Raises
+        ``Unavailable`` when the channel could not be read and replies are missing."""
         ...
 
 
@@ -89,6 +99,15 @@ class PredictionCache(Protocol):
     def claim(self, keys: list[str], ttl_s: float) -> set[str]:
         """Mark keys as being computed; returns the keys this caller now owns. A key already claimed
         by a concurrent query is not returned: that query's answer will fill the cache."""
+        ...
+
+    def fail_many(self, failures: dict[str, str], ttl_s: float) -> None:
+        """The owner of these claims got no output: release them with the cause (kept ``ttl_s``), so the
+        queries waiting on them stop at once with it."""
+        ...
+
+    def poll(self, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+        """For keys other queries compute: ``(outputs of those that hit, causes of those whose owner failed)``."""
         ...
 
 

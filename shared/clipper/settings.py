@@ -33,8 +33,8 @@ class FrontendSettings(CommonSettings):
     api_base_path: str = Field("/", pattern=r"^/")
     feedback_queue_url: str = ""
     selection_ttl_s: float = Field(1.0, ge=0, description="how long a warm frontend reuses a bandit state")
-    # Run the query on the event loop's thread: true in Lambda (one event at a time), false under uvicorn.
-    inline_predict: bool = False
+    # Queries running at once in one process (each holds a worker thread until its replies come or its deadline).
+    query_threads: int = Field(64, ge=1)
     config_ttl_s: float = Field(2.0, ge=0)
     max_body_bytes: int = Field(5 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1000, ge=1)

@@ -80,25 +80,33 @@ def lazy_aws_client(service: str, **config: Any) -> LazyClient:
 
 
 def new_query_id() -> int:
-    """A random 53-bit query id (safe as a JSON number in every client), leaving room for batch offsets."""
+    """Clipper's query id of a response: a random 53-bit number (safe as a JSON number in every client), leaving
+    room for batch offsets. It keys nothing: replies and duplicate checks use the reply address, a UUID
+    (``ReplyChannel.new_address``)."""
     return random.getrandbits(53) & ~0xFFFF
 
 
 _redis_clients: dict[str, Any] = {}
 
 
-def redis_client(url: str) -> Any:
-    """One client (one connection pool) per URL and process."""
-    if url not in _redis_clients:
+def redis_client(url: str, blocking: bool = False) -> Any:
+    """One client (one connection pool) per URL and process; ``blocking``: the client of long blocking reads
+    (the reply listener's), whose socket timeout exceeds their block time."""
+    key = f"{url}#blocking" if blocking else url
+    if key not in _redis_clients:
         import redis
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
 
-        # Few, short retries: a query's whole budget is its SLO, so a dead Redis must fail fast.
-        _redis_clients[url] = redis.Redis.from_url(
-            url, socket_timeout=35, socket_connect_timeout=1, retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 2)
+        # Few, short retries and a short socket timeout: a query's whole budget is its SLO, so a dead or hung
+        # Redis must fail fast (the frontend's watchdog answers at the deadline whatever a call does).
+        _redis_clients[key] = redis.Redis.from_url(
+            url,
+            socket_timeout=10 if blocking else 1,
+            socket_connect_timeout=1,
+            retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 2),
         )
-    return _redis_clients[url]
+    return _redis_clients[key]
 
 
 def redis_clients() -> list[Any]:
@@ -110,7 +118,11 @@ def reply_channel(settings: CommonSettings, dynamodb: Any, poll_interval_s: floa
     if settings.redis_url:
         from clipper.adapters.redis_replies import RedisReplyChannel
 
-        return RedisReplyChannel(redis_client(settings.redis_url), ttl_s=settings.reply_ttl_s)
+        return RedisReplyChannel(
+            redis_client(settings.redis_url),
+            ttl_s=settings.reply_ttl_s,
+            listener_client=lambda: redis_client(settings.redis_url, blocking=True),
+        )
     from clipper.adapters.dynamodb_replies import DynamoDBReplyChannel
 
     return DynamoDBReplyChannel(dynamodb, settings.replies_table, settings.reply_ttl_s, poll_interval_s)

@@ -71,3 +71,23 @@ def test_concurrent_claims_have_exactly_one_owner(cache):
 
 
 __all__ = ["create_tables"]
+
+
+def test_a_failed_claim_tells_its_cause_then_frees_the_key(cache):
+    import time
+
+    assert cache.claim(["k", "other"], ttl_s=30) == {"k", "other"}
+    assert cache.poll(["k", "other"]) == ({}, {})  # computing: neither an output nor a failure yet
+    cache.fail_many({"k": "model mlp:1: endpoint error: boom"}, ttl_s=1.0)
+    assert cache.poll(["k", "other"]) == ({}, {"k": "model mlp:1: endpoint error: boom"})
+    assert cache.claim(["k"], ttl_s=30) == set()  # held while followers read the cause
+    time.sleep(1.1)
+    assert cache.poll(["k"]) == ({}, {})
+    assert cache.claim(["k"], ttl_s=30) == {"k"}  # then a new query computes it again
+
+
+def test_a_filled_entry_is_never_reported_failed(cache):
+    cache.claim(["k"], ttl_s=30)
+    cache.put_many({"k": 4})
+    cache.fail_many({"k": "late failure"}, ttl_s=1.0)
+    assert cache.poll(["k"]) == ({"k": 4}, {})

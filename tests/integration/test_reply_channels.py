@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 
@@ -7,7 +8,7 @@ import pytest
 import redis
 
 from clipper.adapters.dynamodb_replies import DynamoDBReplyChannel
-from clipper.adapters.redis_replies import RedisReplyChannel
+from clipper.adapters.redis_replies import RedisReplyChannel, inbox_of
 from clipper.core.messages import Reply
 from clipper.errors import Unavailable
 from tests.services import redis_url  # noqa: F401  (fixture)
@@ -20,90 +21,207 @@ def channel(request):
     if request.param == "redis":
         client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
         client.flushdb()
-        return RedisReplyChannel(client, ttl_s=60)
+        channel = RedisReplyChannel(client, ttl_s=60)
+        yield channel
+        channel.close()
+        return
     aws = request.getfixturevalue("aws")
-    return DynamoDBReplyChannel(aws.dynamodb, aws.replies_table, ttl_s=60, poll_interval_s=0.005)
+    yield DynamoDBReplyChannel(aws.dynamodb, aws.replies_table, ttl_s=60, poll_interval_s=0.005)
 
 
 def ok(model: str = "mlp", outputs=(1,)) -> Reply:
     return Reply(query_id=1, model=model, version="1", outputs=list(outputs))
 
 
+def err(model: str = "mlp") -> Reply:
+    return Reply(query_id=1, model=model, version="1", error="boom", error_kind="endpoint")
+
+
+def test_addresses_are_unique_and_uuid_wide(channel):
+    addresses = {channel.new_address() for _ in range(10_000)}
+    assert len(addresses) == 10_000
+    # 32 hex digits (a UUID4: 122 random bits) after the inbox, not a 37-bit number
+    assert all(len(a.rsplit(".", 1)[-1]) == 32 for a in addresses)
+
+
 def test_publish_then_wait(channel):
-    assert channel.publish("q1", ok())
-    (reply,) = channel.wait("q1", 1, timeout_s=1.0)
-    assert reply.outputs == [1] and channel.answered("q1", "mlp")
-    assert not channel.answered("q1", "other")
+    q = channel.new_address()
+    channel.expect(q)
+    assert channel.publish(q, ok())
+    (reply,) = channel.wait(q, ["mlp"], timeout_s=1.0)
+    assert reply.outputs == [1] and channel.answered(q, "mlp")
+    assert not channel.answered(q, "other")
+
+
+def test_a_reply_reaches_only_its_own_query(channel):
+    q1, q2 = channel.new_address(), channel.new_address()
+    channel.expect(q1)
+    channel.expect(q2)
+    channel.publish(q1, ok(outputs=(1,)))
+    channel.publish(q2, ok(outputs=(2,)))
+    assert [r.outputs for r in channel.wait(q2, ["mlp"], 1.0)] == [[2]]
+    assert [r.outputs for r in channel.wait(q1, ["mlp"], 1.0)] == [[1]]
 
 
 def test_duplicate_success_is_dropped(channel):
-    assert channel.publish("q2", ok())
-    assert not channel.publish("q2", ok(outputs=(9,)))
-    assert [r.outputs for r in channel.wait("q2", 2, timeout_s=0.2)] == [[1]]
+    q = channel.new_address()
+    channel.expect(q)
+    assert channel.publish(q, ok())
+    assert not channel.publish(q, ok(outputs=(9,)))
+    assert [r.outputs for r in channel.wait(q, ["mlp", "other"], timeout_s=0.2)] == [[1]]
 
 
-def test_error_then_retry_success(channel):
-    err = Reply(query_id=1, model="mlp", version="1", error="boom", error_kind="endpoint")
-    assert channel.publish("q3", err)
-    assert not channel.answered("q3", "mlp")
-    assert channel.publish("q3", ok())
-    assert channel.answered("q3", "mlp")
+def test_an_ensemble_wait_counts_models_not_replies(channel):
+    """An error and its retried success from one model are one model's reply: the wait goes on for the other
+    model, whose on-time reply is not lost."""
+    q = channel.new_address()
+    channel.expect(q)
+    channel.publish(q, err("a"))
+    channel.publish(q, ok("a", (3,)))
 
-
-def test_wait_returns_empty_at_the_timeout(channel):
-    start = time.monotonic()
-    assert channel.wait("nobody", 1, timeout_s=0.15) == []
-    assert time.monotonic() - start < 1.0  # bounded by the timeout, not by a network default
-
-
-def test_wait_collects_several_models(channel):
     def later():
         time.sleep(0.05)
-        channel.publish("q4", ok("a"))
-        channel.publish("q4", ok("b"))
+        channel.publish(q, ok("b", (4,)))
 
     t = threading.Thread(target=later)
     t.start()
-    got = channel.wait("q4", 2, timeout_s=2.0)
+    got = channel.wait(q, ["a", "b"], timeout_s=2.0)
     t.join()
-    assert sorted(r.model for r in got) == ["a", "b"]
+    assert sorted((r.model, r.ok, tuple(r.outputs or ())) for r in got) == [("a", True, (3,)), ("b", True, (4,))]
 
 
-def test_redis_down_is_unavailable():
+def test_an_error_reply_ends_that_models_wait(channel):
+    q = channel.new_address()
+    channel.expect(q)
+    channel.publish(q, err())
+    start = time.monotonic()
+    (reply,) = channel.wait(q, ["mlp"], timeout_s=2.0)
+    assert not reply.ok and reply.error == "boom" and time.monotonic() - start < 1.0
+
+
+def test_error_then_retry_success(channel):
+    q = channel.new_address()
+    assert channel.publish(q, err())
+    assert not channel.answered(q, "mlp")
+    assert channel.publish(q, ok())
+    assert channel.answered(q, "mlp")
+
+
+def test_wait_returns_what_came_at_the_timeout(channel):
+    q = channel.new_address()
+    channel.expect(q)
+    channel.publish(q, ok("a"))
+    start = time.monotonic()
+    got = channel.wait(q, ["a", "b"], timeout_s=0.15)
+    assert [r.model for r in got] == ["a"]
+    assert 0.14 <= time.monotonic() - start < 1.0
+
+
+@pytest.mark.parametrize("slo_ms", [20, 50, 100])
+def test_an_unanswered_wait_ends_within_a_few_ms_of_its_timeout(channel, slo_ms):
+    """Redis checks blocked clients' timeouts on its ~100 ms tick: a BLPOP per query answered every SLO at
+    ~100 ms. The median of a few waits is taken (this machine is shared); the tolerance is far under the tick."""
+    overshoot = []
+    for _ in range(5):
+        q = channel.new_address()
+        channel.expect(q)
+        start = time.monotonic()
+        assert channel.wait(q, ["mlp"], timeout_s=slo_ms / 1000) == []
+        overshoot.append((time.monotonic() - start) * 1000 - slo_ms)
+    assert -1 <= statistics.median(overshoot) < 15, overshoot
+
+
+def test_redis_a_late_reply_is_dropped_by_the_listener(redis_url):  # noqa: F811
+    client = redis.Redis.from_url(redis_url)
+    channel = RedisReplyChannel(client, ttl_s=60)
+    try:
+        q = channel.new_address()
+        channel.expect(q)
+        assert channel.wait(q, ["mlp"], timeout_s=0.01) == []
+        channel.publish(q, ok())
+        end = time.monotonic() + 2
+        while channel.dropped == 0 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert channel.dropped == 1
+        assert client.llen(f"clipper:inbox:{{{inbox_of(q)}}}") == 0  # popped, not left to pile up
+    finally:
+        channel.close()
+
+
+def test_redis_reset_gives_a_new_inbox(redis_url):  # noqa: F811
+    channel = RedisReplyChannel(redis.Redis.from_url(redis_url), ttl_s=60)
+    try:
+        before = inbox_of(channel.new_address())
+        channel.reset()
+        q = channel.new_address()
+        assert inbox_of(q) != before
+        channel.expect(q)
+        channel.publish(q, ok())
+        assert [r.outputs for r in channel.wait(q, ["mlp"], 2.0)] == [[1]]
+    finally:
+        channel.close()
+
+
+def test_dynamodb_expired_replies_are_never_delivered(aws):
+    """DynamoDB deletes expired items days late: a reply item past its expires_at is not an answer."""
+    channel = DynamoDBReplyChannel(aws.dynamodb, aws.replies_table, ttl_s=60, poll_interval_s=0.005)
+    q = channel.new_address()
+    aws.dynamodb.put_item(
+        TableName=aws.replies_table,
+        Item={
+            "query_id": {"S": q},
+            "model": {"S": "mlp"},
+            "ok": {"BOOL": True},
+            "reply": {"S": ok(outputs=(5,)).to_json()},
+            "expires_at": {"N": str(int(time.time()) - 10)},
+        },
+    )
+    assert channel.wait(q, ["mlp"], timeout_s=0.05) == []
+
+
+def _dead_client() -> redis.Redis:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
-    channel = RedisReplyChannel(client)
-    with pytest.raises(Unavailable):
-        channel.publish("q", ok())
-    with pytest.raises(Unavailable):
-        channel.wait("q", 1, 0.1)
+    return redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+
+
+def test_redis_down_is_unavailable():
+    channel = RedisReplyChannel(_dead_client())
+    try:
+        q = channel.new_address()
+        with pytest.raises(Unavailable):
+            channel.publish(q, ok())
+        channel.expect(q)
+        with pytest.raises(Unavailable):
+            channel.wait(q, ["mlp"], 0.3)
+    finally:
+        channel.close()
 
 
 def test_redis_batch_publication_answers_each_query_once(redis_url):  # noqa: F811
     client = redis.Redis.from_url(redis_url)
-    client.flushdb()
     channel = RedisReplyChannel(client, ttl_s=60)
-    err = Reply(query_id=3, model="mlp", version="1", error="boom", error_kind="endpoint")
-    assert channel.publish("b1", ok(outputs=(7,)))
-    assert channel.answered_many([("b1", "mlp"), ("b2", "mlp"), ("b1", "other")]) == [True, False, False]
-    got = channel.publish_many([("b1", ok(outputs=(8,))), ("b2", ok(outputs=(2,))), ("b3", err), ("b2", ok())])
-    assert got == [False, True, True, False]
-    assert 0 < client.ttl("clipper:reply:{b2}") <= 60
-    assert [r.outputs for r in channel.wait("b1", 2, timeout_s=0.1)] == [[7]]
-    assert [r.outputs for r in channel.wait("b2", 2, timeout_s=0.1)] == [[2]]
-    (failed,) = channel.wait("b3", 1, timeout_s=0.1)
-    assert failed.error == "boom" and not channel.answered("b3", "mlp")
-    assert channel.answered_many([]) == [] and channel.publish_many([]) == []
+    try:
+        b1, b2, b3 = (channel.new_address() for _ in range(3))
+        for q in (b1, b2, b3):
+            channel.expect(q)
+        assert channel.publish(b1, ok(outputs=(7,)))
+        assert channel.answered_many([(b1, "mlp"), (b2, "mlp"), (b1, "other")]) == [True, False, False]
+        got = channel.publish_many([(b1, ok(outputs=(8,))), (b2, ok(outputs=(2,))), (b3, err()), (b2, ok())])
+        assert got == [False, True, True, False]
+        assert 0 < client.ttl(f"clipper:inbox:{{{inbox_of(b2)}}}") <= 60
+        assert [r.outputs for r in channel.wait(b1, ["mlp"], timeout_s=1.0)] == [[7]]
+        assert [r.outputs for r in channel.wait(b2, ["mlp"], timeout_s=1.0)] == [[2]]
+        (failed,) = channel.wait(b3, ["mlp"], timeout_s=1.0)
+        assert failed.error == "boom" and not channel.answered(b3, "mlp")
+        assert channel.answered_many([]) == [] and channel.publish_many([]) == []
+    finally:
+        channel.close()
 
 
 def test_redis_batch_methods_down_are_unavailable():
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
-    channel = RedisReplyChannel(client)
+    channel = RedisReplyChannel(_dead_client())
     with pytest.raises(Unavailable):
         channel.publish_many([("q", ok())])
     with pytest.raises(Unavailable):

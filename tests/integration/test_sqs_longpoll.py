@@ -108,7 +108,9 @@ def test_large_input_travels_through_s3_as_a_claim_check(aws, world):
     processor, batcher, replies, _endpoint = world
     from clipper.core.domain import InputType
 
-    processor._registry.apps["big"] = digits_app(name="big", input_type=InputType.FLOATS, input_shape=None)
+    # a long SLO: with the whole suite loading this machine, 100 ms could pass before the batcher runs
+    big = digits_app(name="big", input_type=InputType.FLOATS, input_shape=None, latency_slo_micros=20_000_000)
+    processor._registry.apps["big"] = big
     processor._registry.links["big"] = ["mlp"]
     processor._replies.wait = lambda *a: []
     n = MAX_INLINE_PAYLOAD // 4 + 100

@@ -30,7 +30,9 @@ def test_predict_and_health(client):
         ("/digits/predict", {"input": [1.0] * 3}, 400, "input: expected shape [64]"),
         ("/digits/predict", {"input_batch": []}, 400, "input_batch: expected at least one input"),
         ("/digits/predict", {"input": [float("nan")] * 64}, 400, "no NaN"),
-        ("/digits/predict", {"input": [0.0] * 64, "extra": 1, "input_batch": []}, 400, "exactly one of"),
+        ("/digits/predict", {"input": [0.0] * 64, "input_batch": []}, 400, "exactly one of"),
+        ("/digits/predict", {"input": [0.0] * 64, "extra": 1}, 400, "extra: expected no such field"),
+        ("/digits/update", {"input": [0.0] * 64, "label": 1, "labels": 2}, 503, "feedback is not configured"),
     ],
 )
 def test_errors_use_clippers_body_and_name_the_field(client, path, body, status, cause):
@@ -56,3 +58,66 @@ def test_openapi_documents_request_and_responses(client):
     assert {"input", "input_batch"} <= set(schema["properties"])
     assert {"200", "400", "404", "413"} <= set(op["responses"])
     assert "/health" in spec["paths"]
+
+
+def test_json_is_the_only_body_type(client):
+    r = client.post("/digits/predict", content=b'{"input": [1]}', headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and r.json()["cause"] == "Content-Type: expected application/json, got text/plain"
+    form = {"content-type": "application/x-www-form-urlencoded"}  # curl -d without -H
+    assert client.post("/digits/predict", content=b"{}", headers=form).status_code == 415
+    r = client.post("/digits/predict", content=b'{"input": ' + str(one_hot(2)).encode() + b"}")
+    assert r.status_code == 200 and r.json()["output"] == 2  # no Content-Type: taken as JSON
+
+
+def test_deeply_nested_bodies_are_a_400_not_a_500(client):
+    for depth in (900, 2000, 30_000):
+        body = b'{"input": ' + b"[" * depth + b"1" + b"]" * depth + b"}"
+        r = client.post("/digits/predict", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and set(r.json()) == {"error", "cause"}, (depth, r.text)
+
+
+def test_unknown_routes_and_methods_answer_in_clippers_shape(client):
+    r = client.get("/digits/predict")
+    assert r.status_code == 405 and set(r.json()) == {"error", "cause"} and r.json()["error"] == "method not allowed"
+    r = client.post("/digits/nothing-here", json={})
+    assert r.status_code == 404 and set(r.json()) == {"error", "cause"}
+
+
+def test_the_query_id_is_a_response_header(client):
+    r = client.post("/digits/predict", json={"input": one_hot(5)})
+    assert r.headers["x-clipper-query-id"] == str(r.json()["query_id"])
+
+
+def test_a_hung_dependency_gets_the_default_at_the_deadline_naming_the_stage():
+    """The queue's send never returns: the watchdog answers by the SLO with the default and the stage."""
+    import threading
+    import time
+
+    from clipper.adapters.clock import SystemClock
+    from clipper.frontend.query import QueryProcessor
+    from tests.fakes import InMemoryRegistry, InMemoryReplies, ListQueue, digits_app, model_version
+
+    release = threading.Event()
+
+    class HungQueue(ListQueue):
+        def send(self, queue_url: str, body: str) -> None:
+            release.wait(10)
+
+    registry = InMemoryRegistry()
+    registry.apps["digits"] = digits_app(latency_slo_micros=50_000)
+    registry.links["digits"] = ["mlp"]
+    registry.versions[("mlp", "1")] = model_version()
+    registry.active["mlp"] = "1"
+    processor = QueryProcessor(registry, HungQueue(), InMemoryReplies(), SystemClock(), lambda: 7 << 16)
+    client = TestClient(create_app(processor, max_body_bytes=64 * 1024))
+    try:
+        start = time.monotonic()
+        r = client.post("/digits/predict", json={"input_batch": [one_hot(1), one_hot(2)]})
+        elapsed = time.monotonic() - start
+    finally:
+        release.set()
+    assert r.status_code == 200
+    preds = r.json()["batch_predictions"]
+    assert [p["default"] for p in preds] == [True, True] and [p["output"] for p in preds] == [-1, -1]
+    assert "still sending to model mlp:1 (request queue)" in preds[0]["default_explanation"]
+    assert elapsed < 2.0  # answered by the watchdog, not after the 10 s hang

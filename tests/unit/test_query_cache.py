@@ -103,3 +103,62 @@ def test_numeric_keys_depend_on_dtype_and_shape():
     assert row_keys("m", "1", x.reshape(1, 8)) != row_keys("m", "1", x.reshape(1, 2, 4))
     assert row_keys("m", "1", x.reshape(1, 8)) != row_keys("m", "1", x.view(np.float32).reshape(1, 8))
     assert row_keys("m", "1", x.reshape(1, 8)) == row_keys("m", "1", x.copy().reshape(1, 8))
+
+
+def _holder_fails(cached, key: str, cause: str) -> None:
+    """Another query holds the claim on ``key`` and its model fails: it releases the claim with its cause
+    once the follower has started waiting."""
+    _p, _, queue, _endpoint, cache = cached
+    cache.claims.add(key)
+    queue.batcher = None
+    original = cache.get_many
+
+    def fail_later(keys):
+        if key in keys and cache.clock.t >= START + 0.02:
+            cache.fail_many({key: cause}, 0.25)
+        return original(keys)
+
+    cache.get_many = fail_later
+
+
+START = 1_700_000_000.0
+
+
+def test_a_follower_gets_the_owners_failure_at_once_not_at_its_deadline(cached):
+    import numpy as np
+
+    p, _, queue, endpoint, cache = cached
+    key = row_keys("mlp", "1", np.asarray([one_hot(7)], dtype=np.float32))[0]
+    _holder_fails(cached, key, "model mlp:1: endpoint error: boom")
+    result = p.predict("digits", {"input": one_hot(7)})
+    (pred,) = result.predictions
+    assert pred.default and pred.default_explanation == "model mlp:1: endpoint error: boom"
+    assert cache.clock.t - START < 0.06  # a few polls, not the 100 ms SLO
+    assert queue.sent == [] and endpoint.calls == []
+
+
+def test_an_owner_whose_model_fails_releases_its_claims_with_the_cause(cached):
+    p, _, _queue, endpoint, cache = cached
+    endpoint.fail_with = "boom"
+    result = p.predict("digits", {"input_batch": [one_hot(1), one_hot(2), one_hot(1)]})
+    assert all(x.default for x in result.predictions)
+    assert len(cache.failed) == 2 and all("endpoint error: boom" in c for c in cache.failed.values())
+
+
+def test_an_owner_without_a_reply_releases_its_claims_as_a_timeout(cached):
+    p, _, queue, _endpoint, cache = cached
+    queue.batcher = None  # nobody answers
+    result = p.predict("digits", {"input": one_hot(3)})
+    assert result.predictions[0].default
+    (cause,) = cache.failed.values()
+    assert "timeout" in cause
+
+
+def test_identical_rows_of_a_query_take_the_first_rows_output_without_waiting(cached):
+    p, _, _, endpoint, cache = cached
+    polls = []
+    original = cache.poll
+    cache.poll = lambda keys: polls.append(keys) or original(keys)
+    result = p.predict("digits", {"input_batch": [one_hot(4), one_hot(5), one_hot(4)]})
+    assert [x.output for x in result.predictions] == [4, 5, 4] and endpoint.calls == [2]
+    assert polls == []  # the repeated row is filled from the first, not awaited in the cache

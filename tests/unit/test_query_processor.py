@@ -87,7 +87,7 @@ def test_endpoint_error_gives_default_with_explanation(world):
     processor, _, _, endpoint, _ = world
     endpoint.fail_with = "model crashed"
     body = processor.predict("digits", {"input": one_hot(1)}).as_dict()
-    assert body["default"] is True and body["output"] == "-1"
+    assert body["default"] is True and body["output"] == -1  # the default as the JSON number it spells
     assert "model mlp:1" in body["default_explanation"] and "model crashed" in body["default_explanation"]
     assert "endpoint error" in body["default_explanation"]
 
@@ -203,3 +203,13 @@ def test_a_model_that_gives_no_output_is_counted_as_its_error(world):
     endpoint.fail_with = "boom"
     result = processor.predict("digits", {"input": one_hot(1)})
     assert result.predictions[0].default and result.model_errors == ["mlp"]
+
+
+@pytest.mark.parametrize(
+    ("registered", "answered"),
+    [("-1", -1), ("0.5", 0.5), ("[0.5, 0.5]", [0.5, 0.5]), ("unknown", "unknown"), ('"1"', "1"), ("null", "null")],
+)
+def test_a_default_output_is_answered_as_the_json_value_it_spells(registered, answered):
+    from clipper.frontend.query import default_value
+
+    assert default_value(registered) == answered and type(default_value(registered)) is type(answered)

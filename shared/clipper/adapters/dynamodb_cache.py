@@ -24,8 +24,12 @@ class DynamoDBPredictionCache:
         self._ttl = ttl_s
 
     def get_many(self, keys: list[str]) -> dict[str, Any]:
+        return self.poll(keys)[0]
+
+    def poll(self, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
         out: dict[str, Any] = {}
-        now = int(time.time())
+        failed: dict[str, str] = {}
+        now = time.time()
         unique = list(dict.fromkeys(keys))
         for start in range(0, len(unique), 100):
             request: dict[str, Any] = {self._table: {"Keys": [{"key": {"S": k}} for k in unique[start : start + 100]]}}
@@ -33,10 +37,38 @@ class DynamoDBPredictionCache:
                 with aws_call("dynamodb.BatchGetItem(cache)"):
                     resp = self._client.batch_get_item(RequestItems=request)
                 for item in resp.get("Responses", {}).get(self._table, []):
-                    if "output" in item and int(item.get("expires_at", {}).get("N", "0")) > now:
+                    if int(item.get("expires_at", {}).get("N", "0")) <= int(now):
+                        continue
+                    if "output" in item:
                         out[item["key"]["S"]] = json.loads(item["output"]["S"])
+                    elif "failed" in item and float(item.get("claimed_until", {}).get("N", "0")) > now:
+                        failed[item["key"]["S"]] = item["failed"]["S"]
                 request = resp.get("UnprocessedKeys") or {}
-        return out
+        return out, failed
+
+    def fail_many(self, failures: dict[str, str], ttl_s: float) -> None:
+        """Each failed claim keeps its cause until ``ttl_s`` from now (an entry already filled is kept)."""
+        now = time.time()
+        for k, cause in failures.items():
+            try:
+                self._client.update_item(
+                    TableName=self._table,
+                    Key={"key": {"S": k}},
+                    UpdateExpression="SET failed = :c, claimed_until = :u, expires_at = :e",
+                    ConditionExpression="attribute_not_exists(#o)",
+                    ExpressionAttributeNames={"#o": "output"},
+                    ExpressionAttributeValues={
+                        ":c": {"S": cause},
+                        ":u": {"N": f"{now + ttl_s:.3f}"},
+                        ":e": {"N": str(int(now + ttl_s) + 1)},
+                    },
+                )
+            except ClientError as e:
+                if error_code(e) == "ConditionalCheckFailedException":
+                    continue
+                raise translate(e, "dynamodb.UpdateItem(cache claim)") from e
+            except BotoCoreError as e:
+                raise translate(e, "dynamodb.UpdateItem(cache claim)") from e
 
     def put_many(self, entries: dict[str, Any]) -> None:
         expires = str(int(time.time()) + self._ttl)

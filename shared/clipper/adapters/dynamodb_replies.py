@@ -1,10 +1,14 @@
 """Reply channel over DynamoDB, for stacks without Redis: the batcher writes one item per
-(query, model) with a TTL, the frontend polls with consistent reads until the deadline."""
+(query, model) with a TTL, the frontend polls with consistent reads until the deadline.
+
+A reply address is a UUID (122 random bits), so two queries never share one; DynamoDB deletes expired items
+lazily (up to days late), so the wait also skips items past their ``expires_at``."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -74,9 +78,15 @@ class DynamoDBReplyChannel:
             )
         return bool(resp.get("Item", {}).get("ok", {}).get("BOOL", False))
 
-    def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:
+    def new_address(self) -> str:
+        return uuid.uuid4().hex
+
+    def expect(self, reply_to: str) -> None:
+        """Nothing to prepare: the replies wait in the table."""
+
+    def wait(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
         end = time.monotonic() + timeout_s
-        replies: list[Reply] = []
+        wanted = set(models)
         while True:
             with aws_call("dynamodb.Query(replies)"):
                 resp = self._client.query(
@@ -85,8 +95,13 @@ class DynamoDBReplyChannel:
                     ExpressionAttributeValues={":q": {"S": reply_to}},
                     ConsistentRead=True,
                 )
-            replies = [Reply.from_json(i["reply"]["S"]) for i in resp.get("Items", [])]
+            now = int(time.time())
+            replies = [
+                Reply.from_json(i["reply"]["S"])
+                for i in resp.get("Items", [])
+                if int(i.get("expires_at", {}).get("N", "0")) >= now
+            ]
             remaining = end - time.monotonic()
-            if len(replies) >= expected or remaining <= 0:
+            if wanted <= {r.model for r in replies} or remaining <= 0:
                 return replies
             time.sleep(min(self._poll, remaining))

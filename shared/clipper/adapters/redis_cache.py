@@ -61,3 +61,36 @@ class RedisPredictionCache:
         except redis.RedisError as e:
             raise Unavailable(f"redis cache: {type(e).__name__}") from e
         return {k for k, ok in zip(keys, results, strict=True) if ok}
+
+    def fail_many(self, failures: dict[str, str], ttl_s: float) -> None:
+        """A failed claim holds ``!<cause>`` until it expires: waiting queries read the cause."""
+        if not failures:
+            return
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for k, cause in failures.items():
+                pipe.set(self._claim_key(k), "!" + cause, px=max(1, int(ttl_s * 1000)))
+            pipe.execute()
+        except redis.RedisError as e:
+            raise Unavailable(f"redis cache: {type(e).__name__}") from e
+
+    def poll(self, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+        if not keys:
+            return {}, {}
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for k in keys:
+                pipe.get(self._key(k))
+                pipe.get(self._claim_key(k))
+            values = pipe.execute()
+        except redis.RedisError as e:
+            raise Unavailable(f"redis cache: {type(e).__name__}") from e
+        hits: dict[str, Any] = {}
+        failed: dict[str, str] = {}
+        for i, k in enumerate(keys):
+            value, claim = values[2 * i], values[2 * i + 1]
+            if value is not None:
+                hits[k] = json.loads(value)
+            elif claim is not None and claim[:1] == b"!":
+                failed[k] = claim[1:].decode(errors="replace")
+        return hits, failed

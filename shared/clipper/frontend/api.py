@@ -1,29 +1,43 @@
 """The frontend's HTTP face: Clipper's query routes as a FastAPI app.
 
-Bodies are parsed here rather than by FastAPI so that every rejection carries Clipper's error body
-(``{"error": ..., "cause": ...}``) with a cause naming the field; the OpenAPI document still describes
-the request and response shapes.
+Bodies are parsed here (orjson, once) rather than by FastAPI so that every rejection carries Clipper's error
+body (``{"error": ..., "cause": ...}``) with a cause naming the field; the OpenAPI document still describes
+the request and response shapes. Unknown routes and methods answer in the same shape.
+
+A query runs on a worker thread while the event loop watches its deadline: when the query is still held up by
+a dependency (a hung queue, cache or reply channel) ``WATCHDOG_GRACE_S`` after its deadline, the route answers
+the application's default output naming the stage it was in, so no dependency can hold an answer past the SLO
+(or, on Lambda, past the function's timeout into a 5xx).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
 
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from clipper.feedback import FeedbackReceiver
 from clipper.frontend.metrics import InProcessMetrics
 from clipper.frontend.query import QueryProcessor
-from clipper.frontend.results import QueryResult
+from clipper.frontend.results import QueryResult, QueryTicket
 
 T = TypeVar("T")
+
+# How long past its deadline a query still held up by a dependency is given before the route answers for it.
+WATCHDOG_GRACE_S = 0.003
+PREDICT_FIELDS = frozenset({"input", "input_batch", "uid"})
+UPDATE_FIELDS = frozenset({"input", "label", "uid"})
 
 
 class PredictRequest(BaseModel):
@@ -51,8 +65,27 @@ class ErrorBody(BaseModel):
     cause: str
 
 
-def _error(status: int, error: str, cause: str) -> JSONResponse:
-    return JSONResponse({"error": error, "cause": cause}, status_code=status)
+def _error(status: int, error: str, cause: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": error, "cause": cause}, status_code=status, headers=headers)
+
+
+def _json(body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+
+
+def _check_fields(body: Any, allowed: frozenset[str]) -> None:
+    if isinstance(body, dict):
+        for name in body:
+            if name not in allowed:
+                raise InvalidInput(name, "no such field (the request's fields are " + ", ".join(sorted(allowed)) + ")")
+
+
+def _json_content(content_type: str | None) -> bool:
+    """JSON, or no Content-Type at all (taken as JSON)."""
+    if not content_type:
+        return True
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
 
 
 def _truthy(value: str | None) -> bool:
@@ -74,14 +107,27 @@ def create_app(
     processor: QueryProcessor,
     max_body_bytes: int,
     title: str = "Clipper query API",
-    inline: bool = False,
     feedback: FeedbackReceiver | None = None,
     observe: Callable[[str, QueryResult, float], None] | None = None,
     metrics: InProcessMetrics | None = None,
+    query_threads: int = 64,
 ) -> FastAPI:
-    """``inline`` runs the (blocking) query on the event loop's thread: right in Lambda, where Mangum serves
-    one event per invocation and a thread hop only adds latency; wrong under uvicorn, which serves many."""
+    """``query_threads``: how many queries run at once (each holds a worker thread until its replies come)."""
     app = FastAPI(title=title, version="1", description="Clipper's prediction API, served on AWS Lambda.")
+    workers = ThreadPoolExecutor(max_workers=query_threads, thread_name_prefix="clipper-query")
+    clock = processor.clock
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        """Unknown routes and methods (GET on /<app>/predict) in Clipper's error shape."""
+        error = {404: "not found", 405: "method not allowed"}.get(exc.status_code, "http error")
+        return _error(exc.status_code, error, str(exc.detail), getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def request_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return _error(400, "invalid request", f"{where}: {first.get('msg', 'invalid')}")
 
     @app.get("/health", tags=["ops"])
     def health() -> dict[str, str]:
@@ -109,16 +155,36 @@ def create_app(
     )
     async def predict(app_name: str, request: Request) -> Any:
         """Clipper's query: ``{"input": [...]}`` answers ``{"query_id", "output", "default"}``;
-        ``{"input_batch": [[...], ...]}`` answers ``{"batch_predictions": [...]}`` in order. Add
-        ``?debug=true`` (or the header ``X-Clipper-Debug: 1``) for the model and per-stage timings."""
+        ``{"input_batch": [[...], ...]}`` (at most the frontend's batch limit, 1,000 by default) answers
+        ``{"batch_predictions": [...]}`` in order. Add ``?debug=true`` (or the header ``X-Clipper-Debug: 1``)
+        for the model and per-stage timings."""
         debug = _truthy(request.query_params.get("debug")) or _truthy(request.headers.get("x-clipper-debug"))
         started = time.perf_counter()
-        result = await run(request, lambda body: processor.predict(app_name, body))
-        if isinstance(result, JSONResponse):
+        body = await parse(request, PREDICT_FIELDS)
+        if isinstance(body, Response):
+            return body
+        ticket = QueryTicket()
+        future = workers.submit(processor.predict, app_name, body, ticket)
+        result = await answer(lambda: within_deadline(future, ticket))
+        if isinstance(result, Response):
             return result
         if observe is not None:
             observe(app_name, result, time.perf_counter() - started)
-        return JSONResponse(result.as_dict(debug))
+        headers = {"x-clipper-query-id": str(result.predictions[0].query_id)} if result.predictions else None
+        return _json(result.as_dict(debug), headers)
+
+    async def within_deadline(future: Future[QueryResult], ticket: QueryTicket) -> QueryResult:
+        """The query's result, or, when it is still running ``WATCHDOG_GRACE_S`` past its deadline, the
+        default answer naming the stage it is held up in (it goes on in the background; its result is dropped)."""
+        waited = asyncio.wrap_future(future)
+        while True:
+            deadline = ticket.deadline
+            timeout = 0.05 if deadline is None else deadline + WATCHDOG_GRACE_S - clock.now()
+            if deadline is not None and timeout <= 0 and ticket.app is not None:
+                return processor.late(ticket)
+            done, _ = await asyncio.wait({waited}, timeout=max(0.0, timeout))
+            if done:
+                return waited.result()
 
     @app.post(
         "/{app_name}/update",
@@ -138,26 +204,48 @@ def create_app(
         to the bandit state shortly after; the answer only says it was accepted."""
         if feedback is None:
             return _error(503, "service unavailable", "feedback is not configured on this frontend")
-        accepted = await run(request, lambda body: feedback.accept(app_name, body))
-        return accepted if isinstance(accepted, JSONResponse) else JSONResponse(accepted)
+        body = await parse(request, UPDATE_FIELDS)
+        if isinstance(body, Response):
+            return body
+        future = workers.submit(feedback.accept, app_name, body)
+        accepted = await answer(lambda: asyncio.wrap_future(future))
+        return accepted if isinstance(accepted, Response) else _json(accepted)
 
-    async def run(request: Request, call: Callable[[Any], T]) -> T | JSONResponse:
-        """Read and parse the body, run ``call`` on it, and turn the project's errors into Clipper's
-        error bodies (a failing model never gets here: it is a default output)."""
+    async def parse(request: Request, fields: frozenset[str]) -> Any:
+        """The body as JSON (Clipper's error body when it is too large, not JSON, or has unknown fields)."""
+        content_type = request.headers.get("content-type")
+        if not _json_content(content_type):
+            cause = f"Content-Type: expected application/json, got {content_type}"
+            return _error(415, "unsupported media type", cause)
         raw = await request.body()
         if len(raw) > max_body_bytes:
             e = PayloadTooLarge("body", f"at most {max_body_bytes} bytes", f"{len(raw)} bytes")
             return _error(413, "payload too large", str(e))
         try:
-            body = json.loads(raw)
-        except ValueError as e:
-            return _error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            try:  # NaN and Infinity are not JSON, but Python's json writes them: validation names the field
+                body = json.loads(raw)
+            except (ValueError, RecursionError):
+                return _error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
         try:
-            return call(body) if inline else await run_in_threadpool(call, body)
+            _check_fields(body, fields)
+        except InvalidInput as e:
+            return _error(400, "invalid input", str(e))
+        return body
+
+    async def answer(result: Callable[[], Awaitable[T]]) -> T | Response:
+        """Await ``result()`` and turn the project's errors into Clipper's error bodies (a failing model never
+        gets here: it is a default output)."""
+        try:
+            value: T = await result()
+            return value
         except NotFound as e:
             return _error(404, "unknown application", str(e))
         except InvalidInput as e:
             return _error(400, "invalid input", str(e))
+        except RecursionError:
+            return _error(400, "invalid input", "input: expected a list of values, got a list nested too deeply")
         except Unavailable as e:
             return _error(503, "service unavailable", str(e))
         except ClipperError as e:

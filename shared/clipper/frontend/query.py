@@ -15,6 +15,8 @@ wait for the slower models' replies too).
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import random
 import time
@@ -22,13 +24,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
+import orjson
 
 from clipper.core.cache_keys import record_keys, row_keys
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import QueryMessage, encode_rows, output_value
 from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, Rows, validate_query
 from clipper.errors import ClipperError, InvalidInput, Unavailable
-from clipper.frontend.results import ModelAnswer, Prediction, QueryResult
+from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice, Selector
 from clipper.ports import ClaimStore, Clock, PredictionCache, Registry, ReplyChannel, RequestQueue
 from clipper.selection import resolve
@@ -37,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 # Time kept back from the SLO for answering the client after the wait for replies ends.
 ANSWER_MARGIN_S = 0.002
+# How long a claim whose owner got no output holds its cause for the queries waiting on it.
+FAILED_CLAIM_TTL_S = 0.25
 
 
 class QueryListener(Protocol):
@@ -95,19 +100,28 @@ class QueryProcessor:
         return self._registry
 
     @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
     def selector(self) -> Selector:
         return self._selector
 
     def after_restore(self) -> None:
         """After a SnapStart restore: the selector's RNG is re-seeded (every container restored from one
-        snapshot would otherwise draw the same models) and the cached registry and bandit states dropped
-        (the snapshot may be days old)."""
+        snapshot would otherwise draw the same models), the cached registry and bandit states dropped (the
+        snapshot may be days old) and the reply channel's inbox renewed (every restored container would share
+        the snapshot's)."""
         self._selector.after_restore()
-        invalidate = getattr(self._registry, "invalidate", None)
-        if invalidate is not None:
-            invalidate()
+        for part in (self._registry, self._replies):
+            reset = getattr(part, "invalidate", None) or getattr(part, "reset", None)
+            if reset is not None:
+                reset()
 
-    def predict(self, app_name: str, body: Any) -> QueryResult:
+    def predict(self, app_name: str, body: Any, ticket: QueryTicket | None = None) -> QueryResult:
+        """Answer one request. ``ticket`` (the caller's) is filled in as the query goes, so a watchdog that
+        gives up on it at its deadline (``late``) can still answer with the default and say what held it up."""
+        ticket = ticket if ticket is not None else QueryTicket()
         start = self._clock.now()
         app = self._registry.get_app(app_name)
         query = validate_query(app, body, self._max_batch)
@@ -116,16 +130,18 @@ class QueryProcessor:
         timings: dict[str, float] = {"validate": (self._clock.now() - start) * 1000}
         first_id = self._new_id()
         ids = [first_id + i for i in range(query.count)]
+        ticket.begin(app, ids, query.batch, deadline)
         if self._listener is not None:
             self._listener.started(app.name, first_id)
 
         def fallback(why: str) -> QueryResult:
             logger.info("default output", extra={"app": app.name, "query_id": first_id, "reason": why})
             return QueryResult(
-                [Prediction(i, app.default_output, True, why) for i in ids], query.batch, timings_ms=timings
+                [Prediction(i, self.default_of(app), True, why) for i in ids], query.batch, timings_ms=timings
             )
 
         try:
+            ticket.stage = "reading the bandit state"
             choice = self._selector.choose(app, user)
         except ClipperError as e:
             return fallback(f"no model to serve the query: {e}")
@@ -134,7 +150,7 @@ class QueryProcessor:
         timings["select"] = (self._clock.now() - start) * 1000 - timings["validate"]
         if self._listener is not None:
             self._listener.selected(app.name, choice.models)
-        answers = self._gather(app, choice.models, query, first_id, deadline, timings)
+        answers = self._gather(app, choice.models, query, first_id, deadline, timings, ticket)
         t0 = self._clock.now()
         preds = [self._combine(app, choice, answers, qid, row) for row, qid in enumerate(ids)]
         t1 = self._clock.now()
@@ -144,6 +160,7 @@ class QueryProcessor:
             why = defaults[0].default_explanation
             logger.info("default output", extra={"app": app.name, "rows": len(defaults), "reason": why})
         if choice.selection.policy != "single":
+            ticket.stage = "recording the query for feedback"
             self._record(app, user, query, choice, answers)
             timings["record"] = (self._clock.now() - t1) * 1000
         hits = sum(a.hits for a in answers)
@@ -162,6 +179,22 @@ class QueryProcessor:
             cache_misses=query.count * len(answers) - hits,
         )
 
+    def late(self, ticket: QueryTicket) -> QueryResult:
+        """The answer of a query still running past its deadline (a dependency call that hangs): the default
+        output for each input, naming the stage it was in. Only for a ticket whose application is known."""
+        assert ticket.app is not None
+        app = ticket.app
+        why = (
+            f"no answer within the SLO of {app.latency_slo_micros / 1000:g} ms: still {ticket.stage} "
+            "(a dependency is slow or unreachable)"
+        )
+        logger.warning("late default output", extra={"app": app.name, "query_id": ticket.ids[0], "reason": why})
+        return QueryResult([Prediction(i, self.default_of(app), True, why) for i in ticket.ids], ticket.batch)
+
+    @staticmethod
+    def default_of(app: Application) -> Any:
+        return default_value(app.default_output)
+
     @staticmethod
     def _combine(app: Application, choice: Choice, answers: list[ModelAnswer], qid: int, row: int) -> Prediction:
         outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
@@ -176,7 +209,7 @@ class QueryProcessor:
                 why = "; ".join(problems) or (res.explanation or "no model replied")
             else:
                 why = res.explanation or "low confidence"
-            return Prediction(qid, app.default_output, True, why, confidence)
+            return Prediction(qid, QueryProcessor.default_of(app), True, why, confidence)
         low = res.explanation if res.low_confidence else None
         return Prediction(qid, output_value(res.output), False, None, confidence, low, tuple(sorted(missing)))
 
@@ -205,27 +238,36 @@ class QueryProcessor:
         query_id: int,
         deadline: float,
         timings: dict[str, float],
+        ticket: QueryTicket,
     ) -> list[ModelAnswer]:
         n = query.count
         answers = [ModelAnswer(m, [None] * n) for m in models]
         keys: dict[str, list[str]] = {}
         waiting: dict[str, list[int]] = {}
+        owned: dict[str, list[int]] = {}  # per model: the rows whose cache claim this query holds
         sent: dict[str, tuple[ModelAnswer, list[int]]] = {}
+        reply_to: str | None = None
         timings["cache"] = timings["enqueue"] = 0.0
         for a in answers:
             m = a.model
             todo = list(range(n))
             t0 = self._clock.now()
             if self._cache is not None:
+                ticket.stage = f"reading the prediction cache for model {m.name}:{m.version}"
                 keys[m.name] = row_keys(m.name, m.version, query.rows)
                 todo, waiting[m.name] = self._from_cache(a, keys[m.name], deadline - t0)
+                owned[m.name] = todo
             t1 = self._clock.now()
             timings["cache"] += (t1 - t0) * 1000
             if not todo:
                 continue
+            if reply_to is None:
+                reply_to = self._replies.new_address()
+                self._replies.expect(reply_to)
             sent_ms: int | None = None
+            ticket.stage = f"sending to model {m.name}:{m.version} (request queue)"
             try:
-                sent_ms, send_ms = self._enqueue(app, m, _take(query.rows, todo), query_id, deadline)
+                sent_ms, send_ms = self._enqueue(app, m, _take(query.rows, todo), query_id, reply_to, deadline)
                 sent[m.name] = (a, todo)
             except Unavailable as e:
                 a.problem = f"model {m.name}:{m.version}: queue unavailable ({e})"
@@ -234,21 +276,51 @@ class QueryProcessor:
             if sent_ms is not None:
                 a.sent_ms, a.sent_at, a.timings_ms["send"] = sent_ms, t2, send_ms
         t1 = self._clock.now()
-        if sent:
-            self._await_replies(app, sent, str(query_id), deadline)
+        if reply_to is not None:
+            ticket.stage = "waiting for replies"
+            self._await_replies(app, sent, reply_to, deadline)
         t2 = self._clock.now()
         timings["wait"] = (t2 - t1) * 1000
         for a, _ in sent.values():
             _split_model_time(a, t2)
-        if any(waiting.values()):
-            self._await_cache(answers, keys, waiting, deadline)
         for a in answers:
-            if a.problem is None and any(o is None for o in a.outputs):
+            if a.problem is None and any(a.outputs[i] is None for i in owned.get(a.model.name, range(n))):
                 a.problem = (
                     f"model {a.model.name}:{a.model.version}: timeout, no reply within the SLO of "
                     f"{app.latency_slo_micros / 1000:g} ms"
                 )
+        if self._cache is not None:
+            ticket.stage = "reading the prediction cache (rows other queries compute)"
+            self._settle_claims(answers, keys, owned, waiting, deadline)
         return answers
+
+    def _settle_claims(
+        self,
+        answers: list[ModelAnswer],
+        keys: dict[str, list[str]],
+        owned: dict[str, list[int]],
+        waiting: dict[str, list[int]],
+        deadline: float,
+    ) -> None:
+        """Rows this query claimed but got no output for: release the claims with the cause, so the queries
+        waiting on them stop at once. Rows repeated within the query take their first occurrence's output;
+        rows other queries compute are awaited in the cache."""
+        failures: dict[str, str] = {}
+        for a in answers:
+            mine = owned.get(a.model.name, [])
+            if a.problem is not None:
+                failures.update((keys[a.model.name][i], a.problem) for i in mine if a.outputs[i] is None)
+            by_key = {keys[a.model.name][i]: a.outputs[i] for i in mine if a.outputs[i] is not None}
+            for i in waiting.get(a.model.name, []):
+                a.outputs[i] = by_key.get(keys[a.model.name][i], a.outputs[i])
+        if failures:
+            assert self._cache is not None
+            try:
+                self._cache.fail_many(failures, FAILED_CLAIM_TTL_S)
+            except Unavailable as e:
+                logger.warning("failed claims not released: %s", e)
+        if any(a.outputs[i] is None for a in answers for i in waiting.get(a.model.name, [])):
+            self._await_cache(answers, keys, waiting, deadline)
 
     def _from_cache(self, answer: ModelAnswer, keys: list[str], ttl_s: float) -> tuple[list[int], list[int]]:
         """Fill cached outputs; return (rows to compute, rows another query is computing)."""
@@ -280,7 +352,7 @@ class QueryProcessor:
         self, app: Application, sent: dict[str, tuple[ModelAnswer, list[int]]], reply_to: str, deadline: float
     ) -> None:
         try:
-            replies = self._replies.wait(reply_to, len(sent), deadline - ANSWER_MARGIN_S - self._clock.now())
+            replies = self._replies.wait(reply_to, list(sent), deadline - ANSWER_MARGIN_S - self._clock.now())
         except Unavailable as e:
             for a, _ in sent.values():
                 a.problem = f"model {a.model.name}:{a.model.version}: reply channel unavailable ({e})"
@@ -302,28 +374,39 @@ class QueryProcessor:
     def _await_cache(
         self, answers: list[ModelAnswer], keys: dict[str, list[str]], waiting: dict[str, list[int]], deadline: float
     ) -> None:
-        """Rows a concurrent query (or an identical row of this one) is computing: poll the cache."""
+        """Rows a concurrent query computes: poll the cache until they are filled, their owner reports a
+        failure (its cause becomes this query's), or the deadline."""
         assert self._cache is not None
         by_name = {a.model.name: a for a in answers}
         while True:
             for name, rows in waiting.items():
                 a = by_name[name]
                 pending = [i for i in rows if a.outputs[i] is None]
-                if not pending:
+                if not pending or a.problem is not None:
                     continue
                 try:
-                    hits = self._cache.get_many([keys[name][i] for i in pending])
-                except Unavailable:
-                    return
+                    hits, failed = self._cache.poll([keys[name][i] for i in pending])
+                except Unavailable as e:
+                    a.problem = f"model {a.model.name}:{a.model.version}: prediction cache unavailable ({e})"
+                    continue
                 for i in pending:
                     a.outputs[i] = hits.get(keys[name][i], a.outputs[i])
+                    if keys[name][i] in failed and a.problem is None:
+                        a.problem = failed[keys[name][i]]
             remaining = deadline - ANSWER_MARGIN_S - self._clock.now()
-            if remaining <= 0 or all(by_name[n].outputs[i] is not None for n, rs in waiting.items() for i in rs):
-                return
+            if remaining <= 0 or not any(_open(by_name[n], rs) for n, rs in waiting.items()):
+                break
             time.sleep(min(self._cache_poll, remaining))
+        for name, rows in waiting.items():
+            a = by_name[name]
+            if a.problem is None and any(a.outputs[i] is None for i in rows):
+                a.problem = (
+                    f"model {a.model.name}:{a.model.version}: timeout, the identical query computing this input "
+                    "gave no answer within the SLO"
+                )
 
     def _enqueue(
-        self, app: Application, model: ModelVersion, rows: Rows, query_id: int, deadline: float
+        self, app: Application, model: ModelVersion, rows: Rows, query_id: int, reply_to: str, deadline: float
     ) -> tuple[int, float]:
         """Send the rows to the model's queue; returns the message's ``sent_ms`` (stamped before the send)
         and the SendMessage call's time in ms."""
@@ -331,7 +414,7 @@ class QueryProcessor:
         if blob is not None:
             if self._claims is None:
                 raise Unavailable("input too large for a queue message and no claim-check store is set")
-            key = f"claims/{query_id}-{model.name}"
+            key = f"claims/{reply_to}-{model.name}"
             self._claims.put(key, blob)
             payload.s3_key = key
         message = QueryMessage(
@@ -344,12 +427,35 @@ class QueryProcessor:
             payload=payload,
             deadline_ms=int(deadline * 1000),
             sent_ms=int(self._clock.now() * 1000),
-            reply_to=str(query_id),
+            reply_to=reply_to,
         )
         body = message.to_json()
         t0 = self._clock.now()
         self._queue.send(model.queue_url, body)
         return message.sent_ms, (self._clock.now() - t0) * 1000
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_default(text: str) -> Any:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+    return text if value is None else value
+
+
+def default_value(default_output: str) -> Any:
+    """An application's default output as answered: Clipper registers it as a string; it is answered as the
+    JSON number, list or object it spells (``"-1"`` -> ``-1``, ``"[0.5, 0.5]"`` -> ``[0.5, 0.5]``), so a
+    default has the type of the predictions, and as the string otherwise (``"unknown"``; to answer the string
+    ``"1"``, register the JSON string ``"\\"1\\""``)."""
+    value = _parsed_default(default_output)
+    return copy.deepcopy(value) if isinstance(value, list | dict) else value
+
+
+def _open(answer: ModelAnswer, rows: list[int]) -> bool:
+    """Whether some of ``rows`` may still get an output (none yet, and no failure reported)."""
+    return answer.problem is None and any(answer.outputs[i] is None for i in rows)
 
 
 def _split_model_time(answer: ModelAnswer, replied_at: float) -> None:

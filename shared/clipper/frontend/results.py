@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from clipper.core.domain import ModelVersion
+from clipper.core.domain import Application, ModelVersion
 
 
 @dataclass
@@ -78,3 +78,18 @@ class ModelAnswer:
     reply_timings: dict[str, float] = field(default_factory=dict)  # as its batcher reported them
     sent_ms: int | None = None  # its message's sent_ms
     sent_at: float | None = None  # when its message's send ended (clock seconds)
+
+
+@dataclass
+class QueryTicket:
+    """What a query has reached, as its processor goes: shared with the caller's watchdog, which answers
+    with the default at the deadline when the processor is still held up by a dependency."""
+
+    app: Application | None = None
+    ids: list[int] = field(default_factory=list)
+    batch: bool = False
+    deadline: float | None = None  # clock seconds
+    stage: str = "starting"
+
+    def begin(self, app: Application, ids: list[int], batch: bool, deadline: float) -> None:
+        self.app, self.ids, self.batch, self.deadline = app, ids, batch, deadline
