@@ -153,6 +153,14 @@ class CachedRegistry:
         """(entries, remembered misses) held now."""
         return len(self._entries), len(self._negative)
 
+    def get_app_nowait(self, name: str) -> Application | None:
+        """The application when this copy holds it (a remembered miss raises ``NotFound``); None when it would
+        have to be read first."""
+        value = self._cached(("app", name), self._clock.now())
+        if isinstance(value, NotFound):
+            raise value
+        return value  # type: ignore[return-value]
+
     # -- the Registry port -------------------------------------------------------------------------------
     def get_app(self, name: str) -> Application:
         app: Application = self._get(("app", name))

@@ -164,6 +164,9 @@ def create_app(
         if isinstance(body, Response):
             return body
         ticket = QueryTicket()
+        admitted = await answer(lambda: admit(app_name, body, ticket))
+        if isinstance(admitted, Response):
+            return admitted
         future = workers.submit(processor.predict, app_name, body, ticket)
         result = await answer(lambda: within_deadline(future, ticket))
         if isinstance(result, Response):
@@ -173,6 +176,10 @@ def create_app(
         headers = {"x-clipper-query-id": str(result.predictions[0].query_id)} if result.predictions else None
         return _json(result.as_dict(debug), headers)
 
+    async def admit(app_name: str, body: Any, ticket: QueryTicket) -> bool:
+        processor.admit(app_name, body, ticket)
+        return True
+
     async def within_deadline(future: Future[QueryResult], ticket: QueryTicket) -> QueryResult:
         """The query's result, or, when it is still running ``WATCHDOG_GRACE_S`` past its deadline, the
         default answer naming the stage it is held up in (it goes on in the background; its result is dropped)."""
@@ -181,6 +188,7 @@ def create_app(
             deadline = ticket.deadline
             timeout = 0.05 if deadline is None else deadline + WATCHDOG_GRACE_S - clock.now()
             if deadline is not None and timeout <= 0 and ticket.app is not None:
+                ticket.abandoned = True
                 return processor.late(ticket)
             done, _ = await asyncio.wait({waited}, timeout=max(0.0, timeout))
             if done:

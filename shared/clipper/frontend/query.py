@@ -118,21 +118,42 @@ class QueryProcessor:
             if reset is not None:
                 reset()
 
+    def admit(self, app_name: str, body: Any, ticket: QueryTicket) -> None:
+        """Start the query without waiting for anything (on the caller's thread): when the application is in the
+        registry copy, validate the body and fill ``ticket`` (ids, deadline), so a watchdog knows the deadline
+        even before a worker takes the query up. Raises ``NotFound`` / ``InvalidInput`` like ``predict``."""
+        nowait = getattr(self._registry, "get_app_nowait", None)
+        app = nowait(app_name) if nowait is not None else None
+        if app is not None:
+            self._begin(app, body, ticket, self._clock.now())
+
+    def _begin(self, app: Application, body: Any, ticket: QueryTicket, start: float) -> None:
+        query = validate_query(app, body, self._max_batch)
+        user = user_id(body)
+        first_id = self._new_id()
+        ticket.begin(app, [first_id + i for i in range(query.count)], query.batch, start + app.slo_seconds)
+        ticket.query, ticket.user, ticket.started = query, user, start
+        ticket.validate_ms = (self._clock.now() - start) * 1000
+        if self._listener is not None:
+            self._listener.started(app.name, first_id)
+
     def predict(self, app_name: str, body: Any, ticket: QueryTicket | None = None) -> QueryResult:
         """Answer one request. ``ticket`` (the caller's) is filled in as the query goes, so a watchdog that
         gives up on it at its deadline (``late``) can still answer with the default and say what held it up."""
         ticket = ticket if ticket is not None else QueryTicket()
+        taken = self._clock.now()
+        timings: dict[str, float] = {}
+        if ticket.query is None:
+            self._begin(self._registry.get_app(app_name), body, ticket, taken)
+        else:  # admitted on the caller's thread: how long it waited for this worker thread
+            timings["worker"] = (taken - ticket.started) * 1000 - ticket.validate_ms
+        assert ticket.app is not None and ticket.query is not None and ticket.deadline is not None
+        if ticket.abandoned:  # answered by the watchdog while it waited for a worker: nothing to do
+            return self.late(ticket)
+        app, query, user, deadline, ids = ticket.app, ticket.query, ticket.user, ticket.deadline, ticket.ids
+        first_id = ids[0]
+        timings["validate"] = ticket.validate_ms
         start = self._clock.now()
-        app = self._registry.get_app(app_name)
-        query = validate_query(app, body, self._max_batch)
-        user = user_id(body)
-        deadline = start + app.slo_seconds
-        timings: dict[str, float] = {"validate": (self._clock.now() - start) * 1000}
-        first_id = self._new_id()
-        ids = [first_id + i for i in range(query.count)]
-        ticket.begin(app, ids, query.batch, deadline)
-        if self._listener is not None:
-            self._listener.started(app.name, first_id)
 
         def fallback(why: str) -> QueryResult:
             logger.info("default output", extra={"app": app.name, "query_id": first_id, "reason": why})
@@ -147,7 +168,7 @@ class QueryProcessor:
             return fallback(f"no model to serve the query: {e}")
         if choice is None:
             return fallback(f"no model is linked to application '{app.name}'")
-        timings["select"] = (self._clock.now() - start) * 1000 - timings["validate"]
+        timings["select"] = (self._clock.now() - start) * 1000
         if self._listener is not None:
             self._listener.selected(app.name, choice.models)
         answers = self._gather(app, choice.models, query, first_id, deadline, timings, ticket)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
+from clipper.core.validation import QueryInput
 
 
 @dataclass
@@ -89,7 +90,12 @@ class QueryTicket:
     ids: list[int] = field(default_factory=list)
     batch: bool = False
     deadline: float | None = None  # clock seconds
-    stage: str = "starting"
+    stage: str = "waiting for a worker thread"
+    query: QueryInput | None = None
+    user: str | None = None
+    started: float = 0.0
+    validate_ms: float = 0.0
+    abandoned: bool = False  # the watchdog answered for it
 
     def begin(self, app: Application, ids: list[int], batch: bool, deadline: float) -> None:
         self.app, self.ids, self.batch, self.deadline = app, ids, batch, deadline

@@ -1,0 +1,133 @@
+"""When the answer comes, measured at the HTTP route with a real Redis: a default is answered within a few ms of
+the SLO whatever the SLO, a hung dependency (a Redis process stopped with SIGSTOP) cannot hold an answer past
+it, and neither can a worker pool that is full."""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from clipper.adapters.clock import SystemClock
+from clipper.adapters.redis_cache import RedisPredictionCache
+from clipper.adapters.redis_replies import RedisReplyChannel
+from clipper.frontend.api import create_app
+from clipper.frontend.query import QueryProcessor
+from tests.fakes import InMemoryRegistry, ListQueue, digits_app, model_version
+from tests.services import free_port, redis_url, wait_for_port  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.integration
+
+ROW = [float(i % 16) for i in range(64)]
+
+
+def registry_with(slo_ms: int) -> InMemoryRegistry:
+    registry = InMemoryRegistry()
+    registry.apps["digits"] = digits_app(latency_slo_micros=slo_ms * 1000)
+    registry.links["digits"] = ["mlp"]
+    registry.versions[("mlp", "1")] = model_version()
+    registry.active["mlp"] = "1"
+    return registry
+
+
+def timed_post(client: TestClient, body: dict) -> tuple[float, dict]:
+    start = time.monotonic()
+    r = client.post("/digits/predict", json=body)
+    assert r.status_code == 200, r.text
+    return (time.monotonic() - start) * 1000, r.json()
+
+
+@pytest.mark.parametrize("slo_ms", [20, 50, 100])
+def test_a_default_comes_within_a_few_ms_of_the_slo(redis_url, slo_ms):  # noqa: F811
+    """Nobody consumes the queue: every answer is the default, by the SLO (a BLPOP per query answered all
+    three at ~100 ms). The median of several queries is taken: this machine is shared."""
+    client_redis = redis.Redis.from_url(redis_url, socket_timeout=5)
+    replies = RedisReplyChannel(client_redis, ttl_s=60)
+    processor = QueryProcessor(registry_with(slo_ms), ListQueue(), replies, SystemClock(), lambda: 1 << 16)
+    try:
+        with TestClient(create_app(processor, max_body_bytes=1 << 20)) as client:
+            timed_post(client, {"input": ROW})  # warm up the route and the listener
+            overshoot = []
+            for _ in range(7):
+                elapsed, body = timed_post(client, {"input": ROW})
+                assert body["default"] is True and "timeout" in body["default_explanation"]
+                overshoot.append(elapsed - slo_ms)
+        assert -1 <= statistics.median(overshoot) < 15, overshoot
+    finally:
+        replies.close()
+
+
+@pytest.fixture
+def stoppable_redis():
+    """A private redis-server the test can freeze (SIGSTOP) and thaw (SIGCONT)."""
+    import shutil
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        yield proc, f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_hung_redis_cannot_hold_the_answer_past_the_slo(stoppable_redis):
+    proc, url = stoppable_redis
+    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+    replies = RedisReplyChannel(client, ttl_s=60, listener_client=lambda: redis.Redis.from_url(url, socket_timeout=5))
+    cache = RedisPredictionCache(client, ttl_s=60)
+    processor = QueryProcessor(registry_with(50), ListQueue(), replies, SystemClock(), lambda: 1 << 16, cache=cache)
+    try:
+        with TestClient(create_app(processor, max_body_bytes=1 << 20)) as http:
+            timed_post(http, {"input": ROW})  # connections open while Redis is alive
+            proc.send_signal(signal.SIGSTOP)
+            elapsed, body = timed_post(http, {"input": [v + 1 for v in ROW]})
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        replies.close()
+    assert body["default"] is True and body["output"] == -1
+    assert "still reading the prediction cache" in body["default_explanation"]
+    assert elapsed < 50 + 100  # by the watchdog, not after the 1 s socket timeout
+
+
+def test_a_full_worker_pool_still_answers_by_the_slo():
+    """Two worker threads, both held by sends that hang: the queries queued behind them are answered by the
+    watchdog at their deadlines (they were admitted on the event loop, so it knows them)."""
+    release = threading.Event()
+
+    class HungQueue(ListQueue):
+        def send(self, queue_url: str, body: str) -> None:
+            release.wait(10)
+
+    from tests.fakes import InMemoryReplies
+
+    registry = registry_with(60)
+    from clipper.core.registry_cache import CachedRegistry
+
+    cached = CachedRegistry(registry, SystemClock(), ttl_s=60)
+    processor = QueryProcessor(cached, HungQueue(), InMemoryReplies(), SystemClock(), lambda: 1 << 16)
+    try:
+        with TestClient(create_app(processor, max_body_bytes=1 << 20, query_threads=2)) as http:
+            timed_post(http, {"input": ROW})  # hangs too, but loads the registry copy: later queries are admitted
+            with ThreadPoolExecutor(6) as pool:
+                results = list(pool.map(lambda _: timed_post(http, {"input": ROW}), range(6)))
+    finally:
+        release.set()
+    assert all(body["default"] for _, body in results)
+    stages = {body["default_explanation"].split("still ", 1)[1].split(" (")[0] for _, body in results}
+    assert stages <= {"sending to model mlp:1", "waiting for a worker thread"}
+    assert "waiting for a worker thread" in stages
+    assert max(elapsed for elapsed, _ in results) < 60 + 500  # not after the 10 s hang
