@@ -8,8 +8,10 @@ rather than by Powertools' ``BatchProcessor`` (whose import, ~45 ms with the eve
 cold start would pay for nothing).
 
 Observability: one log line per event (its records, answered, expired, duplicates, failed), EMF metrics (by
-``model``: each batch's size and latency; by ``service``: answered, expired, duplicate and failed messages)
-and, where tracing is on, the ``model`` annotation on the handler's trace segment.
+``model``: each batch's size and latency; by ``service``: answered, expired, duplicate and failed messages; by
+``queue``: ``EndpointErrors``, the messages whose batch the endpoint failed, which the model stack's alarm
+watches whatever the retry policy does with them) and, where tracing is on, the ``model`` annotation on the
+handler's trace segment.
 
 Cold start: the cyclic garbage collector is off while the composition root runs and its objects are frozen
 afterwards; the S3 client (claim checks: inputs over the SQS message limit) and the SageMaker runtime client
@@ -57,7 +59,17 @@ def flush(lines: EphemeralMetrics) -> None:
         lines.clear_metrics()
 
 
-def emit_metrics(report: BatchReport) -> None:
+def queue_name(records: list[dict[str, Any]]) -> str:
+    """The queue of an event's records (one mapping, one queue): the last part of the source's ARN."""
+    arn = str(records[0].get("eventSourceARN", "")) if records else ""
+    return arn.rsplit(":", 1)[-1] or "unknown"
+
+
+def emit_metrics(report: BatchReport, queue: str) -> None:
+    if report.endpoint_errors:
+        metrics.add_dimension("queue", queue)
+        metrics.add_metric(name="EndpointErrors", unit=MetricUnit.Count, value=report.endpoint_errors)
+        flush(metrics)
     for model, rows, seconds in report.batches:
         metrics.add_dimension("model", model)
         metrics.add_metric(name="BatchSize", unit=MetricUnit.Count, value=rows)
@@ -86,7 +98,7 @@ def _handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
         models=models,
         batch_sizes=[rows for _, rows, _ in report.batches],
     )
-    emit_metrics(report)
+    emit_metrics(report, queue_name(records))
     if tracer is not None and models:
         tracer.put_annotation("model", ",".join(models))
     # in the event's order, each failed message once (the response names the messages to retry)

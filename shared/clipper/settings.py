@@ -44,6 +44,9 @@ class FrontendSettings(CommonSettings):
 class BatcherSettings(CommonSettings):
     config_ttl_s: float = Field(10.0, ge=0)
     endpoint_timeout_s: float = Field(25.0, gt=0)
+    # The long-poll batcher's counters (EndpointErrors by queue) sent with PutMetricData, namespace Clipper: on
+    # in the SageMaker container (infra/model-stack.yaml), off locally.
+    cloudwatch_metrics: bool = False
 
 
 class AdminSettings(CommonSettings):

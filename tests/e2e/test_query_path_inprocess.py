@@ -69,7 +69,8 @@ def test_batcher_stopped_gives_the_default_by_the_slo(stack):
     assert queue_depth(stack, stack.queue_url) == 0 and queue_depth(stack, stack.dlq_url) == 0
 
 
-def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(stack):
+def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(stack, capsys, monkeypatch):
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     dead = "http://127.0.0.1:9"  # discard port: nothing answers
     stack.registry.put_version(ModelVersion("mlp", "2", InputType.FLOATS, stack.queue_url, dead, (64,)), activate=True)
     status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[0].tolist()})
@@ -82,6 +83,11 @@ def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(s
         time.sleep(0.05)
     assert queue_depth(stack, stack.dlq_url) == 1
     assert any(r["batchItemFailures"] for r in stack.esm.invocations)
+    # every failed try is counted by queue, for the model stack's EndpointFailuresAlarm
+    emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    errors = [m for m in emf if "EndpointErrors" in m]
+    queue = stack.queue_url.rsplit("/", 1)[-1]
+    assert len(errors) == 3 and all(m["queue"] == queue for m in errors)  # maxReceiveCount 3
 
 
 def test_duplicate_sqs_delivery_produces_one_answer(stack, capsys, monkeypatch):

@@ -184,6 +184,7 @@ def test_sagemaker_endpoint_container_knows_its_queue_and_tables(session: Any, s
     assert container["Environment"] == {
         "CLIPPER_MODEL_NAME": "cnn",
         "CLIPPER_QUEUE_URL": outputs["QueueUrl"],
+        "CLIPPER_CLOUDWATCH_METRICS": "true",
         "CLIPPER_REGISTRY_TABLE": service["RegistryTableName"],
         "CLIPPER_REPLIES_TABLE": service["RepliesTableName"],
         "CLIPPER_CACHE_TABLE": service["CacheTableName"],

@@ -233,6 +233,23 @@ def test_model_stack_alarms_on_dead_letters_and_endpoint_errors_when_there_is_an
     assert {"Name": "EndpointName", "Value": {"Fn::GetAtt": ["Endpoint", "EndpointName"]}} in alarm["Dimensions"]
 
 
+def test_model_stack_alarms_on_failed_batches_whatever_the_retries_and_the_batcher() -> None:
+    """Both batchers count EndpointErrors by queue (EMF in Lambda, PutMetricData in the container); the alarm
+    is there with or without a SageMaker endpoint and fires after three minutes in a row with failures."""
+    model = cfn.load_template(MODEL_TEMPLATE)
+    endpoint = {"SageMakerEndpoint": "true", "ImageUri": "i", "ExecutionRoleArn": "arn:aws:iam::123456789012:role/r"}
+    for resources in (
+        resolve(model, ServiceStackName="clipper", ModelName="m")["Resources"],
+        resolve(model, ServiceStackName="clipper", ModelName="m", **endpoint)["Resources"],
+    ):
+        alarm = resources["EndpointFailuresAlarm"]["Properties"]
+        assert (alarm["Namespace"], alarm["MetricName"], alarm["Statistic"]) == ("Clipper", "EndpointErrors", "Sum")
+        assert alarm["Dimensions"] == [{"Name": "queue", "Value": {"Fn::GetAtt": ["RequestQueue", "QueueName"]}}]
+        assert alarm["Period"] * alarm["DatapointsToAlarm"] <= 180 and alarm["Threshold"] == 0
+    container = resolve(model, ServiceStackName="clipper", ModelName="m", **endpoint)["Resources"]["SageMakerModel"]
+    assert container["Properties"]["PrimaryContainer"]["Environment"]["CLIPPER_CLOUDWATCH_METRICS"] == "true"
+
+
 # --- batcher tracing ---------------------------------------------------------------------------------------
 
 

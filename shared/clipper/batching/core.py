@@ -62,6 +62,7 @@ class BatchReport:
     expired: int = 0
     duplicates: int = 0
     batches: list[tuple[str, int, float]] = field(default_factory=list)  # (model, rows, seconds)
+    endpoint_errors: int = 0  # messages whose batch the endpoint failed (each is left for a retry)
 
 
 @dataclass
@@ -225,6 +226,7 @@ class Batcher:
                 raise EndpointError(f"endpoint returned {len(outputs)} outputs for {len(rows)} inputs")
         except ClipperError as e:
             logger.warning("batch failed", extra={"model": model, "version": version, "error": str(e)})
+            report.endpoint_errors += len(members)
             error = str(e)
             replies = [
                 Reply(query_id=w.message.query_id, model=model, version=version, error=error, error_kind="endpoint")
