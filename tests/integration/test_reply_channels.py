@@ -210,7 +210,7 @@ def test_redis_batch_publication_answers_each_query_once(redis_url):  # noqa: F8
         assert channel.answered_many([(b1, "mlp"), (b2, "mlp"), (b1, "other")]) == [True, False, False]
         got = channel.publish_many([(b1, ok(outputs=(8,))), (b2, ok(outputs=(2,))), (b3, err()), (b2, ok())])
         assert got == [False, True, True, False]
-        assert 0 < client.ttl(f"clipper:inbox:{{{inbox_of(b2)}}}") <= 60
+        assert 0 < client.ttl(f"clipper:done:{{{inbox_of(b2)}}}:{b2}:mlp") <= 60
         assert [r.outputs for r in channel.wait(b1, ["mlp"], timeout_s=1.0)] == [[7]]
         assert [r.outputs for r in channel.wait(b2, ["mlp"], timeout_s=1.0)] == [[2]]
         (failed,) = channel.wait(b3, ["mlp"], timeout_s=1.0)

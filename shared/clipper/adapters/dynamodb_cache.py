@@ -7,9 +7,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.aws_errors import aws_call
+from clipper.adapters.dynamodb_batch import conditional_puts, conditional_writes
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -47,28 +46,28 @@ class DynamoDBPredictionCache:
         return out, failed
 
     def fail_many(self, failures: dict[str, str], ttl_s: float) -> None:
-        """Each failed claim keeps its cause until ``ttl_s`` from now (an entry already filled is kept)."""
+        """Each failed claim keeps its cause until ``ttl_s`` from now (an entry already filled is kept); up to 100
+        a transaction."""
         now = time.time()
-        for k, cause in failures.items():
-            try:
-                self._client.update_item(
-                    TableName=self._table,
-                    Key={"key": {"S": k}},
-                    UpdateExpression="SET failed = :c, claimed_until = :u, expires_at = :e",
-                    ConditionExpression="attribute_not_exists(#o)",
-                    ExpressionAttributeNames={"#o": "output"},
-                    ExpressionAttributeValues={
+        updates = [
+            (
+                "Update",
+                {
+                    "TableName": self._table,
+                    "Key": {"key": {"S": k}},
+                    "UpdateExpression": "SET failed = :c, claimed_until = :u, expires_at = :e",
+                    "ConditionExpression": "attribute_not_exists(#o)",
+                    "ExpressionAttributeNames": {"#o": "output"},
+                    "ExpressionAttributeValues": {
                         ":c": {"S": cause},
                         ":u": {"N": f"{now + ttl_s:.3f}"},
                         ":e": {"N": str(int(now + ttl_s) + 1)},
                     },
-                )
-            except ClientError as e:
-                if error_code(e) == "ConditionalCheckFailedException":
-                    continue
-                raise translate(e, "dynamodb.UpdateItem(cache claim)") from e
-            except BotoCoreError as e:
-                raise translate(e, "dynamodb.UpdateItem(cache claim)") from e
+                },
+            )
+            for k, cause in failures.items()
+        ]
+        conditional_writes(self._client, updates, lambda a: a[1]["Key"]["key"]["S"], "dynamodb(cache claims)")
 
     def put_many(self, entries: dict[str, Any]) -> None:
         expires = str(int(time.time()) + self._ttl)
@@ -84,28 +83,25 @@ class DynamoDBPredictionCache:
                 request = resp.get("UnprocessedItems") or {}
 
     def claim(self, keys: list[str], ttl_s: float) -> set[str]:
+        """Conditional puts of up to 100 claims a transaction (``dynamodb_batch``): one call when no key is
+        claimed already, two when some are."""
         now = time.time()
-        owned = set()
-        for k in dict.fromkeys(keys):
-            try:
-                self._client.put_item(
-                    TableName=self._table,
-                    Item={
-                        "key": {"S": k},
-                        "claimed_until": {"N": f"{now + ttl_s:.3f}"},
-                        "expires_at": {"N": str(int(now + ttl_s) + 1)},
-                    },
-                    # free, or an expired entry, or a claim whose owner gave up
-                    ConditionExpression="attribute_not_exists(#k) OR expires_at < :sec"
-                    " OR (attribute_not_exists(#o) AND claimed_until < :now)",
-                    ExpressionAttributeNames={"#k": "key", "#o": "output"},
-                    ExpressionAttributeValues={":now": {"N": f"{now:.3f}"}, ":sec": {"N": str(int(now))}},
-                )
-            except ClientError as e:
-                if error_code(e) == "ConditionalCheckFailedException":
-                    continue
-                raise translate(e, "dynamodb.PutItem(cache claim)") from e
-            except BotoCoreError as e:
-                raise translate(e, "dynamodb.PutItem(cache claim)") from e
-            owned.add(k)
-        return owned
+        unique = list(dict.fromkeys(keys))
+        puts = [
+            {
+                "TableName": self._table,
+                "Item": {
+                    "key": {"S": k},
+                    "claimed_until": {"N": f"{now + ttl_s:.3f}"},
+                    "expires_at": {"N": str(int(now + ttl_s) + 1)},
+                },
+                # free, or an expired entry, or a claim whose owner gave up
+                "ConditionExpression": "attribute_not_exists(#k) OR expires_at < :sec"
+                " OR (attribute_not_exists(#o) AND claimed_until < :now)",
+                "ExpressionAttributeNames": {"#k": "key", "#o": "output"},
+                "ExpressionAttributeValues": {":now": {"N": f"{now:.3f}"}, ":sec": {"N": str(int(now))}},
+            }
+            for k in unique
+        ]
+        written = conditional_puts(self._client, puts, lambda p: p["Item"]["key"]["S"], "dynamodb(cache claims)")
+        return {k for k, ok in zip(unique, written, strict=True) if ok}

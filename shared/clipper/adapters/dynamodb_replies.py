@@ -11,9 +11,8 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.aws_errors import aws_call
+from clipper.adapters.dynamodb_batch import conditional_puts
 from clipper.core.messages import Reply
 
 if TYPE_CHECKING:
@@ -29,44 +28,57 @@ class DynamoDBReplyChannel:
         self._ttl = ttl_s
         self._poll = poll_interval_s
 
-    def publish(self, reply_to: str, reply: Reply) -> bool:
-        item = {
-            "query_id": {"S": reply_to},
-            "model": {"S": reply.model},
-            "ok": {"BOOL": reply.ok},
-            "reply": {"S": reply.to_json()},
-            "expires_at": {"N": str(int(time.time()) + self._ttl)},
+    def _put(self, reply_to: str, reply: Reply) -> dict[str, Any]:
+        """The conditional put of one reply: a success replaces an earlier error reply but never another
+        success; an error never replaces anything."""
+        put: dict[str, Any] = {
+            "TableName": self._table,
+            "Item": {
+                "query_id": {"S": reply_to},
+                "model": {"S": reply.model},
+                "ok": {"BOOL": reply.ok},
+                "reply": {"S": reply.to_json()},
+                "expires_at": {"N": str(int(time.time()) + self._ttl)},
+            },
+            "ConditionExpression": "attribute_not_exists(query_id)",
         }
-        # A success replaces an earlier error reply but never another success; an error never
-        # replaces anything.
-        condition = "attribute_not_exists(query_id)"
-        values: dict[str, Any] = {}
         if reply.ok:
-            condition += " OR ok = :false"
-            values = {":false": {"BOOL": False}}
-        try:
-            kwargs: dict[str, Any] = {
-                "TableName": self._table,
-                "Item": item,
-                "ConditionExpression": condition,
-            }
-            if values:
-                kwargs["ExpressionAttributeValues"] = values
-            self._client.put_item(**kwargs)
-        except ClientError as e:
-            if error_code(e) == "ConditionalCheckFailedException":
-                return False
-            raise translate(e, "dynamodb.PutItem(replies)") from e
-        except BotoCoreError as e:
-            raise translate(e, "dynamodb.PutItem(replies)") from e
-        return True
+            put["ConditionExpression"] += " OR ok = :false"
+            put["ExpressionAttributeValues"] = {":false": {"BOOL": False}}
+        return put
+
+    def publish(self, reply_to: str, reply: Reply) -> bool:
+        return self.publish_many([(reply_to, reply)])[0]
 
     def publish_many(self, replies: Sequence[tuple[str, Reply]]) -> list[bool]:
-        """One conditional write a reply (DynamoDB has no batched conditional put)."""
-        return [self.publish(reply_to, reply) for reply_to, reply in replies]
+        """The replies of a batch as transactions of up to 100 conditional puts (``dynamodb_batch``): one call
+        for a batch whose replies are all new."""
+        puts = [self._put(reply_to, reply) for reply_to, reply in replies]
+        return conditional_puts(
+            self._client, puts, lambda p: (p["Item"]["query_id"]["S"], p["Item"]["model"]["S"]), "dynamodb(replies)"
+        )
 
     def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
-        return [self.answered(reply_to, model) for reply_to, model in keys]
+        """Consistent BatchGetItem reads, 100 keys a call."""
+        found: set[tuple[str, str]] = set()
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 100):
+            request: dict[str, Any] = {
+                self._table: {
+                    "Keys": [{"query_id": {"S": q}, "model": {"S": m}} for q, m in unique[start : start + 100]],
+                    "ConsistentRead": True,
+                    "ProjectionExpression": "query_id, #m, ok",
+                    "ExpressionAttributeNames": {"#m": "model"},
+                }
+            }
+            while request:
+                with aws_call("dynamodb.BatchGetItem(replies)"):
+                    resp = self._client.batch_get_item(RequestItems=request)
+                for item in resp.get("Responses", {}).get(self._table, []):
+                    if item.get("ok", {}).get("BOOL", False):
+                        found.add((item["query_id"]["S"], item["model"]["S"]))
+                request = resp.get("UnprocessedKeys") or {}
+        return [key in found for key in keys]
 
     def answered(self, reply_to: str, model: str) -> bool:
         with aws_call("dynamodb.GetItem(replies)"):
