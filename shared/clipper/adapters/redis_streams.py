@@ -68,7 +68,7 @@ class QueueDepth:
 
 def queue_name(queue_url: str) -> str:
     """The queue's name: the last path segment of its SQS URL (a bare name is its own name)."""
-    name = queue_url.rstrip("/").rsplit("/", 1)[-1]
+    name = queue_url.rsplit("/", 1)[-1]
     if not _QUEUE_NAME.fullmatch(name):
         raise NotFound("queue", queue_url)
     return name
