@@ -399,3 +399,18 @@ def test_depth_shows_ready_in_flight_delayed_and_dead_lettered(rclient: redis.Re
     assert astuple(reader.depth()) == (3, 1, 1, 0)
     assert len(reader.receive(10, 0)) == 2  # the two new ones; got[1] was received once: dead-lettered
     assert astuple(reader.depth()) == (0, 3, 1, 1)
+
+
+def test_a_queue_whose_group_was_lost_is_read_again(rclient: redis.Redis):
+    url = new_url()
+    reader = RedisStreamQueueReader(rclient, url)
+    keys = stream_keys(url)
+    assert reader.receive(10, 0) == []  # creates the group
+    destroyer = threading.Timer(0.3, rclient.xgroup_destroy, args=(keys.stream, "batchers"))
+    destroyer.start()
+    started = time.monotonic()
+    assert reader.receive(10, 10) == []  # the blocked read fails with the group: the poll ends, no error
+    destroyer.join()
+    assert time.monotonic() - started < 8
+    RedisStreamRequestQueue(rclient).send(url, "m")
+    assert [m.body for m in reader.receive(10, 1)] == ["m"]  # the group is created again, from the start

@@ -164,6 +164,8 @@ class RedisStreamQueueReader:
                     return []
                 block_ms = remaining_ms if got < 0 else max(1, min(remaining_ms, got))
                 new = self._read_new(count, block_ms)
+                if new is None:
+                    return []  # the group is gone (Redis lost it): the next receive's script recreates it
                 if new:
                     return new
         except redis.RedisError as e:
@@ -183,12 +185,13 @@ class RedisStreamQueueReader:
             got.append(ReceivedMessage(entry_id, receipt_handle(entry_id, count), body, count, received_ms))
         return got
 
-    def _read_new(self, count: int, block_ms: int) -> list[ReceivedMessage]:
+    def _read_new(self, count: int, block_ms: int) -> list[ReceivedMessage] | None:
+        """New messages within ``block_ms``; None when the server refuses the read (its group was destroyed,
+        or Redis restarted without it)."""
         try:
             resp = self._client.xreadgroup(GROUP, self.consumer, {self.keys.stream: ">"}, count=count, block=block_ms)
         except redis.ResponseError:
-            # the group is gone (a restarted Redis without persistence): the next script call recreates it
-            return []
+            return None
         received_ms = time.time() * 1000
         # RESP2: [[key, entries]]; RESP3: {key: [entries]}
         batches = [e for v in resp.values() for e in v] if isinstance(resp, dict) else [i[1] for i in resp or []]
