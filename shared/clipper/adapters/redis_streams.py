@@ -181,8 +181,8 @@ class RedisStreamQueueReader:
         received_ms = time.time() * 1000
         got: list[ReceivedMessage] = []
         for i in range(2, len(out), 3):
-            entry_id, body, count = _text(out[i]), _text(out[i + 1]), int(out[i + 2])
-            got.append(ReceivedMessage(entry_id, receipt_handle(entry_id, count), body, count, received_ms))
+            entry_id, body, deliveries = _text(out[i]), _text(out[i + 1]), int(out[i + 2])
+            got.append(ReceivedMessage(entry_id, receipt_handle(entry_id, deliveries), body, deliveries, received_ms))
         return got
 
     def _read_new(self, count: int, block_ms: int) -> list[ReceivedMessage] | None:
