@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from clipper.batching.core import Batcher
     from clipper.feedback import FeedbackProcessor, FeedbackReceiver
     from clipper.frontend.query import QueryListener, QueryProcessor
-    from clipper.ports import Clock, PredictionCache, Registry, ReplyChannel, SelectionStore
+    from clipper.ports import Clock, PredictionCache, QueueReader, Registry, ReplyChannel, RequestQueue, SelectionStore
     from clipper.settings import BatcherSettings, CommonSettings, FrontendSettings
 
 
@@ -151,6 +151,43 @@ def selection_store(settings: CommonSettings, dynamodb: Any) -> SelectionStore |
     return DynamoDBSelectionStore(dynamodb, settings.selection_table)
 
 
+def _queue_redis_url(settings: CommonSettings) -> str:
+    if not settings.redis_url:
+        raise ValueError("CLIPPER_QUEUE_TRANSPORT=redis needs REDIS_URL (the Redis that holds the request queues)")
+    return settings.redis_url
+
+
+def request_queue(settings: CommonSettings, sqs: Any) -> RequestQueue:
+    """The models' request queues, on the transport ``CLIPPER_QUEUE_TRANSPORT`` names: SQS, or Redis Streams
+    (``REDIS_URL``). A queue's address is its SQS URL either way."""
+    if settings.queue_transport == "redis":
+        from clipper.adapters.redis_streams import RedisStreamRequestQueue
+
+        return RedisStreamRequestQueue(redis_client(_queue_redis_url(settings)))
+    from clipper.adapters.sqs import SqsRequestQueue
+
+    return SqsRequestQueue(sqs)
+
+
+def queue_reader(
+    settings: CommonSettings,
+    sqs: Any,
+    queue_url: str,
+    visibility_timeout_s: float = 180.0,  # the model stack's VisibilityTimeoutSeconds and MaxReceiveCount
+    max_receive_count: int = 3,
+) -> QueueReader:
+    """A reader of one model queue on ``CLIPPER_QUEUE_TRANSPORT``. The visibility timeout and the receive count
+    before dead-lettering apply to Redis Streams; on SQS they are the queue's attributes (its stack's)."""
+    if settings.queue_transport == "redis":
+        from clipper.adapters.redis_streams import RedisStreamQueueReader
+
+        client = redis_client(_queue_redis_url(settings))
+        return RedisStreamQueueReader(client, queue_url, visibility_timeout_s, max_receive_count)
+    from clipper.adapters.sqs import SqsQueueReader
+
+    return SqsQueueReader(sqs, queue_url)
+
+
 _refresher: Any = None
 
 
@@ -220,7 +257,6 @@ def build_query_processor(
     """``background_refresh``: the registry copy is reloaded off the query path once past its TTL
     (``clipper.core.registry_cache``); tests that step a fake clock can turn it off."""
     from clipper.adapters.clock import SystemClock
-    from clipper.adapters.sqs import SqsRequestQueue
     from clipper.frontend.query import QueryProcessor
     from clipper.frontend.selection import Selector
 
@@ -230,7 +266,7 @@ def build_query_processor(
     selector = Selector(registry, selection_store(settings, dynamodb), clock, random.Random(), settings.selection_ttl_s)
     return QueryProcessor(
         registry=registry,
-        queue=SqsRequestQueue(sqs),
+        queue=request_queue(settings, sqs),
         replies=replies or reply_channel(settings, dynamodb, settings.reply_poll_interval_s),
         clock=clock,
         new_query_id=new_query_id,

@@ -1,12 +1,18 @@
-"""The SQS adapters and the long-poll driver under moto, with the batcher core and a fake model."""
+"""The queue adapters and the long-poll driver, with the batcher core and a fake model: every test runs over
+SQS (moto) and over Redis Streams (a real redis-server)."""
 
 from __future__ import annotations
 
 import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import redis
 
+from clipper.adapters.redis_streams import RedisStreamQueueReader, RedisStreamRequestQueue
 from clipper.adapters.s3_claims import S3ClaimStore
 from clipper.adapters.sqs import SqsQueueReader, SqsRequestQueue
 from clipper.batching.controller import AimdController, FixedController
@@ -14,7 +20,9 @@ from clipper.batching.core import Batcher
 from clipper.batching.longpoll import LongPollDriver
 from clipper.core.messages import MAX_INLINE_PAYLOAD, QueryMessage
 from clipper.frontend.query import QueryProcessor
+from clipper.ports import QueueReader, RequestQueue
 from tests.fakes import FakeEndpoint, FakeResolver, InMemoryRegistry, InMemoryReplies, digits_app, model_version
+from tests.services import redis_url  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +41,43 @@ def depth(aws, url):
     return int(a["ApproximateNumberOfMessages"]) + int(a["ApproximateNumberOfMessagesNotVisible"])
 
 
+@dataclass
+class Queues:
+    """The model queue of ``aws.queue_url`` on one transport (its address is the SQS URL on both)."""
+
+    sender: RequestQueue
+    reader: QueueReader
+    depth: Callable[[], int]  # messages not deleted: ready, in flight or delayed
+    dead: Callable[[], int]  # messages in the dead-letter queue
+
+
+@pytest.fixture(params=["sqs", "redis"])
+def queues(request, aws) -> Iterator[Queues]:
+    if request.param == "sqs":
+        yield Queues(
+            SqsRequestQueue(aws.sqs),
+            SqsQueueReader(aws.sqs, aws.queue_url),
+            lambda: depth(aws, aws.queue_url),
+            lambda: depth(aws, aws.dlq_url),
+        )
+        return
+    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    prefix = f"test-{uuid.uuid4().hex[:8]}"  # the same queue URL in every test: keys of their own
+    # the SQS queue's attributes (tests/integration/conftest.py): visibility timeout 30 s, maxReceiveCount 3
+    reader = RedisStreamQueueReader(client, aws.queue_url, visibility_timeout_s=30, max_receive_count=3, prefix=prefix)
+
+    def not_deleted() -> int:
+        d = reader.depth()
+        return d.ready + d.in_flight + d.delayed
+
+    yield Queues(
+        RedisStreamRequestQueue(client, prefix=prefix), reader, not_deleted, lambda: reader.depth().dead_lettered
+    )
+    client.close()
+
+
 @pytest.fixture
-def world(aws):
+def world(aws, queues):
     registry, replies, endpoint = InMemoryRegistry(), InMemoryReplies(), FakeEndpoint()
     registry.apps["digits"] = digits_app(latency_slo_micros=20_000_000)
     registry.links["digits"] = ["mlp"]
@@ -42,7 +85,7 @@ def world(aws):
     registry.active["mlp"] = "1"
     claims = S3ClaimStore(aws.s3, aws.bucket)
     ids = iter(range(1 << 20, 1 << 40, 1 << 16))
-    processor = QueryProcessor(registry, SqsRequestQueue(aws.sqs), replies, WallClock(), lambda: next(ids), claims)
+    processor = QueryProcessor(registry, queues.sender, replies, WallClock(), lambda: next(ids), claims)
     batcher = Batcher(FakeResolver(endpoint), replies, WallClock(), claims)
     return processor, batcher, replies, endpoint
 
@@ -54,11 +97,10 @@ def enqueue(processor, n):
         processor.predict("digits", {"input": [1.0 if j == i % 64 else 0.0 for j in range(64)]})
 
 
-def test_reader_receives_deletes_and_releases(aws):
-    queue = SqsRequestQueue(aws.sqs)
+def test_reader_receives_deletes_and_releases(aws, queues):
     for i in range(3):
-        queue.send(aws.queue_url, f"m{i}")
-    reader = SqsQueueReader(aws.sqs, aws.queue_url)
+        queues.sender.send(aws.queue_url, f"m{i}")
+    reader = queues.reader
     got = reader.receive(10, 0)
     assert sorted(m.body for m in got) == ["m0", "m1", "m2"] and all(m.receive_count == 1 for m in got)
     reader.release(got[0].receipt_handle, 0)
@@ -67,26 +109,24 @@ def test_reader_receives_deletes_and_releases(aws):
     assert again.body == got[0].body and again.receive_count == 2
 
 
-def test_driver_batches_and_answers_every_query(aws, world):
+def test_driver_batches_and_answers_every_query(queues, world):
     processor, batcher, replies, endpoint = world
     enqueue(processor, 25)
-    driver = LongPollDriver(
-        SqsQueueReader(aws.sqs, aws.queue_url), batcher, FixedController(10), batch_wait_s=0.05, idle_wait_s=0
-    )
+    driver = LongPollDriver(queues.reader, batcher, FixedController(10), batch_wait_s=0.05, idle_wait_s=0)
     stop = threading.Event()
-    while depth(aws, aws.queue_url):
+    while queues.depth():
         driver.handle(driver.collect(stop))
     assert driver.stats.answered == 25 and sum(endpoint.calls) == 25
     assert max(endpoint.calls) == 10  # batches were cut at the controller's size
     assert len(replies.done) == 25
 
 
-def test_failing_endpoint_retries_then_dead_letters(aws, world):
+def test_failing_endpoint_retries_then_dead_letters(queues, world):
     processor, batcher, replies, endpoint = world
     endpoint.fail_with = "model crashed"
     enqueue(processor, 2)
     driver = LongPollDriver(
-        SqsQueueReader(aws.sqs, aws.queue_url),
+        queues.reader,
         batcher,
         AimdController(slo_s=1.0),
         batch_wait_s=0.0,
@@ -99,12 +139,12 @@ def test_failing_endpoint_retries_then_dead_letters(aws, world):
         if not batch:
             break
         driver.handle(batch)
-    assert depth(aws, aws.queue_url) == 0 and depth(aws, aws.dlq_url) == 2  # maxReceiveCount 3, then the DLQ
+    assert queues.depth() == 0 and queues.dead() == 2  # maxReceiveCount 3, then the DLQ
     assert driver.stats.failed == 6  # 2 messages x 3 tries
     assert all(not r.ok for rs in replies.lists.values() for r in rs)
 
 
-def test_large_input_travels_through_s3_as_a_claim_check(aws, world):
+def test_large_input_travels_through_s3_as_a_claim_check(queues, world):
     processor, batcher, replies, _endpoint = world
     from clipper.core.domain import InputType
 
@@ -117,28 +157,28 @@ def test_large_input_travels_through_s3_as_a_claim_check(aws, world):
     row = np.zeros(n, dtype=np.float32)
     row[n - 1] = 1.0
     processor.predict("big", {"input": row.tolist()})
-    (msg,) = aws.sqs.receive_message(QueueUrl=aws.queue_url)["Messages"]
-    parsed = QueryMessage.from_json(msg["Body"])
-    assert parsed.payload.s3_key and len(msg["Body"]) < 2000
+    (msg,) = queues.reader.receive(10, 0)
+    parsed = QueryMessage.from_json(msg.body)
+    assert parsed.payload.s3_key and len(msg.body) < 2000
     from clipper.batching.core import Inbound
 
-    report = batcher.process([Inbound(msg["MessageId"], msg["Body"])])
+    report = batcher.process([Inbound(msg.message_id, msg.body)])
     assert report.answered == 1
     assert replies.lists[parsed.reply_to][0].outputs == [n - 1]
 
 
-def test_controller_state_survives_a_new_driver(aws, world):
+def test_controller_state_survives_a_new_driver(aws, queues, world):
     from clipper.adapters.dynamodb_registry import DynamoDBControllerStore
 
     processor, batcher, _, _ = world
     store = DynamoDBControllerStore(aws.dynamodb, aws.registry_table)
-    reader = SqsQueueReader(aws.sqs, aws.queue_url)
+    reader = queues.reader
     first = LongPollDriver(
         reader, batcher, AimdController(slo_s=1.0), idle_wait_s=0, state_store=store, state_key=("mlp", "1")
     )
     enqueue(processor, 12)
     stop = threading.Event()
-    while depth(aws, aws.queue_url):
+    while queues.depth():
         first.handle(first.collect(stop))
     grown = first._controller.max_batch_size()
     assert grown > 1

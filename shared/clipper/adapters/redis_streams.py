@@ -1,0 +1,245 @@
+"""Request queues on Redis Streams: the local stack's transport, with SQS's semantics behind the same ports
+(``RequestQueue``, ``QueueReader``). SQS stays the transport on AWS.
+
+A model version's queue address stays its SQS queue URL; this transport names its keys after the queue name
+(the URL's last path segment), all under one hash tag so a queue's keys share a cluster slot:
+
+    clipper:queue:{<name>}           the stream (field ``body``); its consumer group ``batchers``
+    clipper:queue:{<name>}:delayed   released messages (sorted set: entry id -> epoch ms visible again)
+    clipper:queue:{<name>}:dlq       dead letters (fields body, source_id, receive_count)
+
+``send`` is one ``XADD`` (trimming entries older than the retention, like SQS's retention period). A receive
+is one script (``clipper.adapters.redis_streams_lua.RECEIVE``): messages visible again after the visibility
+timeout, released messages that are due, then new ones; a message delivered ``max_receive_count`` times is
+dead-lettered instead of delivered again. When nothing is ready and the caller waits, a blocking
+``XREADGROUP`` follows (the second round trip), in slices that end when a pending message can be visible
+again. Delete acknowledges and removes the entries in one ``MULTI``, so the stream holds only unanswered
+messages. A receipt handle is ``<entry id>:<delivery count>``: a release by a reader whose delivery is no
+longer the current one changes nothing (the current holder keeps the message); a delete by any holder
+deletes it (it was answered), and deleting twice is harmless.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from clipper.adapters.redis_streams_lua import DEPTH, RECEIVE, RELEASE
+from clipper.errors import NotFound, Unavailable
+from clipper.ports import ReceivedMessage
+
+# The model stack's defaults (infra/model-stack.yaml): VisibilityTimeoutSeconds, MaxReceiveCount,
+# MessageRetentionSeconds.
+VISIBILITY_TIMEOUT_S = 180.0
+MAX_RECEIVE_COUNT = 3
+RETENTION_S = 3600.0
+GROUP = "batchers"
+MAX_WAIT_S = 20.0  # SQS's longest long poll; under the Redis client's socket timeout
+DEAD_LETTER_MAX_LEN = 100_000
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,80}")
+
+
+@dataclass(frozen=True)
+class StreamKeys:
+    stream: str
+    delayed: str
+    dead_letter: str
+
+    @property
+    def all(self) -> list[str]:
+        return [self.stream, self.delayed, self.dead_letter]
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    ready: int  # undelivered, or visible again (visibility timeout over, or released and due)
+    in_flight: int  # received and neither deleted nor visible again yet
+    delayed: int  # released with a delay that has not passed yet
+    dead_lettered: int
+
+
+def queue_name(queue_url: str) -> str:
+    """The queue's name: the last path segment of its SQS URL (a bare name is its own name)."""
+    name = queue_url.rsplit("/", 1)[-1]
+    if not _QUEUE_NAME.fullmatch(name):
+        raise NotFound("queue", queue_url)
+    return name
+
+
+def stream_keys(queue_url: str, prefix: str = "clipper") -> StreamKeys:
+    base = f"{prefix}:queue:{{{queue_name(queue_url)}}}"
+    return StreamKeys(base, f"{base}:delayed", f"{base}:dlq")
+
+
+def receipt_handle(entry_id: str, count: int) -> str:
+    return f"{entry_id}:{count}"
+
+
+def parse_receipt_handle(handle: str) -> tuple[str, int]:
+    entry_id, sep, count = handle.rpartition(":")
+    if not sep or not entry_id or not count.isdigit():
+        raise ValueError(f"not a Redis Streams receipt handle: {handle!r}")
+    return entry_id, int(count)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _unavailable(e: redis.RedisError) -> Unavailable:
+    return Unavailable(f"redis queue: {type(e).__name__}")
+
+
+class RedisStreamRequestQueue:
+    """The frontend's side: one ``XADD`` per message."""
+
+    def __init__(self, client: Any, prefix: str = "clipper", retention_s: float | None = RETENTION_S) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._retention_ms = None if retention_s is None else int(retention_s * 1000)
+        self._keys: dict[str, str] = {}
+
+    def send(self, queue_url: str, body: str) -> None:
+        key = self._keys.get(queue_url)
+        if key is None:
+            key = self._keys[queue_url] = stream_keys(queue_url, self._prefix).stream
+        minid = None if self._retention_ms is None else int(time.time() * 1000) - self._retention_ms
+        try:
+            self._client.xadd(key, {"body": body}, minid=minid, approximate=True)
+        except redis.RedisError as e:
+            raise _unavailable(e) from e
+
+
+class RedisStreamQueueReader:
+    """One queue as a long-poll driver consumes it: a consumer of the queue's group.
+
+    ``visibility_timeout_s`` and ``max_receive_count`` play the SQS queue attributes' part (every reader of a
+    queue should use the same values): a message received and neither deleted nor released within the
+    visibility timeout is visible again; one delivered ``max_receive_count`` times goes to the dead-letter
+    stream instead of a next delivery."""
+
+    def __init__(
+        self,
+        client: Any,
+        queue_url: str,
+        visibility_timeout_s: float = VISIBILITY_TIMEOUT_S,
+        max_receive_count: int = MAX_RECEIVE_COUNT,
+        consumer: str | None = None,
+        prefix: str = "clipper",
+        dead_letter_max_len: int = DEAD_LETTER_MAX_LEN,
+    ) -> None:
+        if visibility_timeout_s <= 0 or max_receive_count < 1:
+            raise ValueError("visibility_timeout_s must be > 0 and max_receive_count >= 1")
+        self._client = client
+        self.queue_url = queue_url
+        self.keys = stream_keys(queue_url, prefix)
+        self._visibility_ms = max(1, int(visibility_timeout_s * 1000))
+        self._max_receive = max_receive_count
+        self._dead_letter_max_len = dead_letter_max_len
+        self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._receive = client.register_script(RECEIVE)  # EVALSHA, loaded on first use
+        self._release = client.register_script(RELEASE)
+        self._depth = client.register_script(DEPTH)
+
+    def receive(self, max_messages: int, wait_s: float) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` messages; when none is ready, waits up to ``wait_s`` (at most 20 s) and
+        returns as soon as one is."""
+        count = max(1, max_messages)
+        deadline = time.monotonic() + max(0.0, min(MAX_WAIT_S, wait_s))
+        try:
+            while True:
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                got = self._receive_ready(count, hint=remaining_ms > 0)
+                if isinstance(got, list):
+                    return got
+                if remaining_ms <= 0:
+                    return []
+                block_ms = remaining_ms if got < 0 else max(1, min(remaining_ms, got))
+                new = self._read_new(count, block_ms)
+                if new is None:
+                    return []  # the group is gone (Redis lost it): the next receive's script recreates it
+                if new:
+                    return new
+        except redis.RedisError as e:
+            raise _unavailable(e) from e
+
+    def _receive_ready(self, count: int, hint: bool) -> list[ReceivedMessage] | int:
+        """The messages ready now (one script call), or when there are none, the ms until a pending one can be
+        visible again (-1: none pending; 0 when no hint was asked for)."""
+        args = [GROUP, self.consumer, count, self._visibility_ms, self._max_receive, self._dead_letter_max_len]
+        out = self._receive(keys=self.keys.all, args=[*args, "1" if hint else "0"])
+        if len(out) == 2:
+            return int(out[0])
+        received_ms = time.time() * 1000
+        got: list[ReceivedMessage] = []
+        for i in range(2, len(out), 3):
+            entry_id, body, deliveries = _text(out[i]), _text(out[i + 1]), int(out[i + 2])
+            got.append(ReceivedMessage(entry_id, receipt_handle(entry_id, deliveries), body, deliveries, received_ms))
+        return got
+
+    def _read_new(self, count: int, block_ms: int) -> list[ReceivedMessage] | None:
+        """New messages within ``block_ms``; None when the server refuses the read (its group was destroyed,
+        or Redis restarted without it)."""
+        try:
+            resp = self._client.xreadgroup(GROUP, self.consumer, {self.keys.stream: ">"}, count=count, block=block_ms)
+        except redis.ResponseError:
+            return None
+        received_ms = time.time() * 1000
+        # RESP2: [[key, entries]]; RESP3: {key: [entries]}
+        batches = [e for v in resp.values() for e in v] if isinstance(resp, dict) else [i[1] for i in resp or []]
+        out: list[ReceivedMessage] = []
+        for entries in batches:
+            for entry_id, fields in entries:
+                mid = _text(entry_id)
+                body = fields.get(b"body", fields.get("body", b""))
+                out.append(ReceivedMessage(mid, receipt_handle(mid, 1), _text(body), 1, received_ms))
+        return out
+
+    def delete(self, receipt_handles: list[str]) -> None:
+        """Acknowledge and remove the messages (one ``MULTI``): nothing redelivers them and the stream keeps
+        only unanswered messages. A handle of a message already deleted changes nothing."""
+        if not receipt_handles:
+            return
+        ids = [parse_receipt_handle(h)[0] for h in receipt_handles]
+        try:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.xack(self.keys.stream, GROUP, *ids)
+            pipe.xdel(self.keys.stream, *ids)
+            pipe.zrem(self.keys.delayed, *ids)
+            pipe.execute()
+        except redis.RedisError as e:
+            raise _unavailable(e) from e
+
+    def release(self, receipt_handle: str, delay_s: int) -> None:
+        """Make a received message visible again after ``delay_s`` seconds (0: at once), its delivery count
+        kept. A stale handle (the message was deleted, or delivered again since) changes nothing."""
+        entry_id, count = parse_receipt_handle(receipt_handle)
+        try:
+            self._release(keys=self.keys.all[:2], args=[GROUP, entry_id, count, max(0, int(delay_s * 1000))])
+        except redis.RedisError as e:
+            raise _unavailable(e) from e
+
+    def depth(self) -> QueueDepth:
+        """The queue's depth as an operator sees it (see ``queue_depth``)."""
+        try:
+            ready, in_flight, delayed, dead = self._depth(keys=self.keys.all, args=[GROUP, self._visibility_ms])
+        except redis.RedisError as e:
+            raise _unavailable(e) from e
+        return QueueDepth(int(ready), int(in_flight), int(delayed), int(dead))
+
+
+def queue_depth(
+    client: Any, queue_url: str, visibility_timeout_s: float = VISIBILITY_TIMEOUT_S, prefix: str = "clipper"
+) -> QueueDepth:
+    """How many messages of a queue are ready, in flight, delayed and dead-lettered (one atomic script; the
+    visibility timeout is the readers')."""
+    reader = RedisStreamQueueReader(client, queue_url, visibility_timeout_s, consumer="depth", prefix=prefix)
+    return reader.depth()
