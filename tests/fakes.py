@@ -89,6 +89,9 @@ class InMemoryReplies:
     def expect(self, reply_to: str) -> None:
         pass
 
+    async def wait_async(self, reply_to: str, models, timeout_s: float) -> list[Reply]:
+        return self.wait(reply_to, models, timeout_s)
+
     def wait(self, reply_to: str, models, timeout_s: float) -> list[Reply]:
         """What was published so far: one reply per model, a success winning over an error."""
         by_model: dict[str, Reply] = {}
@@ -130,10 +133,20 @@ class ListQueue:
     sent: list[tuple[str, str]] = field(default_factory=list)
     down: bool = False
 
-    def send(self, queue_url: str, body: str) -> None:
+    def send(self, queue_url: str, body: str, timeout: float | None = None) -> None:
         if self.down:
             raise Unavailable("sqs down")
         self.sent.append((queue_url, body))
+
+    def send_many(self, messages, timeout: float | None = None) -> list[Exception | None]:
+        out: list[Exception | None] = []
+        for url, body in messages:
+            try:
+                self.send(url, body)
+                out.append(None)
+            except Unavailable as e:
+                out.append(e)
+        return out
 
 
 def digits_app(**overrides: Any) -> Application:
@@ -168,28 +181,32 @@ class InMemoryCache:
     clock: FakeClock | None = None
     down: bool = False
 
-    def get_many(self, keys: list[str]) -> dict[str, Any]:
+    def get_many(self, keys: list[str], timeout: float | None = None) -> dict[str, Any]:
         if self.down:
             raise Unavailable("cache down")
         if self.clock:
             self.clock.advance(0.01)  # polling takes time
         return {k: self.entries[k] for k in keys if k in self.entries}
 
-    def put_many(self, entries: dict[str, Any]) -> None:
+    def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None:
         self.entries.update(entries)
         self.claims -= set(entries)
 
-    def claim(self, keys: list[str], ttl_s: float) -> set[str]:
+    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
         owned = {k for k in keys if k not in self.claims}
         self.claims |= owned
         return owned
 
+    def lookup(self, keys: list[str], claim_ttl_s: float, timeout: float | None = None):
+        hits = self.get_many(keys)
+        return hits, self.claim([k for k in dict.fromkeys(keys) if k not in hits], claim_ttl_s)
+
     failed: dict[str, str] = field(default_factory=dict)
 
-    def fail_many(self, failures: dict[str, str], ttl_s: float) -> None:
+    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None) -> None:
         self.failed.update(failures)
 
-    def poll(self, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         hits = self.get_many(keys)
         return hits, {k: self.failed[k] for k in keys if k in self.failed and k not in hits}
 

@@ -21,7 +21,13 @@ class Clock(Protocol):
 
 
 class RequestQueue(Protocol):
-    def send(self, queue_url: str, body: str) -> None: ...
+    def send(self, queue_url: str, body: str, timeout: float | None = None) -> None: ...
+
+    def send_many(self, messages: Sequence[tuple[str, str]], timeout: float | None = None) -> list[Exception | None]:
+        """Send each ``(queue_url, body)`` (an ensemble's fan-out) in one round trip where the transport allows,
+        concurrently where it does not; for each, None or the ``Unavailable`` that kept it from its queue.
+        ``timeout`` bounds the call where the transport can (a query passes its remaining time)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -86,27 +92,39 @@ class ReplyChannel(Protocol):
         ``Unavailable`` when the channel could not be read and replies are missing."""
         ...
 
+    async def wait_async(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
+        """``wait`` on an event loop."""
+        ...
+
 
 class PredictionCache(Protocol):
-    """Model outputs by cache key (``clipper.core.cache_keys``), with single-flight claims."""
+    """Model outputs by cache key (``clipper.core.cache_keys``), with single-flight claims. ``timeout`` bounds a
+    call where the store can (a query passes its remaining time)."""
 
-    def get_many(self, keys: list[str]) -> dict[str, Any]:
+    def get_many(self, keys: list[str], timeout: float | None = None) -> dict[str, Any]:
         """The cached outputs of those keys that hit."""
         ...
 
-    def put_many(self, entries: dict[str, Any]) -> None: ...
+    def lookup(
+        self, keys: list[str], claim_ttl_s: float, timeout: float | None = None
+    ) -> tuple[dict[str, Any], set[str]]:
+        """``get_many``, then ``claim`` of the misses, in as few round trips as the store allows: the cached
+        outputs, and the keys this caller now computes."""
+        ...
 
-    def claim(self, keys: list[str], ttl_s: float) -> set[str]:
+    def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None: ...
+
+    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
         """Mark keys as being computed; returns the keys this caller now owns. A key already claimed
         by a concurrent query is not returned: that query's answer will fill the cache."""
         ...
 
-    def fail_many(self, failures: dict[str, str], ttl_s: float) -> None:
+    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None) -> None:
         """The owner of these claims got no output: release them with the cause (kept ``ttl_s``), so the
         queries waiting on them stop at once with it."""
         ...
 
-    def poll(self, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         """For keys other queries compute: ``(outputs of those that hit, causes of those whose owner failed)``."""
         ...
 

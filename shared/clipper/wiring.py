@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from clipper.adapters.resp import RespClient
     from clipper.batching.core import Batcher
     from clipper.feedback import FeedbackProcessor, FeedbackReceiver
     from clipper.frontend.query import QueryListener, QueryProcessor
@@ -89,24 +90,16 @@ def new_query_id() -> int:
 _redis_clients: dict[str, Any] = {}
 
 
-def redis_client(url: str, blocking: bool = False) -> Any:
-    """One client (one connection pool) per URL and process; ``blocking``: the client of long blocking reads
-    (the reply listener's), whose socket timeout exceeds their block time."""
-    key = f"{url}#blocking" if blocking else url
-    if key not in _redis_clients:
-        import redis
-        from redis.backoff import ExponentialBackoff
-        from redis.retry import Retry
+def redis_client(url: str) -> RespClient:
+    """One client (one connection pool) per URL and process: the lean client of ``clipper.adapters.resp``, with
+    a 1 s default timeout per call (a query passes its remaining time instead), so a dead or hung Redis fails
+    fast."""
+    if url not in _redis_clients:
+        from clipper.adapters.resp import RespClient
 
-        # Few, short retries and a short socket timeout: a query's whole budget is its SLO, so a dead or hung
-        # Redis must fail fast (the frontend's watchdog answers at the deadline whatever a call does).
-        _redis_clients[key] = redis.Redis.from_url(
-            url,
-            socket_timeout=10 if blocking else 1,
-            socket_connect_timeout=1,
-            retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 2),
-        )
-    return _redis_clients[key]
+        _redis_clients[url] = RespClient.from_url(url, connect_timeout=1.0, timeout=1.0)
+    client: RespClient = _redis_clients[url]
+    return client
 
 
 def redis_clients() -> list[Any]:
@@ -118,11 +111,7 @@ def reply_channel(settings: CommonSettings, dynamodb: Any, poll_interval_s: floa
     if settings.redis_url:
         from clipper.adapters.redis_replies import RedisReplyChannel
 
-        return RedisReplyChannel(
-            redis_client(settings.redis_url),
-            ttl_s=settings.reply_ttl_s,
-            listener_client=lambda: redis_client(settings.redis_url, blocking=True),
-        )
+        return RedisReplyChannel(redis_client(settings.redis_url), ttl_s=settings.reply_ttl_s)
     from clipper.adapters.dynamodb_replies import DynamoDBReplyChannel
 
     return DynamoDBReplyChannel(dynamodb, settings.replies_table, settings.reply_ttl_s, poll_interval_s)
@@ -276,6 +265,8 @@ def build_query_processor(
         cache_poll_s=0.002 if settings.redis_url else 0.01,
         selector=selector,
         listener=listener,
+        # on the event loop only when every query-path dependency is Redis (the lean client bounds each call)
+        inline=replies is None and bool(settings.redis_url) and settings.queue_transport == "redis",
     )
 
 

@@ -12,12 +12,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from clipper.adapters.clock import SystemClock
 from clipper.adapters.redis_cache import RedisPredictionCache
 from clipper.adapters.redis_replies import RedisReplyChannel
+from clipper.adapters.resp import RespClient
 from clipper.frontend.api import create_app
 from clipper.frontend.query import QueryProcessor
 from tests.fakes import InMemoryRegistry, ListQueue, digits_app, model_version
@@ -44,13 +44,16 @@ def timed_post(client: TestClient, body: dict) -> tuple[float, dict]:
     return (time.monotonic() - start) * 1000, r.json()
 
 
+@pytest.mark.parametrize("inline", [False, True], ids=["worker-thread", "event-loop"])
 @pytest.mark.parametrize("slo_ms", [20, 50, 100])
-def test_a_default_comes_within_a_few_ms_of_the_slo(redis_url, slo_ms):  # noqa: F811
+def test_a_default_comes_within_a_few_ms_of_the_slo(redis_url, slo_ms, inline):  # noqa: F811
     """Nobody consumes the queue: every answer is the default, by the SLO (a BLPOP per query answered all
     three at ~100 ms). The median of several queries is taken: this machine is shared."""
-    client_redis = redis.Redis.from_url(redis_url, socket_timeout=5)
-    replies = RedisReplyChannel(client_redis, ttl_s=60)
-    processor = QueryProcessor(registry_with(slo_ms), ListQueue(), replies, SystemClock(), lambda: 1 << 16)
+    from clipper.core.registry_cache import CachedRegistry
+
+    replies = RedisReplyChannel(RespClient.from_url(redis_url), ttl_s=60)
+    registry = CachedRegistry(registry_with(slo_ms), SystemClock(), ttl_s=60)
+    processor = QueryProcessor(registry, ListQueue(), replies, SystemClock(), lambda: 1 << 16, inline=inline)
     try:
         with TestClient(create_app(processor, max_body_bytes=1 << 20)) as client:
             timed_post(client, {"input": ROW})  # warm up the route and the listener
@@ -86,8 +89,8 @@ def stoppable_redis():
 
 def test_a_hung_redis_cannot_hold_the_answer_past_the_slo(stoppable_redis):
     proc, url = stoppable_redis
-    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-    replies = RedisReplyChannel(client, ttl_s=60, listener_client=lambda: redis.Redis.from_url(url, socket_timeout=5))
+    client = RespClient.from_url(url, timeout=1.0)
+    replies = RedisReplyChannel(client, ttl_s=60)
     cache = RedisPredictionCache(client, ttl_s=60)
     processor = QueryProcessor(registry_with(50), ListQueue(), replies, SystemClock(), lambda: 1 << 16, cache=cache)
     try:
@@ -99,7 +102,9 @@ def test_a_hung_redis_cannot_hold_the_answer_past_the_slo(stoppable_redis):
         proc.send_signal(signal.SIGCONT)
         replies.close()
     assert body["default"] is True and body["output"] == -1
-    assert "still reading the prediction cache" in body["default_explanation"]
+    # the lookup gave up at the deadline (its timeout is the query's remaining time), or the watchdog answered
+    why = body["default_explanation"]
+    assert "still reading the prediction cache" in why or "the prediction cache did not answer" in why, why
     assert elapsed < 50 + 100  # by the watchdog, not after the 1 s socket timeout
 
 

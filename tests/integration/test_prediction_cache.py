@@ -7,6 +7,7 @@ import redis
 
 from clipper.adapters.dynamodb_cache import DynamoDBPredictionCache
 from clipper.adapters.redis_cache import RedisPredictionCache
+from clipper.adapters.resp import RespClient
 from tests.integration.conftest import create_tables
 from tests.services import AtomicRequests, redis_url  # noqa: F401  (fixture)
 
@@ -16,9 +17,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(params=["redis", "dynamodb"])
 def cache(request):
     if request.param == "redis":
-        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-        client.flushdb()
-        return RedisPredictionCache(client, ttl_s=60)
+        redis.Redis.from_url(request.getfixturevalue("redis_url")).flushdb()
+        return RedisPredictionCache(RespClient.from_url(request.getfixturevalue("redis_url")), ttl_s=60)
     aws = request.getfixturevalue("aws")
     aws.dynamodb.create_table(
         TableName="cache",
@@ -91,3 +91,11 @@ def test_a_filled_entry_is_never_reported_failed(cache):
     cache.put_many({"k": 4})
     cache.fail_many({"k": "late failure"}, ttl_s=1.0)
     assert cache.poll(["k"]) == ({"k": 4}, {})
+
+
+def test_lookup_returns_hits_and_claims_the_misses_once(cache):
+    cache.put_many({"hit": 7})
+    hits, owned = cache.lookup(["hit", "miss", "miss", "other"], claim_ttl_s=30)
+    assert hits == {"hit": 7} and owned == {"miss", "other"}
+    again_hits, again_owned = cache.lookup(["hit", "miss"], claim_ttl_s=30)
+    assert again_hits == {"hit": 7} and again_owned == set()  # another query computes "miss"

@@ -15,6 +15,7 @@ import redis
 from moto import mock_aws
 
 from clipper.adapters.redis_streams import RedisStreamQueueReader, RedisStreamRequestQueue, queue_depth, stream_keys
+from clipper.adapters.resp import RespClient
 from clipper.adapters.sqs import SqsQueueReader, SqsRequestQueue
 from clipper.errors import Unavailable
 from clipper.ports import QueueReader, ReceivedMessage, RequestQueue
@@ -74,7 +75,8 @@ def make_transport(request: pytest.FixtureRequest) -> Iterator[MakeTransport]:
 
             yield make_sqs
         return
-    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))  # to look at the keys
+    lean = RespClient.from_url(request.getfixturevalue("redis_url"))  # the adapters' client
 
     def make_redis(visibility_s: float | None = None, max_receive: int = 3) -> Transport:
         vis = visibility_s or SHORT_VISIBILITY[kind]
@@ -85,9 +87,9 @@ def make_transport(request: pytest.FixtureRequest) -> Iterator[MakeTransport]:
             return [fields[b"body"].decode() for _, fields in client.xrange(keys.dead_letter)]
 
         def reader() -> QueueReader:
-            return RedisStreamQueueReader(client, url, visibility_timeout_s=vis, max_receive_count=max_receive)
+            return RedisStreamQueueReader(lean, url, visibility_timeout_s=vis, max_receive_count=max_receive)
 
-        return Transport(kind, RedisStreamRequestQueue(client), url, vis, reader, dead_letters)
+        return Transport(kind, RedisStreamRequestQueue(lean), url, vis, reader, dead_letters)
 
     yield make_redis
     client.close()
@@ -254,7 +256,16 @@ def test_deleting_twice_is_harmless(make_transport: MakeTransport):
 
 @pytest.fixture
 def rclient(redis_url: str) -> Iterator[redis.Redis]:  # noqa: F811
+    """redis-py, to look at the keys."""
     client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def lean(redis_url: str) -> Iterator[RespClient]:  # noqa: F811
+    """The adapters' client."""
+    client = RespClient.from_url(redis_url)
     yield client
     client.close()
 
@@ -282,7 +293,7 @@ def race(readers: list[RedisStreamQueueReader]) -> list[ReceivedMessage]:
 
 
 def test_redis_down_raises_unavailable():
-    client = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.2)
+    client = RespClient.from_url(f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.2)
     url = new_url()
     reader = RedisStreamQueueReader(client, url)
     calls = [
@@ -296,12 +307,12 @@ def test_redis_down_raises_unavailable():
     for call in calls:
         with pytest.raises(Unavailable) as e:
             call()
-        assert isinstance(e.value.__cause__, redis.RedisError)
+        assert isinstance(e.value.__cause__, OSError)
 
 
-def test_the_stream_stays_bounded_after_deletes(rclient: redis.Redis):
+def test_the_stream_stays_bounded_after_deletes(rclient: redis.Redis, lean: RespClient):
     url = new_url()
-    queue, reader = RedisStreamRequestQueue(rclient), RedisStreamQueueReader(rclient, url)
+    queue, reader = RedisStreamRequestQueue(lean), RedisStreamQueueReader(lean, url)
     for i in range(300):
         queue.send(url, f"m{i}")
     answered = 0
@@ -312,26 +323,26 @@ def test_the_stream_stays_bounded_after_deletes(rclient: redis.Redis):
     assert answered == 300
     assert rclient.xlen(keys.stream) == 0  # acknowledged entries are removed, not only acknowledged
     assert rclient.xpending(keys.stream, "batchers")["pending"] == 0
-    assert reader.depth() == queue_depth(rclient, url) and reader.depth().ready == 0
+    assert reader.depth() == queue_depth(lean, url) and reader.depth().ready == 0
 
 
-def test_send_trims_messages_past_the_retention(rclient: redis.Redis):
+def test_send_trims_messages_past_the_retention(rclient: redis.Redis, lean: RespClient):
     kept, trimmed = new_url(), new_url()
     for i in range(1000):
-        RedisStreamRequestQueue(rclient).send(kept, f"m{i}")
-        RedisStreamRequestQueue(rclient, retention_s=0).send(trimmed, f"m{i}")
+        RedisStreamRequestQueue(lean).send(kept, f"m{i}")
+        RedisStreamRequestQueue(lean, retention_s=0).send(trimmed, f"m{i}")
     assert rclient.xlen(stream_keys(kept).stream) == 1000
     assert rclient.xlen(stream_keys(trimmed).stream) < 1000  # whole stream nodes at a time (approximate)
 
 
-def test_reclaim_and_dead_letter_steps_are_atomic_under_concurrent_receivers(rclient: redis.Redis):
+def test_reclaim_and_dead_letter_steps_are_atomic_under_concurrent_receivers(rclient: redis.Redis, lean: RespClient):
     url, n, vis = new_url(), 40, 0.2
-    queue = RedisStreamRequestQueue(rclient)
+    queue = RedisStreamRequestQueue(lean)
     for i in range(n):
         queue.send(url, f"m{i}")
 
     def reader() -> RedisStreamQueueReader:
-        return RedisStreamQueueReader(rclient, url, visibility_timeout_s=vis, max_receive_count=2)
+        return RedisStreamQueueReader(lean, url, visibility_timeout_s=vis, max_receive_count=2)
 
     first = receive_n(reader(), n)
     ids = sorted(m.message_id for m in first)
@@ -350,10 +361,10 @@ def test_reclaim_and_dead_letter_steps_are_atomic_under_concurrent_receivers(rcl
     assert not rclient.exists(keys.delayed)
 
 
-def test_a_long_poll_ends_when_a_pending_message_is_visible_again(rclient: redis.Redis):
+def test_a_long_poll_ends_when_a_pending_message_is_visible_again(rclient: redis.Redis, lean: RespClient):
     url = new_url()
-    RedisStreamRequestQueue(rclient).send(url, "m")
-    reader = RedisStreamQueueReader(rclient, url, visibility_timeout_s=0.5)
+    RedisStreamRequestQueue(lean).send(url, "m")
+    reader = RedisStreamQueueReader(lean, url, visibility_timeout_s=0.5)
     assert len(reader.receive(10, 0)) == 1
     started = time.monotonic()
     (again,) = reader.receive(10, 10)  # visibility timeout over during the poll
@@ -364,17 +375,17 @@ def test_a_long_poll_ends_when_a_pending_message_is_visible_again(rclient: redis
     assert third.receive_count == 3 and 0.9 <= time.monotonic() - started < 8
 
 
-def test_a_fractional_wait_is_honoured(rclient: redis.Redis):
-    reader = RedisStreamQueueReader(rclient, new_url())
+def test_a_fractional_wait_is_honoured(rclient: redis.Redis, lean: RespClient):
+    reader = RedisStreamQueueReader(lean, new_url())
     started = time.monotonic()
     assert reader.receive(10, 0.3) == []
     assert 0.25 <= time.monotonic() - started < 5
 
 
-def test_a_stale_release_leaves_the_current_holder_its_message(rclient: redis.Redis):
+def test_a_stale_release_leaves_the_current_holder_its_message(rclient: redis.Redis, lean: RespClient):
     url, vis = new_url(), 0.3
-    RedisStreamRequestQueue(rclient).send(url, "m")
-    slow, other, third = (RedisStreamQueueReader(rclient, url, visibility_timeout_s=vis) for _ in range(3))
+    RedisStreamRequestQueue(lean).send(url, "m")
+    slow, other, third = (RedisStreamQueueReader(lean, url, visibility_timeout_s=vis) for _ in range(3))
     (m1,) = slow.receive(10, 0)
     (m2,) = receive_within(other, vis + 3)  # slow missed its visibility timeout: other holds the message
     slow.release(m1.receipt_handle, 0)
@@ -384,13 +395,13 @@ def test_a_stale_release_leaves_the_current_holder_its_message(rclient: redis.Re
     assert m3.receive_count == 3
 
 
-def test_depth_shows_ready_in_flight_delayed_and_dead_lettered(rclient: redis.Redis):
+def test_depth_shows_ready_in_flight_delayed_and_dead_lettered(rclient: redis.Redis, lean: RespClient):
     url = new_url()
-    queue = RedisStreamRequestQueue(rclient)
-    reader = RedisStreamQueueReader(rclient, url, visibility_timeout_s=30, max_receive_count=1)
+    queue = RedisStreamRequestQueue(lean)
+    reader = RedisStreamQueueReader(lean, url, visibility_timeout_s=30, max_receive_count=1)
     for i in range(5):
         queue.send(url, f"m{i}")
-    assert reader.depth() == (d := queue_depth(rclient, url, 30)) and (d.ready, d.in_flight) == (5, 0)
+    assert reader.depth() == (d := queue_depth(lean, url, 30)) and (d.ready, d.in_flight) == (5, 0)
     got = reader.receive(3, 0)
     assert astuple(reader.depth()) == (2, 3, 0, 0)
     reader.release(got[0].receipt_handle, 60)
@@ -401,9 +412,9 @@ def test_depth_shows_ready_in_flight_delayed_and_dead_lettered(rclient: redis.Re
     assert astuple(reader.depth()) == (0, 3, 1, 1)
 
 
-def test_a_queue_whose_group_was_lost_is_read_again(rclient: redis.Redis):
+def test_a_queue_whose_group_was_lost_is_read_again(rclient: redis.Redis, lean: RespClient):
     url = new_url()
-    reader = RedisStreamQueueReader(rclient, url)
+    reader = RedisStreamQueueReader(lean, url)
     keys = stream_keys(url)
     assert reader.receive(10, 0) == []  # creates the group
     destroyer = threading.Timer(0.3, rclient.xgroup_destroy, args=(keys.stream, "batchers"))
@@ -412,5 +423,14 @@ def test_a_queue_whose_group_was_lost_is_read_again(rclient: redis.Redis):
     assert reader.receive(10, 10) == []  # the blocked read fails with the group: the poll ends, no error
     destroyer.join()
     assert time.monotonic() - started < 8
-    RedisStreamRequestQueue(rclient).send(url, "m")
+    RedisStreamRequestQueue(lean).send(url, "m")
     assert [m.body for m in reader.receive(10, 1)] == ["m"]  # the group is created again, from the start
+
+
+def test_an_ensembles_messages_go_in_one_call(make_transport: MakeTransport):
+    first, second = make_transport(), make_transport()
+    queue = first.queue
+    assert queue.send_many([(first.url, "a"), (second.url, "b"), (first.url, "c")]) == [None, None, None]
+    got_first = receive_n(first.new_reader(), 2)
+    got_second = receive_n(second.new_reader(), 1)
+    assert sorted(m.body for m in got_first) == ["a", "c"] and [m.body for m in got_second] == ["b"]

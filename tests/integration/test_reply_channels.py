@@ -9,6 +9,7 @@ import redis
 
 from clipper.adapters.dynamodb_replies import DynamoDBReplyChannel
 from clipper.adapters.redis_replies import RedisReplyChannel, inbox_of
+from clipper.adapters.resp import RespClient
 from clipper.core.messages import Reply
 from clipper.errors import Unavailable
 from tests.services import redis_url  # noqa: F401  (fixture)
@@ -21,7 +22,7 @@ def channel(request):
     if request.param == "redis":
         client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
         client.flushdb()
-        channel = RedisReplyChannel(client, ttl_s=60)
+        channel = RedisReplyChannel(RespClient.from_url(request.getfixturevalue("redis_url")), ttl_s=60)
         yield channel
         channel.close()
         return
@@ -133,7 +134,7 @@ def test_an_unanswered_wait_ends_within_a_few_ms_of_its_timeout(channel, slo_ms)
 
 def test_redis_a_late_reply_is_dropped_by_the_listener(redis_url):  # noqa: F811
     client = redis.Redis.from_url(redis_url)
-    channel = RedisReplyChannel(client, ttl_s=60)
+    channel = RedisReplyChannel(RespClient.from_url(redis_url), ttl_s=60)
     try:
         q = channel.new_address()
         channel.expect(q)
@@ -149,7 +150,7 @@ def test_redis_a_late_reply_is_dropped_by_the_listener(redis_url):  # noqa: F811
 
 
 def test_redis_reset_gives_a_new_inbox(redis_url):  # noqa: F811
-    channel = RedisReplyChannel(redis.Redis.from_url(redis_url), ttl_s=60)
+    channel = RedisReplyChannel(RespClient.from_url(redis_url), ttl_s=60)
     try:
         before = inbox_of(channel.new_address())
         channel.reset()
@@ -179,11 +180,8 @@ def test_dynamodb_expired_replies_are_never_delivered(aws):
     assert channel.wait(q, ["mlp"], timeout_s=0.05) == []
 
 
-def _dead_client() -> redis.Redis:
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    return redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+def _dead_client() -> RespClient:
+    return RespClient("127.0.0.1", 1, connect_timeout=0.2)
 
 
 def test_redis_down_is_unavailable():
@@ -201,7 +199,7 @@ def test_redis_down_is_unavailable():
 
 def test_redis_batch_publication_answers_each_query_once(redis_url):  # noqa: F811
     client = redis.Redis.from_url(redis_url)
-    channel = RedisReplyChannel(client, ttl_s=60)
+    channel = RedisReplyChannel(RespClient.from_url(redis_url), ttl_s=60)
     try:
         b1, b2, b3 = (channel.new_address() for _ in range(3))
         for q in (b1, b2, b3):

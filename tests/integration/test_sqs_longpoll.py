@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-import redis
 
 from clipper.adapters.redis_streams import RedisStreamQueueReader, RedisStreamRequestQueue
+from clipper.adapters.resp import RespClient
 from clipper.adapters.s3_claims import S3ClaimStore
 from clipper.adapters.sqs import SqsQueueReader, SqsRequestQueue
 from clipper.batching.controller import AimdController, FixedController
@@ -61,7 +61,7 @@ def queues(request, aws) -> Iterator[Queues]:
             lambda: depth(aws, aws.dlq_url),
         )
         return
-    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    client = RespClient.from_url(request.getfixturevalue("redis_url"))
     prefix = f"test-{uuid.uuid4().hex[:8]}"  # the same queue URL in every test: keys of their own
     # the SQS queue's attributes (tests/integration/conftest.py): visibility timeout 30 s, maxReceiveCount 3
     reader = RedisStreamQueueReader(client, aws.queue_url, visibility_timeout_s=30, max_receive_count=3, prefix=prefix)

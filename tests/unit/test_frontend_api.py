@@ -121,3 +121,52 @@ def test_a_hung_dependency_gets_the_default_at_the_deadline_naming_the_stage():
     assert [p["default"] for p in preds] == [True, True] and [p["output"] for p in preds] == [-1, -1]
     assert "still sending to model mlp:1 (request queue)" in preds[0]["default_explanation"]
     assert elapsed < 2.0  # answered by the watchdog, not after the 10 s hang
+
+
+def _processor(inline: bool, policy: str = "single"):
+    from clipper.adapters.clock import SystemClock
+    from clipper.batching.core import Batcher
+    from clipper.core.registry_cache import CachedRegistry
+    from clipper.frontend.query import QueryProcessor
+    from clipper.frontend.selection import Selector
+    from tests.fakes import (
+        FakeEndpoint,
+        FakeResolver,
+        InMemoryRegistry,
+        InMemoryReplies,
+        InMemorySelectionStore,
+        digits_app,
+        model_version,
+    )
+    from tests.unit.test_query_processor import InlineQueue
+
+    registry = InMemoryRegistry()
+    registry.apps["digits"] = digits_app(latency_slo_micros=1_000_000, policy=policy)
+    registry.links["digits"] = ["mlp"]
+    registry.versions[("mlp", "1")] = model_version()
+    registry.active["mlp"] = "1"
+    clock, replies = SystemClock(), InMemoryReplies()
+    queue = InlineQueue(batcher=Batcher(FakeResolver(FakeEndpoint()), replies, clock))
+    cached = CachedRegistry(registry, clock, ttl_s=60)
+    selector = Selector(cached, InMemorySelectionStore(), clock, __import__("random").Random(1), ttl_s=60)
+    return QueryProcessor(cached, queue, replies, clock, lambda: 1 << 16, selector=selector, inline=inline)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_query_runs_on_the_event_loop_only_when_its_dependencies_allow(inline):
+    client = TestClient(create_app(_processor(inline), max_body_bytes=64 * 1024))
+    client.post("/digits/predict", json={"input": one_hot(1)})  # the registry copy now knows the app
+    r = client.post("/digits/predict?debug=1", json={"input": one_hot(5)})
+    assert r.json()["output"] == 5 and r.json()["default"] is False
+    # a worker thread's query reports how long it waited for its thread; one on the loop has no such stage
+    assert ("worker" in r.json()["debug"]["timings_ms"]) is not inline
+
+
+def test_a_bandit_state_still_to_read_sends_the_query_to_a_worker_thread():
+    processor = _processor(True, policy="exp3")
+    client = TestClient(create_app(processor, max_body_bytes=64 * 1024))
+    client.post("/digits/predict", json={"input": one_hot(1)})
+    r = client.post("/digits/predict?debug=1", json={"input": one_hot(5), "uid": "new-user"})
+    assert "worker" in r.json()["debug"]["timings_ms"]  # the user's state was not in memory: read off the loop
+    r = client.post("/digits/predict?debug=1", json={"input": one_hot(6), "uid": "new-user"})
+    assert "worker" not in r.json()["debug"]["timings_ms"]  # now it is

@@ -178,7 +178,7 @@ def test_each_model_of_an_ensemble_keeps_its_own_timings_and_the_batch_wait_is_a
         send_s={"good": 0.004, "slow": 0.006},
         reported={
             # queue_ms runs from the message's sent_ms (stamped before the send) to the batch's start
-            "good": {"queue_ms": 10.0, "batch_wait_ms": 3.0, "inference_ms": 2.0, "batch_size": 5.0},
+            "good": {"queue_ms": 13.0, "batch_wait_ms": 3.0, "inference_ms": 2.0, "batch_size": 5.0},
             "slow": {"queue_ms": 20.0, "inference_ms": 7.0, "batch_size": 1.0},
         },
     )
@@ -186,12 +186,13 @@ def test_each_model_of_an_ensemble_keeps_its_own_timings_and_the_batch_wait_is_a
     result = processor.predict("ens", {"input": one_hot(1)})
     assert sorted(result.models) == ["good", "slow"] and result.model_errors == []
     good, slow = result.model_timings_ms["good"], result.model_timings_ms["slow"]
-    # good: sent 4 ms, then 6 ms of slow's send and 50 ms of waiting until the frontend holds both replies
+    # the fan-out is one send of both messages (4 + 6 ms here), then 50 ms of waiting until the frontend holds
+    # both replies; each model's queue time runs from the end of that send
     assert good == pytest.approx(
-        {"send": 4.0, "queue": 3.0, "batch_wait": 3.0, "inference": 2.0, "batch_size": 5.0, "reply": 48.0}, abs=1e-3
+        {"send": 10.0, "queue": 0.0, "batch_wait": 3.0, "inference": 2.0, "batch_size": 5.0, "reply": 45.0}, abs=1e-3
     )
     assert slow == pytest.approx(
-        {"send": 6.0, "queue": 14.0, "inference": 7.0, "batch_size": 1.0, "reply": 29.0}, abs=1e-3
+        {"send": 10.0, "queue": 10.0, "inference": 7.0, "batch_size": 1.0, "reply": 33.0}, abs=1e-3
     )
     assert result.timings_ms["enqueue"] == pytest.approx(10.0) and result.timings_ms["wait"] == pytest.approx(50.0)
     debug = result.as_dict(debug=True)["debug"]

@@ -22,10 +22,19 @@ class DynamoDBPredictionCache:
         self._table = table
         self._ttl = ttl_s
 
-    def get_many(self, keys: list[str]) -> dict[str, Any]:
+    def get_many(self, keys: list[str], timeout: float | None = None) -> dict[str, Any]:
         return self.poll(keys)[0]
 
-    def poll(self, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    def lookup(
+        self, keys: list[str], claim_ttl_s: float, timeout: float | None = None
+    ) -> tuple[dict[str, Any], set[str]]:
+        """A BatchGetItem, then one transaction of claims for the misses (two calls: DynamoDB has no read-then-
+        conditional-write in one). ``timeout`` is the client's own (its read timeout and retries)."""
+        hits = self.get_many(keys)
+        misses = [k for k in dict.fromkeys(keys) if k not in hits]
+        return hits, self.claim(misses, claim_ttl_s) if misses else set()
+
+    def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         out: dict[str, Any] = {}
         failed: dict[str, str] = {}
         now = time.time()
@@ -45,7 +54,7 @@ class DynamoDBPredictionCache:
                 request = resp.get("UnprocessedKeys") or {}
         return out, failed
 
-    def fail_many(self, failures: dict[str, str], ttl_s: float) -> None:
+    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None) -> None:
         """Each failed claim keeps its cause until ``ttl_s`` from now (an entry already filled is kept); up to 100
         a transaction."""
         now = time.time()
@@ -69,7 +78,7 @@ class DynamoDBPredictionCache:
         ]
         conditional_writes(self._client, updates, lambda a: a[1]["Key"]["key"]["S"], "dynamodb(cache claims)")
 
-    def put_many(self, entries: dict[str, Any]) -> None:
+    def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None:
         expires = str(int(time.time()) + self._ttl)
         items = [
             {"PutRequest": {"Item": {"key": {"S": k}, "output": {"S": json.dumps(v)}, "expires_at": {"N": expires}}}}
@@ -82,7 +91,7 @@ class DynamoDBPredictionCache:
                     resp = self._client.batch_write_item(RequestItems=request)
                 request = resp.get("UnprocessedItems") or {}
 
-    def claim(self, keys: list[str], ttl_s: float) -> set[str]:
+    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
         """Conditional puts of up to 100 claims a transaction (``dynamodb_batch``): one call when no key is
         claimed already, two when some are."""
         now = time.time()

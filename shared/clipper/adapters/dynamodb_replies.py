@@ -96,6 +96,12 @@ class DynamoDBReplyChannel:
     def expect(self, reply_to: str) -> None:
         """Nothing to prepare: the replies wait in the table."""
 
+    async def wait_async(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
+        """``wait`` on a worker thread (each poll is a blocking DynamoDB read)."""
+        import asyncio
+
+        return await asyncio.to_thread(self.wait, reply_to, models, timeout_s)
+
     def wait(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
         end = time.monotonic() + timeout_s
         wanted = set(models)

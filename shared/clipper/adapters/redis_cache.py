@@ -1,90 +1,114 @@
-"""The prediction cache in Redis (ElastiCache): bounded memory, evicted by the server's LRU policy
-(``maxmemory-policy allkeys-lru``, which approximates Clipper's CLOCK cache), entries with a TTL.
+"""The prediction cache in Redis (ElastiCache): bounded memory, evicted by the server's LRU policy (every key
+has a TTL, so ``volatile-lru`` or ``allkeys-lru`` both approximate Clipper's CLOCK cache).
 
-Every command names one key: ElastiCache Serverless runs in cluster mode, where a multi-key command
-(``MGET``) over keys in different hash slots fails with CROSSSLOT, so lookups are pipelined ``GET``s."""
+An entry ``clipper:cache:{<key>}`` holds a model's output as JSON; its claim ``clipper:inflight:{<key>}``
+marks it as being computed by one query (single flight), and holds ``!<cause>`` for a moment when that query
+got no output. Both carry the key as their hash tag, so ``lookup`` (a cached output, else the claim, in one
+script) runs in cluster mode too (ElastiCache Serverless); every other command names one key, as cluster mode
+requires (``MGET`` over keys in different slots fails with CROSSSLOT), pipelined in one round trip.
+
+Calls go through the lean client (``clipper.adapters.resp``); a query's calls are bounded by its remaining
+time (``timeout``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-import redis
-
+from clipper.adapters.resp import RespClient, RespError
 from clipper.errors import Unavailable
+
+# KEYS: entry, claim; ARGV: claim ttl ms. {1, output}: a hit; {0, 1}: claimed by this caller; {0, 0}: another
+# query computes it.
+_LOOKUP = """
+local v = redis.call('GET', KEYS[1])
+if v then return {1, v} end
+if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then return {0, 1} end
+return {0, 0}
+"""
+
+
+def _checked(replies: Sequence[Any]) -> Sequence[Any]:
+    for r in replies:
+        if isinstance(r, RespError):
+            raise Unavailable(f"redis cache: {r}")
+    return replies
 
 
 class RedisPredictionCache:
-    def __init__(self, client: Any, ttl_s: int = 3600, prefix: str = "clipper") -> None:
+    def __init__(self, client: RespClient, ttl_s: int = 3600, prefix: str = "clipper") -> None:
         self._client = client
         self._ttl = ttl_s
         self._prefix = prefix
+        self._lookup = client.script(_LOOKUP)
 
     def _key(self, key: str) -> str:
-        return f"{self._prefix}:cache:{key}"
+        return f"{self._prefix}:cache:{{{key}}}"
 
     def _claim_key(self, key: str) -> str:
-        return f"{self._prefix}:inflight:{key}"
+        return f"{self._prefix}:inflight:{{{key}}}"
 
-    def get_many(self, keys: list[str]) -> dict[str, Any]:
+    def get_many(self, keys: list[str], timeout: float | None = None) -> dict[str, Any]:
         if not keys:
             return {}
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            for k in keys:
-                pipe.get(self._key(k))
-            values = pipe.execute()
-        except redis.RedisError as e:
-            raise Unavailable(f"redis cache: {type(e).__name__}") from e
+        values = _checked(self._client.execute([("GET", self._key(k)) for k in keys], timeout))
         return {k: json.loads(v) for k, v in zip(keys, values, strict=True) if v is not None}
 
-    def put_many(self, entries: dict[str, Any]) -> None:
+    def lookup(
+        self, keys: list[str], claim_ttl_s: float, timeout: float | None = None
+    ) -> tuple[dict[str, Any], set[str]]:
+        """The cached outputs of ``keys``, and which of the others this caller now computes (their claims),
+        in one round trip."""
+        unique = list(dict.fromkeys(keys))
+        ttl_ms = max(1, int(claim_ttl_s * 1000))
+        commands = [self._lookup.command([self._key(k), self._claim_key(k)], [ttl_ms]) for k in unique]
+        hits: dict[str, Any] = {}
+        owned: set[str] = set()
+        for k, (hit, value) in zip(unique, _checked(self._client.execute(commands, timeout)), strict=True):
+            if hit:
+                hits[k] = json.loads(value)
+            elif value:
+                owned.add(k)
+        return hits, owned
+
+    def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None:
         if not entries:
             return
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            for k, v in entries.items():
-                pipe.set(self._key(k), json.dumps(v), ex=self._ttl)
-                pipe.delete(self._claim_key(k))
-            pipe.execute()
-        except redis.RedisError as e:
-            raise Unavailable(f"redis cache: {type(e).__name__}") from e
+        commands: list[tuple[Any, ...]] = []
+        for k, v in entries.items():
+            commands.append(("SET", self._key(k), json.dumps(v), "EX", self._ttl))
+            commands.append(("DEL", self._claim_key(k)))
+        _checked(self._client.execute(commands, timeout))
 
-    def claim(self, keys: list[str], ttl_s: float) -> set[str]:
+    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
         if not keys:
             return set()
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            for k in keys:
-                pipe.set(self._claim_key(k), "1", px=max(1, int(ttl_s * 1000)), nx=True)
-            results = pipe.execute()
-        except redis.RedisError as e:
-            raise Unavailable(f"redis cache: {type(e).__name__}") from e
+        ttl_ms = max(1, int(ttl_s * 1000))
+        results = _checked(
+            self._client.execute([("SET", self._claim_key(k), "1", "PX", ttl_ms, "NX") for k in keys], timeout)
+        )
         return {k for k, ok in zip(keys, results, strict=True) if ok}
 
-    def fail_many(self, failures: dict[str, str], ttl_s: float) -> None:
+    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None) -> None:
         """A failed claim holds ``!<cause>`` until it expires: waiting queries read the cause."""
         if not failures:
             return
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            for k, cause in failures.items():
-                pipe.set(self._claim_key(k), "!" + cause, px=max(1, int(ttl_s * 1000)))
-            pipe.execute()
-        except redis.RedisError as e:
-            raise Unavailable(f"redis cache: {type(e).__name__}") from e
+        ttl_ms = max(1, int(ttl_s * 1000))
+        _checked(
+            self._client.execute(
+                [("SET", self._claim_key(k), "!" + cause, "PX", ttl_ms) for k, cause in failures.items()], timeout
+            )
+        )
 
-    def poll(self, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         if not keys:
             return {}, {}
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            for k in keys:
-                pipe.get(self._key(k))
-                pipe.get(self._claim_key(k))
-            values = pipe.execute()
-        except redis.RedisError as e:
-            raise Unavailable(f"redis cache: {type(e).__name__}") from e
+        commands: list[tuple[Any, ...]] = []
+        for k in keys:
+            commands.append(("GET", self._key(k)))
+            commands.append(("GET", self._claim_key(k)))
+        values = _checked(self._client.execute(commands, timeout))
         hits: dict[str, Any] = {}
         failed: dict[str, str] = {}
         for i, k in enumerate(keys):

@@ -15,19 +15,22 @@ A successful answer claims a ``done`` key (SET NX) and pushes the reply in one a
 redelivered query is answered once and a claim never stands without its reply. Both keys carry the inbox as
 their hash tag, so the script runs in cluster mode too. ``publish_many`` runs the script for a whole batch in
 one pipeline.
+
+Queries wait either on a thread (``wait``) or on an event loop (``wait_async``: the listener hands the reply to
+the loop, so the frontend's route awaits its replies without holding a thread).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
-from typing import Any, Protocol
+from collections.abc import Collection, Sequence
+from typing import Any
 
-import redis
-
+from clipper.adapters.resp import RespClient, RespError
 from clipper.core.messages import Reply
 from clipper.errors import ClipperError, Unavailable
 
@@ -48,20 +51,6 @@ LISTEN_BLOCK_S = 1.0
 DRAIN_BATCH = 256
 
 
-class RedisLike(Protocol):
-    """The part of ``redis.Redis`` the channel uses."""
-
-    def pipeline(self, transaction: bool = True) -> Any: ...
-
-    def register_script(self, script: str) -> Any: ...
-
-    def exists(self, *names: str) -> Any: ...
-
-    def blpop(self, keys: list[str], timeout: float) -> Any: ...
-
-    def lpop(self, name: str, count: int | None = None) -> Any: ...
-
-
 def inbox_of(address: str) -> str:
     """The inbox part of a reply address (the whole address when it has none)."""
     return address.split(".", 1)[0]
@@ -70,13 +59,15 @@ def inbox_of(address: str) -> str:
 class _Waiter:
     """The replies of one query so far: at most one per model, a success winning over an error."""
 
-    __slots__ = ("_lock", "done", "models", "replies")
+    __slots__ = ("_lock", "done", "future", "loop", "models", "replies")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.done = threading.Event()
         self.models: frozenset[str] | None = None
         self.replies: dict[str, Reply] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.future: asyncio.Future[None] | None = None
 
     def add(self, reply: Reply) -> None:
         with self._lock:
@@ -91,25 +82,23 @@ class _Waiter:
             self._check()
 
     def _check(self) -> None:
-        if self.models is not None and self.models <= self.replies.keys():
+        if self.models is not None and self.models <= self.replies.keys() and not self.done.is_set():
             self.done.set()
+            if self.loop is not None and self.future is not None:
+                self.loop.call_soon_threadsafe(_resolve, self.future)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class RedisReplyChannel:
-    def __init__(
-        self,
-        client: RedisLike,
-        ttl_s: int = 300,
-        prefix: str = "clipper",
-        listener_client: Callable[[], RedisLike] | None = None,
-    ) -> None:
-        """``listener_client`` makes the client of the listener's blocking pops (its socket timeout must exceed
-        ``LISTEN_BLOCK_S``); by default ``client`` itself."""
+    def __init__(self, client: RespClient, ttl_s: int = 300, prefix: str = "clipper") -> None:
         self._client = client
         self._ttl = ttl_s
         self._prefix = prefix
-        self._publish = client.register_script(_PUBLISH)  # EVALSHA, loaded on first use
-        self._make_listener_client = listener_client or (lambda: client)
+        self._publish = client.script(_PUBLISH)
         self._lock = threading.Lock()
         self._inbox: str | None = None
         self._waiters: dict[str, _Waiter] = {}
@@ -126,44 +115,34 @@ class RedisReplyChannel:
         return f"{self._prefix}:done:{{{inbox_of(reply_to)}}}:{reply_to}:{model}"
 
     # -- the batcher's side --------------------------------------------------------------------------------------
-    def _run_publish(self, reply_to: str, reply: Reply, client: Any = None) -> Any:
+    def _publish_command(self, reply_to: str, reply: Reply) -> tuple[Any, ...]:
         keys = [self._done_key(reply_to, reply.model), self._inbox_key(inbox_of(reply_to))]
-        args = [f"{reply_to} {reply.to_json()}", self._ttl, "1" if reply.ok else "0"]
-        return self._publish(keys=keys, args=args, client=client)
+        return self._publish.command(keys, [f"{reply_to} {reply.to_json()}", self._ttl, "1" if reply.ok else "0"])
+
+    def _execute(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        replies = self._client.execute(commands)
+        for r in replies:
+            if isinstance(r, RespError):
+                raise Unavailable(f"redis: {r}")
+        return replies
 
     def publish(self, reply_to: str, reply: Reply) -> bool:
-        try:
-            return bool(self._run_publish(reply_to, reply))
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {type(e).__name__}") from e
+        return self.publish_many([(reply_to, reply)])[0]
 
     def publish_many(self, replies: Sequence[tuple[str, Reply]]) -> list[bool]:
         """Publish a batch of replies in one pipelined round trip (each claimed and pushed atomically). For
         each, False when it was a duplicate (dropped)."""
         if not replies:
             return []
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            for reply_to, reply in replies:
-                self._run_publish(reply_to, reply, client=pipe)
-            return [bool(n) for n in pipe.execute()]
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {type(e).__name__}") from e
+        return [bool(n) for n in self._execute([self._publish_command(q, r) for q, r in replies])]
 
     def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            for reply_to, model in keys:
-                pipe.exists(self._done_key(reply_to, model))
-            return [bool(n) for n in pipe.execute()] if keys else []
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {type(e).__name__}") from e
+        if not keys:
+            return []
+        return [bool(n) for n in self._execute([("EXISTS", self._done_key(q, m)) for q, m in keys])]
 
     def answered(self, reply_to: str, model: str) -> bool:
-        try:
-            return bool(self._client.exists(self._done_key(reply_to, model)))
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {type(e).__name__}") from e
+        return self.answered_many([(reply_to, model)])[0]
 
     # -- the frontend's side ----------------------------------------------------------------------------------
     def new_address(self) -> str:
@@ -187,6 +166,26 @@ class RedisReplyChannel:
         finally:
             with self._lock:
                 self._waiters.pop(reply_to, None)
+        return self._outcome(waiter, models)
+
+    async def wait_async(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
+        """``wait`` for a query on an event loop: no thread is held while it waits."""
+        self.expect(reply_to)
+        waiter = self._waiters[reply_to]
+        waiter.loop = asyncio.get_running_loop()
+        waiter.future = waiter.loop.create_future()
+        waiter.expect(models)  # resolves the future at once when every model replied already
+        try:
+            if not waiter.done.is_set():
+                await asyncio.wait_for(asyncio.shield(waiter.future), max(0.0, timeout_s))
+        except TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                self._waiters.pop(reply_to, None)
+        return self._outcome(waiter, models)
+
+    def _outcome(self, waiter: _Waiter, models: Collection[str]) -> list[Reply]:
         replies = list(waiter.replies.values())
         error = self._error
         if error is not None and len(replies) < len(models):
@@ -221,27 +220,34 @@ class RedisReplyChannel:
         thread.start()
 
     def _listen(self, key: str, generation: int) -> None:
-        client = self._make_listener_client()
         backoff = 0.01
         while self._generation == generation:
             try:
-                item = client.blpop([key], timeout=LISTEN_BLOCK_S)
-                items = [item[1]] if item is not None else []
-                if items:
-                    items.extend(client.lpop(key, DRAIN_BATCH) or [])
+                items = self._pop(key)
                 if self._error is not None:
                     logger.warning("reply listener reads its inbox again")
                 self._error = None
                 backoff = 0.01
-            except redis.RedisError as e:
+            except (Unavailable, RespError) as e:
                 if self._error is None:
-                    logger.warning("reply listener cannot read its inbox: redis: %s", type(e).__name__)
-                self._error = f"redis: {type(e).__name__}"
+                    logger.warning("reply listener cannot read its inbox: %s", e)
+                self._error = f"redis: {e}"
                 time.sleep(backoff)
                 backoff = min(1.0, backoff * 2)
                 continue
             for raw in items:
                 self._dispatch(raw)
+
+    def _pop(self, key: str) -> list[bytes]:
+        """The inbox's replies: block for the first (up to ``LISTEN_BLOCK_S``) and take what else is there, in
+        one round trip (the server runs the pipelined LPOP once the BLPOP returns)."""
+        first, rest = self._client.execute(
+            [("BLPOP", key, LISTEN_BLOCK_S), ("LPOP", key, DRAIN_BATCH)], timeout=LISTEN_BLOCK_S + 2
+        )
+        for reply in (first, rest):
+            if isinstance(reply, RespError):
+                raise reply
+        return [first[1], *(rest or [])] if first is not None else list(rest or [])
 
     def _dispatch(self, raw: bytes | str) -> None:
         text = raw.decode() if isinstance(raw, bytes) else raw

@@ -26,12 +26,12 @@ import re
 import secrets
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from clipper.adapters.redis_streams_lua import DEPTH, RECEIVE, RELEASE
+from clipper.adapters.resp import RespClient, RespError
 from clipper.errors import NotFound, Unavailable
 from clipper.ports import ReceivedMessage
 
@@ -94,28 +94,38 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _unavailable(e: redis.RedisError) -> Unavailable:
-    return Unavailable(f"redis queue: {type(e).__name__}")
+def _one(client: RespClient, command: tuple[Any, ...], timeout: float | None = None) -> Any:
+    (reply,) = client.execute([command], timeout)
+    if isinstance(reply, RespError):
+        raise Unavailable(f"redis queue: {reply}")
+    return reply
 
 
 class RedisStreamRequestQueue:
     """The frontend's side: one ``XADD`` per message."""
 
-    def __init__(self, client: Any, prefix: str = "clipper", retention_s: float | None = RETENTION_S) -> None:
+    def __init__(self, client: RespClient, prefix: str = "clipper", retention_s: float | None = RETENTION_S) -> None:
         self._client = client
         self._prefix = prefix
         self._retention_ms = None if retention_s is None else int(retention_s * 1000)
         self._keys: dict[str, str] = {}
 
-    def send(self, queue_url: str, body: str) -> None:
+    def _xadd(self, queue_url: str, body: str) -> tuple[Any, ...]:
         key = self._keys.get(queue_url)
         if key is None:
             key = self._keys[queue_url] = stream_keys(queue_url, self._prefix).stream
-        minid = None if self._retention_ms is None else int(time.time() * 1000) - self._retention_ms
-        try:
-            self._client.xadd(key, {"body": body}, minid=minid, approximate=True)
-        except redis.RedisError as e:
-            raise _unavailable(e) from e
+        if self._retention_ms is None:
+            return ("XADD", key, "*", "body", body)
+        minid = int(time.time() * 1000) - self._retention_ms
+        return ("XADD", key, "MINID", "~", minid, "*", "body", body)
+
+    def send(self, queue_url: str, body: str, timeout: float | None = None) -> None:
+        _one(self._client, self._xadd(queue_url, body), timeout)
+
+    def send_many(self, messages: Sequence[tuple[str, str]], timeout: float | None = None) -> list[Exception | None]:
+        """Every message in one pipeline (an ensemble's fan-out is one round trip)."""
+        replies = self._client.execute([self._xadd(url, body) for url, body in messages], timeout)
+        return [Unavailable(f"redis queue: {r}") if isinstance(r, RespError) else None for r in replies]
 
 
 class RedisStreamQueueReader:
@@ -128,7 +138,7 @@ class RedisStreamQueueReader:
 
     def __init__(
         self,
-        client: Any,
+        client: RespClient,
         queue_url: str,
         visibility_timeout_s: float = VISIBILITY_TIMEOUT_S,
         max_receive_count: int = MAX_RECEIVE_COUNT,
@@ -145,37 +155,41 @@ class RedisStreamQueueReader:
         self._max_receive = max_receive_count
         self._dead_letter_max_len = dead_letter_max_len
         self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._receive = client.register_script(RECEIVE)  # EVALSHA, loaded on first use
-        self._release = client.register_script(RELEASE)
-        self._depth = client.register_script(DEPTH)
+        self._receive = client.script(RECEIVE)
+        self._release = client.script(RELEASE)
+        self._depth = client.script(DEPTH)
 
     def receive(self, max_messages: int, wait_s: float) -> list[ReceivedMessage]:
         """Up to ``max_messages`` messages; when none is ready, waits up to ``wait_s`` (at most 20 s) and
         returns as soon as one is."""
         count = max(1, max_messages)
         deadline = time.monotonic() + max(0.0, min(MAX_WAIT_S, wait_s))
-        try:
-            while True:
-                remaining_ms = int((deadline - time.monotonic()) * 1000)
-                got = self._receive_ready(count, hint=remaining_ms > 0)
-                if isinstance(got, list):
-                    return got
-                if remaining_ms <= 0:
-                    return []
-                block_ms = remaining_ms if got < 0 else max(1, min(remaining_ms, got))
-                new = self._read_new(count, block_ms)
-                if new is None:
-                    return []  # the group is gone (Redis lost it): the next receive's script recreates it
-                if new:
-                    return new
-        except redis.RedisError as e:
-            raise _unavailable(e) from e
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            got = self._receive_ready(count, hint=remaining_ms > 0)
+            if isinstance(got, list):
+                return got
+            if remaining_ms <= 0:
+                return []
+            block_ms = remaining_ms if got < 0 else max(1, min(remaining_ms, got))
+            new = self._read_new(count, block_ms)
+            if new is None:
+                return []  # the group is gone (Redis lost it): the next receive's script recreates it
+            if new:
+                return new
 
     def _receive_ready(self, count: int, hint: bool) -> list[ReceivedMessage] | int:
         """The messages ready now (one script call), or when there are none, the ms until a pending one can be
         visible again (-1: none pending; 0 when no hint was asked for)."""
-        args = [GROUP, self.consumer, count, self._visibility_ms, self._max_receive, self._dead_letter_max_len]
-        out = self._receive(keys=self.keys.all, args=[*args, "1" if hint else "0"])
+        args: list[str | int] = [
+            GROUP,
+            self.consumer,
+            count,
+            self._visibility_ms,
+            self._max_receive,
+            self._dead_letter_max_len,
+        ]
+        out = _one(self._client, self._receive.command(self.keys.all, [*args, "1" if hint else "0"]))
         if len(out) == 2:
             return int(out[0])
         received_ms = time.time() * 1000
@@ -188,19 +202,19 @@ class RedisStreamQueueReader:
     def _read_new(self, count: int, block_ms: int) -> list[ReceivedMessage] | None:
         """New messages within ``block_ms``; None when the server refuses the read (its group was destroyed,
         or Redis restarted without it)."""
-        try:
-            resp = self._client.xreadgroup(GROUP, self.consumer, {self.keys.stream: ">"}, count=count, block=block_ms)
-        except redis.ResponseError:
+        command = ("XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count, "BLOCK", block_ms)
+        (resp,) = self._client.execute([(*command, "STREAMS", self.keys.stream, ">")], block_ms / 1000 + 2.0)
+        if isinstance(resp, RespError):
             return None
         received_ms = time.time() * 1000
-        # RESP2: [[key, entries]]; RESP3: {key: [entries]}
-        batches = [e for v in resp.values() for e in v] if isinstance(resp, dict) else [i[1] for i in resp or []]
         out: list[ReceivedMessage] = []
-        for entries in batches:
+        for _key, entries in resp or []:  # [[key, [[id, [field, value, ...]], ...]]]
             for entry_id, fields in entries:
                 mid = _text(entry_id)
-                body = fields.get(b"body", fields.get("body", b""))
-                out.append(ReceivedMessage(mid, receipt_handle(mid, 1), _text(body), 1, received_ms))
+                values = dict(zip(fields[::2], fields[1::2], strict=True)) if fields else {}
+                out.append(
+                    ReceivedMessage(mid, receipt_handle(mid, 1), _text(values.get(b"body", b"")), 1, received_ms)
+                )
         return out
 
     def delete(self, receipt_handles: list[str]) -> None:
@@ -209,35 +223,38 @@ class RedisStreamQueueReader:
         if not receipt_handles:
             return
         ids = [parse_receipt_handle(h)[0] for h in receipt_handles]
-        try:
-            pipe = self._client.pipeline(transaction=True)
-            pipe.xack(self.keys.stream, GROUP, *ids)
-            pipe.xdel(self.keys.stream, *ids)
-            pipe.zrem(self.keys.delayed, *ids)
-            pipe.execute()
-        except redis.RedisError as e:
-            raise _unavailable(e) from e
+        replies = self._client.execute(
+            [
+                ("MULTI",),
+                ("XACK", self.keys.stream, GROUP, *ids),
+                ("XDEL", self.keys.stream, *ids),
+                ("ZREM", self.keys.delayed, *ids),
+                ("EXEC",),
+            ]
+        )
+        for reply in replies:
+            if isinstance(reply, RespError):
+                raise Unavailable(f"redis queue: {reply}")
 
     def release(self, receipt_handle: str, delay_s: int) -> None:
         """Make a received message visible again after ``delay_s`` seconds (0: at once), its delivery count
         kept. A stale handle (the message was deleted, or delivered again since) changes nothing."""
         entry_id, count = parse_receipt_handle(receipt_handle)
-        try:
-            self._release(keys=self.keys.all[:2], args=[GROUP, entry_id, count, max(0, int(delay_s * 1000))])
-        except redis.RedisError as e:
-            raise _unavailable(e) from e
+        _one(
+            self._client,
+            self._release.command(self.keys.all[:2], [GROUP, entry_id, count, max(0, int(delay_s * 1000))]),
+        )
 
     def depth(self) -> QueueDepth:
         """The queue's depth as an operator sees it (see ``queue_depth``)."""
-        try:
-            ready, in_flight, delayed, dead = self._depth(keys=self.keys.all, args=[GROUP, self._visibility_ms])
-        except redis.RedisError as e:
-            raise _unavailable(e) from e
+        ready, in_flight, delayed, dead = _one(
+            self._client, self._depth.command(self.keys.all, [GROUP, self._visibility_ms])
+        )
         return QueueDepth(int(ready), int(in_flight), int(delayed), int(dead))
 
 
 def queue_depth(
-    client: Any, queue_url: str, visibility_timeout_s: float = VISIBILITY_TIMEOUT_S, prefix: str = "clipper"
+    client: RespClient, queue_url: str, visibility_timeout_s: float = VISIBILITY_TIMEOUT_S, prefix: str = "clipper"
 ) -> QueueDepth:
     """How many messages of a queue are ready, in flight, delayed and dead-lettered (one atomic script; the
     visibility timeout is the readers')."""

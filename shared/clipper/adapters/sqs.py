@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from clipper.adapters.aws_errors import aws_call
+from clipper.errors import ClipperError
 from clipper.ports import ReceivedMessage
 
 if TYPE_CHECKING:
@@ -15,12 +17,32 @@ else:
 
 
 class SqsRequestQueue:
+    """Sends with the client's own timeouts (``timeout`` is not passed on: botocore has no per-call timeout; the
+    frontend's watchdog bounds the answer). An ensemble's messages go to their queues concurrently."""
+
     def __init__(self, client: SQSClient) -> None:
         self._client = client
+        self._pool: Any = None
 
-    def send(self, queue_url: str, body: str) -> None:
+    def send(self, queue_url: str, body: str, timeout: float | None = None) -> None:
         with aws_call("sqs.SendMessage"):
             self._client.send_message(QueueUrl=queue_url, MessageBody=body)
+
+    def send_many(self, messages: Sequence[tuple[str, str]], timeout: float | None = None) -> list[Exception | None]:
+        if len(messages) == 1:
+            return [self._try(*messages[0])]
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="clipper-sqs-send")
+        return list(self._pool.map(lambda m: self._try(*m), messages))
+
+    def _try(self, queue_url: str, body: str) -> Exception | None:
+        try:
+            self.send(queue_url, body)
+        except ClipperError as e:
+            return e
+        return None
 
 
 class SqsQueueReader:

@@ -4,10 +4,13 @@ Bodies are parsed here (orjson, once) rather than by FastAPI so that every rejec
 body (``{"error": ..., "cause": ...}``) with a cause naming the field; the OpenAPI document still describes
 the request and response shapes. Unknown routes and methods answer in the same shape.
 
-A query runs on a worker thread while the event loop watches its deadline: when the query is still held up by
-a dependency (a hung queue, cache or reply channel) ``WATCHDOG_GRACE_S`` after its deadline, the route answers
-the application's default output naming the stage it was in, so no dependency can hold an answer past the SLO
-(or, on Lambda, past the function's timeout into a 5xx).
+Where every dependency of the query path answers in well under a millisecond and takes a timeout per call (Redis
+through the lean client: the local stack), a query runs on the event loop: its calls are bounded by its remaining
+time and it waits for its replies without holding a thread (``QueryProcessor.predict_async``). Otherwise (SQS,
+DynamoDB, a bandit state or a claim check still to read) it runs on a worker thread while the event loop watches
+its deadline: when the query is still held up by a dependency ``WATCHDOG_GRACE_S`` after its deadline, the route
+answers the application's default output naming the stage it was in, so no dependency can hold an answer past
+the SLO (or, on Lambda, past the function's timeout into a 5xx).
 """
 
 from __future__ import annotations
@@ -167,8 +170,11 @@ def create_app(
         admitted = await answer(lambda: admit(app_name, body, ticket))
         if isinstance(admitted, Response):
             return admitted
-        future = workers.submit(processor.predict, app_name, body, ticket)
-        result = await answer(lambda: within_deadline(future, ticket))
+        if processor.can_inline(ticket):  # fast, bounded dependencies: on the loop, no thread held
+            result = await answer(lambda: processor.predict_async(app_name, body, ticket))
+        else:
+            future = workers.submit(processor.predict, app_name, body, ticket)
+            result = await answer(lambda: within_deadline(future, ticket))
         if isinstance(result, Response):
             return result
         if observe is not None:

@@ -5,32 +5,37 @@ It never raises for a model failure: a model that fails, is slow or cannot be re
 application's default output with an explanation. It raises ``NotFound`` for an unknown application and
 ``InvalidInput`` for bad input, before anything is sent to a model.
 
+A query runs in three steps: ``start`` (validate, select, the cache and the sends: ``clipper.frontend.fanout``),
+the wait for replies (on a thread: ``predict``; on an event loop: ``predict_async``, which holds no thread while
+it waits), and ``finish`` (combine, record).
+
 Every query is timed stage by stage (``QueryResult.timings_ms``: validate, select, cache, enqueue, wait,
-combine, record) and model by model (``QueryResult.model_timings_ms``: per model, ``send`` its SendMessage,
-``queue`` from the end of the send to the start of its batch less the batch wait, ``batch_wait`` when the
-batcher reports it, ``inference`` the endpoint call, ``batch_size``, and ``reply`` from the end of the
-inference to the frontend holding every reply: the reply's publication and pick-up, and for an ensemble the
-wait for the slower models' replies too).
+combine, record) and model by model (``QueryResult.model_timings_ms``: per model, ``send`` the send of the
+query's messages, ``queue`` from the end of the send to the start of its batch less the batch wait,
+``batch_wait`` when the batcher reports it, ``inference`` the endpoint call, ``batch_size``, and ``reply`` from
+the end of the inference to the frontend holding every reply: the reply's publication and pick-up, and for an
+ensemble the wait for the slower models' replies too).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import logging
 import random
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import orjson
 
-from clipper.core.cache_keys import record_keys, row_keys
+from clipper.core.cache_keys import record_keys
 from clipper.core.domain import Application, ModelVersion
-from clipper.core.messages import QueryMessage, encode_rows, output_value
-from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, Rows, validate_query
+from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, output_value
+from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, validate_query
 from clipper.errors import ClipperError, InvalidInput, Unavailable
+from clipper.frontend.fanout import ANSWER_MARGIN_S, FAILED_CLAIM_TTL_S, Fanout, Gatherer, split_model_time
 from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice, Selector
 from clipper.ports import ClaimStore, Clock, PredictionCache, Registry, ReplyChannel, RequestQueue
@@ -38,10 +43,7 @@ from clipper.selection import resolve
 
 logger = logging.getLogger(__name__)
 
-# Time kept back from the SLO for answering the client after the wait for replies ends.
-ANSWER_MARGIN_S = 0.002
-# How long a claim whose owner got no output holds its cause for the queries waiting on it.
-FAILED_CLAIM_TTL_S = 0.25
+__all__ = ["ANSWER_MARGIN_S", "FAILED_CLAIM_TTL_S", "QueryListener", "QueryProcessor", "default_value", "user_id"]
 
 
 class QueryListener(Protocol):
@@ -62,10 +64,15 @@ def user_id(body: Any) -> str | None:
     return str(uid)
 
 
-def _take(rows: Rows, index: list[int]) -> Rows:
-    if isinstance(rows, np.ndarray):
-        return rows[index]
-    return [rows[i] for i in index]  # type: ignore[return-value]
+@dataclass
+class Started:
+    """A query between ``start`` and ``finish``: its models are asked, its replies not yet in."""
+
+    ticket: QueryTicket
+    choice: Choice
+    fanout: Fanout
+    timings: dict[str, float]
+    wait_started: float = 0.0
 
 
 class QueryProcessor:
@@ -82,7 +89,11 @@ class QueryProcessor:
         cache_poll_s: float = 0.002,
         selector: Selector | None = None,
         listener: QueryListener | None = None,
+        inline: bool = False,
     ) -> None:
+        """``inline``: every dependency of the query path answers in well under a millisecond and bounds each
+        call by the timeout given (the lean Redis client), so a query may run on an event loop
+        (``predict_async``)."""
         self._registry = registry
         self._queue = queue
         self._replies = replies
@@ -94,6 +105,8 @@ class QueryProcessor:
         self._cache_poll = cache_poll_s
         self._selector = selector or Selector(registry, None, clock, random.Random(), 0.0)
         self._listener = listener
+        self._gatherer = Gatherer(queue, replies, clock, claims, cache, cache_poll_s)
+        self._inline = inline
 
     @property
     def registry(self) -> Registry:
@@ -137,43 +150,107 @@ class QueryProcessor:
         if self._listener is not None:
             self._listener.started(app.name, first_id)
 
+    def can_inline(self, ticket: QueryTicket) -> bool:
+        """Whether this admitted query may run on the event loop: the dependencies are fast and bounded, its
+        bandit state is in memory, and its input needs no claim check."""
+        if not self._inline or ticket.app is None or ticket.query is None:
+            return False
+        rows = ticket.query.rows
+        small = not hasattr(rows, "nbytes") or rows.nbytes < MAX_INLINE_PAYLOAD // 2
+        return small and self._selector.is_cached(ticket.app, ticket.user)
+
     def predict(self, app_name: str, body: Any, ticket: QueryTicket | None = None) -> QueryResult:
-        """Answer one request. ``ticket`` (the caller's) is filled in as the query goes, so a watchdog that
-        gives up on it at its deadline (``late``) can still answer with the default and say what held it up."""
-        ticket = ticket if ticket is not None else QueryTicket()
+        """Answer one request, waiting for the replies on this thread. ``ticket`` (the caller's) is filled in as
+        the query goes, so a watchdog that gives up on it at its deadline (``late``) can still answer with the
+        default and say what held it up."""
+        started = self.start(app_name, body, ticket if ticket is not None else QueryTicket())
+        if isinstance(started, QueryResult):
+            return started
+        fan = started.fanout
+        replies: list[Reply] | Unavailable = []
+        if fan.reply_to is not None:
+            try:
+                replies = self._replies.wait(fan.reply_to, list(fan.sent), self._gatherer.wait_timeout(fan))
+            except Unavailable as e:
+                replies = e
+        result = self.finish(started, replies, blocking=True)
+        assert result is not None
+        return result
+
+    async def predict_async(self, app_name: str, body: Any, ticket: QueryTicket) -> QueryResult:
+        """``predict`` for an event loop: ``start`` runs here (its calls are short and bounded by the query's
+        remaining time) and the wait for replies holds no thread. The caller runs it only when the processor's
+        dependencies answer in well under a millisecond (``inline``); rows that wait on other queries'
+        computations are awaited on a worker thread."""
+        started = self.start(app_name, body, ticket, on_worker=False)
+        if isinstance(started, QueryResult):
+            return started
+        fan = started.fanout
+        replies: list[Reply] | Unavailable = []
+        if fan.reply_to is not None:
+            try:
+                replies = await self._replies.wait_async(fan.reply_to, list(fan.sent), self._gatherer.wait_timeout(fan))
+            except Unavailable as e:
+                replies = e
+        result = self.finish(started, replies, blocking=False)
+        if result is None:  # followers: poll the cache on a worker thread
+            await asyncio.to_thread(self._gatherer.await_followers, started.ticket.app, fan)  # type: ignore[arg-type]
+            result = self.finish(started, None, blocking=False)
+        assert result is not None
+        return result
+
+    def start(self, app_name: str, body: Any, ticket: QueryTicket, on_worker: bool = True) -> Started | QueryResult:
+        """Validate (unless admitted), select the models, look up the cache, send the misses. A query that needs
+        no model (no model linked, bandit state unreadable) gets its answer here. ``on_worker``: this runs on a
+        worker thread (an admitted query reports how long it waited for it)."""
         taken = self._clock.now()
         timings: dict[str, float] = {}
         if ticket.query is None:
             self._begin(self._registry.get_app(app_name), body, ticket, taken)
-        else:  # admitted on the caller's thread: how long it waited for this worker thread
+        elif on_worker:  # admitted on the event loop: how long it waited for this thread
             timings["worker"] = (taken - ticket.started) * 1000 - ticket.validate_ms
         assert ticket.app is not None and ticket.query is not None and ticket.deadline is not None
         if ticket.abandoned:  # answered by the watchdog while it waited for a worker: nothing to do
             return self.late(ticket)
-        app, query, user, deadline, ids = ticket.app, ticket.query, ticket.user, ticket.deadline, ticket.ids
-        first_id = ids[0]
+        app, query, ids = ticket.app, ticket.query, ticket.ids
         timings["validate"] = ticket.validate_ms
         start = self._clock.now()
-
-        def fallback(why: str) -> QueryResult:
-            logger.info("default output", extra={"app": app.name, "query_id": first_id, "reason": why})
-            return QueryResult(
-                [Prediction(i, self.default_of(app), True, why) for i in ids], query.batch, timings_ms=timings
-            )
-
         try:
             ticket.stage = "reading the bandit state"
-            choice = self._selector.choose(app, user)
+            choice = self._selector.choose(app, ticket.user)
         except ClipperError as e:
-            return fallback(f"no model to serve the query: {e}")
+            return self._fallback(ticket, timings, f"no model to serve the query: {e}")
         if choice is None:
-            return fallback(f"no model is linked to application '{app.name}'")
+            return self._fallback(ticket, timings, f"no model is linked to application '{app.name}'")
         timings["select"] = (self._clock.now() - start) * 1000
         if self._listener is not None:
             self._listener.selected(app.name, choice.models)
-        answers = self._gather(app, choice.models, query, first_id, deadline, timings, ticket)
+        fan = self._gatherer.send(app, choice.models, query, ids[0], ticket.deadline, timings, ticket)
+        ticket.stage = "waiting for replies"
+        return Started(ticket, choice, fan, timings, self._clock.now())
+
+    def finish(
+        self, started: Started, replies: list[Reply] | Unavailable | None, blocking: bool = True
+    ) -> QueryResult | None:
+        """Take in the replies and answer. ``replies`` None: already taken in (a second call after
+        ``await_followers``). Without ``blocking``, returns None when rows wait on other queries' computations
+        (the caller awaits them with ``Gatherer.await_followers``, then calls again)."""
+        ticket, choice, fan, timings = started.ticket, started.choice, started.fanout, started.timings
+        app, query = ticket.app, ticket.query
+        assert app is not None and query is not None
+        if replies is not None:
+            now = self._clock.now()
+            timings["wait"] = (now - started.wait_started) * 1000
+            self._gatherer.absorb(app, fan, replies)
+            for a, _ in fan.sent.values():
+                split_model_time(a, now)
+            if fan.followers:
+                if not blocking:
+                    return None
+                self._gatherer.await_followers(app, fan)
+        answers = fan.answers
         t0 = self._clock.now()
-        preds = [self._combine(app, choice, answers, qid, row) for row, qid in enumerate(ids)]
+        preds = [self._combine(app, choice, answers, qid, row) for row, qid in enumerate(ticket.ids)]
         t1 = self._clock.now()
         timings["combine"] = (t1 - t0) * 1000
         defaults = [p for p in preds if p.default]
@@ -182,7 +259,7 @@ class QueryProcessor:
             logger.info("default output", extra={"app": app.name, "rows": len(defaults), "reason": why})
         if choice.selection.policy != "single":
             ticket.stage = "recording the query for feedback"
-            self._record(app, user, query, choice, answers)
+            self._record(app, ticket.user, query, choice, answers, ticket.deadline)
             timings["record"] = (self._clock.now() - t1) * 1000
         hits = sum(a.hits for a in answers)
         first = answers[0].model
@@ -198,6 +275,14 @@ class QueryProcessor:
             cache_by_model={a.model.name: (a.model.version, a.hits, query.count - a.hits) for a in answers},
             cache_hits=hits,
             cache_misses=query.count * len(answers) - hits,
+        )
+
+    def _fallback(self, ticket: QueryTicket, timings: dict[str, float], why: str) -> QueryResult:
+        assert ticket.app is not None and ticket.query is not None
+        logger.info("default output", extra={"app": ticket.app.name, "query_id": ticket.ids[0], "reason": why})
+        default = self.default_of(ticket.app)
+        return QueryResult(
+            [Prediction(i, default, True, why) for i in ticket.ids], ticket.query.batch, timings_ms=timings
         )
 
     def late(self, ticket: QueryTicket) -> QueryResult:
@@ -235,7 +320,13 @@ class QueryProcessor:
         return Prediction(qid, output_value(res.output), False, None, confidence, low, tuple(sorted(missing)))
 
     def _record(
-        self, app: Application, user: str | None, query: QueryInput, choice: Choice, answers: list[ModelAnswer]
+        self,
+        app: Application,
+        user: str | None,
+        query: QueryInput,
+        choice: Choice,
+        answers: list[ModelAnswer],
+        deadline: float | None,
     ) -> None:
         """Keep what each model answered, and the selection, so that feedback can update the bandit."""
         if self._cache is None:
@@ -245,215 +336,12 @@ class QueryProcessor:
             outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
             if outputs:
                 entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs}
+        # past the deadline the answer is ready: a short bound, not the query's remaining time
+        timeout = max(0.05, (deadline or 0.0) - self._clock.now())
         try:
-            self._cache.put_many(entries)
+            self._cache.put_many(entries, timeout=timeout)
         except Unavailable as e:
             logger.warning("query record not kept: %s", e)
-
-    # -- gathering outputs: cache, then the models ---------------------------------------------------
-    def _gather(
-        self,
-        app: Application,
-        models: list[ModelVersion],
-        query: QueryInput,
-        query_id: int,
-        deadline: float,
-        timings: dict[str, float],
-        ticket: QueryTicket,
-    ) -> list[ModelAnswer]:
-        n = query.count
-        answers = [ModelAnswer(m, [None] * n) for m in models]
-        keys: dict[str, list[str]] = {}
-        waiting: dict[str, list[int]] = {}
-        owned: dict[str, list[int]] = {}  # per model: the rows whose cache claim this query holds
-        sent: dict[str, tuple[ModelAnswer, list[int]]] = {}
-        reply_to: str | None = None
-        timings["cache"] = timings["enqueue"] = 0.0
-        for a in answers:
-            m = a.model
-            todo = list(range(n))
-            t0 = self._clock.now()
-            if self._cache is not None:
-                ticket.stage = f"reading the prediction cache for model {m.name}:{m.version}"
-                keys[m.name] = row_keys(m.name, m.version, query.rows)
-                todo, waiting[m.name] = self._from_cache(a, keys[m.name], deadline - t0)
-                owned[m.name] = todo
-            t1 = self._clock.now()
-            timings["cache"] += (t1 - t0) * 1000
-            if not todo:
-                continue
-            if reply_to is None:
-                reply_to = self._replies.new_address()
-                self._replies.expect(reply_to)
-            sent_ms: int | None = None
-            ticket.stage = f"sending to model {m.name}:{m.version} (request queue)"
-            try:
-                sent_ms, send_ms = self._enqueue(app, m, _take(query.rows, todo), query_id, reply_to, deadline)
-                sent[m.name] = (a, todo)
-            except Unavailable as e:
-                a.problem = f"model {m.name}:{m.version}: queue unavailable ({e})"
-            t2 = self._clock.now()
-            timings["enqueue"] += (t2 - t1) * 1000
-            if sent_ms is not None:
-                a.sent_ms, a.sent_at, a.timings_ms["send"] = sent_ms, t2, send_ms
-        t1 = self._clock.now()
-        if reply_to is not None:
-            ticket.stage = "waiting for replies"
-            self._await_replies(app, sent, reply_to, deadline)
-        t2 = self._clock.now()
-        timings["wait"] = (t2 - t1) * 1000
-        for a, _ in sent.values():
-            _split_model_time(a, t2)
-        for a in answers:
-            if a.problem is None and any(a.outputs[i] is None for i in owned.get(a.model.name, range(n))):
-                a.problem = (
-                    f"model {a.model.name}:{a.model.version}: timeout, no reply within the SLO of "
-                    f"{app.latency_slo_micros / 1000:g} ms"
-                )
-        if self._cache is not None:
-            ticket.stage = "reading the prediction cache (rows other queries compute)"
-            self._settle_claims(answers, keys, owned, waiting, deadline)
-        return answers
-
-    def _settle_claims(
-        self,
-        answers: list[ModelAnswer],
-        keys: dict[str, list[str]],
-        owned: dict[str, list[int]],
-        waiting: dict[str, list[int]],
-        deadline: float,
-    ) -> None:
-        """Rows this query claimed but got no output for: release the claims with the cause, so the queries
-        waiting on them stop at once. Rows repeated within the query take their first occurrence's output;
-        rows other queries compute are awaited in the cache."""
-        failures: dict[str, str] = {}
-        for a in answers:
-            mine = owned.get(a.model.name, [])
-            if a.problem is not None:
-                failures.update((keys[a.model.name][i], a.problem) for i in mine if a.outputs[i] is None)
-            by_key = {keys[a.model.name][i]: a.outputs[i] for i in mine if a.outputs[i] is not None}
-            for i in waiting.get(a.model.name, []):
-                a.outputs[i] = by_key.get(keys[a.model.name][i], a.outputs[i])
-        if failures:
-            assert self._cache is not None
-            try:
-                self._cache.fail_many(failures, FAILED_CLAIM_TTL_S)
-            except Unavailable as e:
-                logger.warning("failed claims not released: %s", e)
-        if any(a.outputs[i] is None for a in answers for i in waiting.get(a.model.name, [])):
-            self._await_cache(answers, keys, waiting, deadline)
-
-    def _from_cache(self, answer: ModelAnswer, keys: list[str], ttl_s: float) -> tuple[list[int], list[int]]:
-        """Fill cached outputs; return (rows to compute, rows another query is computing)."""
-        assert self._cache is not None
-        try:
-            hits = self._cache.get_many(keys)
-            for i, k in enumerate(keys):
-                if k in hits:
-                    answer.outputs[i] = hits[k]
-            answer.hits = len([k for k in keys if k in hits])
-            missing = [i for i, k in enumerate(keys) if k not in hits]
-            if not missing:
-                return [], []
-            owned = self._cache.claim(list(dict.fromkeys(keys[i] for i in missing)), max(ttl_s, 0.001))
-        except Unavailable as e:
-            logger.warning("cache unavailable: %s", e)
-            return [i for i, o in enumerate(answer.outputs) if o is None], []
-        first_row: dict[str, int] = {}
-        todo, wait = [], []
-        for i in missing:
-            k = keys[i]
-            if k in owned and first_row.setdefault(k, i) == i:
-                todo.append(i)
-            else:
-                wait.append(i)  # a concurrent query, or an identical row of this one, computes it
-        return todo, wait
-
-    def _await_replies(
-        self, app: Application, sent: dict[str, tuple[ModelAnswer, list[int]]], reply_to: str, deadline: float
-    ) -> None:
-        try:
-            replies = self._replies.wait(reply_to, list(sent), deadline - ANSWER_MARGIN_S - self._clock.now())
-        except Unavailable as e:
-            for a, _ in sent.values():
-                a.problem = f"model {a.model.name}:{a.model.version}: reply channel unavailable ({e})"
-            return
-        for reply in replies:
-            if reply.model not in sent:
-                continue
-            a, rows = sent[reply.model]
-            a.reply_timings = dict(reply.timings)
-            name = f"model {a.model.name}:{a.model.version}"
-            if not reply.ok:
-                a.problem = f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}"
-            elif len(reply.outputs or []) != len(rows):
-                a.problem = f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs"
-            else:
-                for i, out in zip(rows, reply.outputs or [], strict=True):
-                    a.outputs[i] = out
-
-    def _await_cache(
-        self, answers: list[ModelAnswer], keys: dict[str, list[str]], waiting: dict[str, list[int]], deadline: float
-    ) -> None:
-        """Rows a concurrent query computes: poll the cache until they are filled, their owner reports a
-        failure (its cause becomes this query's), or the deadline."""
-        assert self._cache is not None
-        by_name = {a.model.name: a for a in answers}
-        while True:
-            for name, rows in waiting.items():
-                a = by_name[name]
-                pending = [i for i in rows if a.outputs[i] is None]
-                if not pending or a.problem is not None:
-                    continue
-                try:
-                    hits, failed = self._cache.poll([keys[name][i] for i in pending])
-                except Unavailable as e:
-                    a.problem = f"model {a.model.name}:{a.model.version}: prediction cache unavailable ({e})"
-                    continue
-                for i in pending:
-                    a.outputs[i] = hits.get(keys[name][i], a.outputs[i])
-                    if keys[name][i] in failed and a.problem is None:
-                        a.problem = failed[keys[name][i]]
-            remaining = deadline - ANSWER_MARGIN_S - self._clock.now()
-            if remaining <= 0 or not any(_open(by_name[n], rs) for n, rs in waiting.items()):
-                break
-            time.sleep(min(self._cache_poll, remaining))
-        for name, rows in waiting.items():
-            a = by_name[name]
-            if a.problem is None and any(a.outputs[i] is None for i in rows):
-                a.problem = (
-                    f"model {a.model.name}:{a.model.version}: timeout, the identical query computing this input "
-                    "gave no answer within the SLO"
-                )
-
-    def _enqueue(
-        self, app: Application, model: ModelVersion, rows: Rows, query_id: int, reply_to: str, deadline: float
-    ) -> tuple[int, float]:
-        """Send the rows to the model's queue; returns the message's ``sent_ms`` (stamped before the send)
-        and the SendMessage call's time in ms."""
-        payload, blob = encode_rows(rows)
-        if blob is not None:
-            if self._claims is None:
-                raise Unavailable("input too large for a queue message and no claim-check store is set")
-            key = f"claims/{reply_to}-{model.name}"
-            self._claims.put(key, blob)
-            payload.s3_key = key
-        message = QueryMessage(
-            query_id=query_id,
-            app=app.name,
-            model=model.name,
-            version=model.version,
-            input_type=app.input_type,
-            rows=len(rows),
-            payload=payload,
-            deadline_ms=int(deadline * 1000),
-            sent_ms=int(self._clock.now() * 1000),
-            reply_to=reply_to,
-        )
-        body = message.to_json()
-        t0 = self._clock.now()
-        self._queue.send(model.queue_url, body)
-        return message.sent_ms, (self._clock.now() - t0) * 1000
 
 
 @functools.lru_cache(maxsize=1024)
@@ -472,30 +360,3 @@ def default_value(default_output: str) -> Any:
     ``"1"``, register the JSON string ``"\\"1\\""``)."""
     value = _parsed_default(default_output)
     return copy.deepcopy(value) if isinstance(value, list | dict) else value
-
-
-def _open(answer: ModelAnswer, rows: list[int]) -> bool:
-    """Whether some of ``rows`` may still get an output (none yet, and no failure reported)."""
-    return answer.problem is None and any(answer.outputs[i] is None for i in rows)
-
-
-def _split_model_time(answer: ModelAnswer, replied_at: float) -> None:
-    """A model's time from the end of its send to the frontend holding the replies, cut by what its batcher
-    reported: ``queue_ms`` (sent_ms to the batch's start: the send, SQS, the receive and the batch wait),
-    ``batch_wait_ms`` when the batcher reports it apart, ``inference_ms``, ``batch_size``."""
-    reported = answer.reply_timings
-    t = answer.timings_ms
-    if "queue_ms" not in reported or answer.sent_at is None or answer.sent_ms is None:
-        return
-    batch_wait = reported.get("batch_wait_ms")
-    # queue_ms runs from the message's sent_ms (whole ms, stamped before the send): take off up to the send's end
-    queue = reported["queue_ms"] - (answer.sent_at * 1000 - answer.sent_ms) - (batch_wait or 0.0)
-    t["queue"] = max(0.0, queue)
-    if batch_wait is not None:
-        t["batch_wait"] = batch_wait
-    inference = reported.get("inference_ms", 0.0)
-    t["inference"] = inference
-    if "batch_size" in reported:
-        t["batch_size"] = reported["batch_size"]
-    elapsed = (replied_at - answer.sent_at) * 1000
-    t["reply"] = max(0.0, elapsed - t["queue"] - (batch_wait or 0.0) - inference)

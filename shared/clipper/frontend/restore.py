@@ -29,7 +29,7 @@ def after_restore(processor: Restorable, redis_clients: Iterable[Any] = (), metr
     random.seed()  # the module's generator makes the query ids (clipper.wiring.new_query_id)
     processor.after_restore()  # the selector's generator, the cached registry and bandit states
     for client in redis_clients:
-        client.connection_pool.disconnect()  # sockets of the snapshot; the pool reconnects on next use
+        client.close()  # sockets of the snapshot; the client connects again on its next call
     if metrics is not None:
         metrics.reset()
     logger.info("restored from a snapshot: generators re-seeded, connections and caches dropped")

@@ -66,6 +66,18 @@ class Selector:
     def cached_states(self) -> int:
         return len(self._states)
 
+    def is_cached(self, app: Application, user: str | None) -> bool:
+        """Whether ``choose`` for this application and user reads no store (its states are fresh in memory)."""
+        if app.policy == "single" or self._store is None:
+            return True
+        now = self._clock.now()
+        keys = [state_key(app.name)] + ([state_key(app.name, user)] if user is not None else [])
+        for key in keys:
+            hit = self._states.get(key)
+            if hit is None or now - hit[0] >= self._ttl:
+                return False
+        return True
+
     def _load(self, key: str) -> SelectionState | None:
         now = self._clock.now()
         hit = self._states.get(key)

@@ -1,0 +1,322 @@
+"""One query's trip to its models: the prediction cache first (a cached output, else a claim: this query computes
+the row and concurrent identical queries wait for it), then one message per model with the rows it must compute,
+then the replies.
+
+The round trips do not grow with the models: one cache lookup for every model's rows, one send for every model's
+message (``RequestQueue.send_many``: a pipeline on Redis Streams, concurrent calls on SQS). Each call is bounded
+by the query's remaining time.
+
+Single flight: a row another query computes is awaited in the cache (``await_followers``); when the owner gets no
+output it releases its claims with the cause (``PredictionCache.fail_many``), so its followers stop at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clipper.core.cache_keys import row_keys
+from clipper.core.domain import Application, ModelVersion
+from clipper.core.messages import QueryMessage, Reply, encode_rows
+from clipper.core.validation import QueryInput, Rows
+from clipper.errors import Unavailable
+from clipper.frontend.results import ModelAnswer, QueryTicket
+from clipper.ports import ClaimStore, Clock, PredictionCache, ReplyChannel, RequestQueue
+
+logger = logging.getLogger(__name__)
+
+# Time kept back from the SLO for answering the client after the wait for replies ends.
+ANSWER_MARGIN_S = 0.002
+# How long a claim whose owner got no output holds its cause for the queries waiting on it.
+FAILED_CLAIM_TTL_S = 0.25
+# The shortest timeout a dependency call gets (a call with no time left still fails fast).
+MIN_CALL_S = 0.001
+
+
+def _take(rows: Rows, index: list[int]) -> Rows:
+    if len(index) == len(rows):
+        return rows
+    if isinstance(rows, np.ndarray):
+        return rows[index]
+    return [rows[i] for i in index]  # type: ignore[return-value]
+
+
+@dataclass
+class Fanout:
+    """Where a query's rows went: per model, the cache keys of its rows, the rows it computes (claimed), the rows
+    other queries compute, and the message sent."""
+
+    answers: list[ModelAnswer]
+    deadline: float
+    keys: dict[str, list[str]] = field(default_factory=dict)
+    owned: dict[str, list[int]] = field(default_factory=dict)
+    waiting: dict[str, list[int]] = field(default_factory=dict)
+    sent: dict[str, tuple[ModelAnswer, list[int]]] = field(default_factory=dict)
+    reply_to: str | None = None
+    cache_problem: str | None = None  # why the cache could not be read (it cost the time it took)
+
+    @property
+    def followers(self) -> bool:
+        """Whether some rows wait on other queries' computations."""
+        return any(a.outputs[i] is None for a in self.answers for i in self.waiting.get(a.model.name, []))
+
+
+class Gatherer:
+    def __init__(
+        self,
+        queue: RequestQueue,
+        replies: ReplyChannel,
+        clock: Clock,
+        claims: ClaimStore | None,
+        cache: PredictionCache | None,
+        cache_poll_s: float,
+    ) -> None:
+        self._queue = queue
+        self._replies = replies
+        self._clock = clock
+        self._claims = claims
+        self._cache = cache
+        self._cache_poll = cache_poll_s
+
+    def _left(self, deadline: float) -> float:
+        return max(MIN_CALL_S, deadline - self._clock.now())
+
+    # -- out: the cache, then the models ---------------------------------------------------------------------
+    def send(
+        self,
+        app: Application,
+        models: list[ModelVersion],
+        query: QueryInput,
+        query_id: int,
+        deadline: float,
+        timings: dict[str, float],
+        ticket: QueryTicket,
+    ) -> Fanout:
+        n = query.count
+        fan = Fanout([ModelAnswer(m, [None] * n) for m in models], deadline)
+        t0 = self._clock.now()
+        todo = {a.model.name: list(range(n)) for a in fan.answers}
+        if self._cache is not None:
+            ticket.stage = "reading the prediction cache"
+            todo = self._from_cache(fan, query.rows)
+        t1 = self._clock.now()
+        timings["cache"] = (t1 - t0) * 1000
+        outgoing = [(a, todo[a.model.name]) for a in fan.answers if todo[a.model.name]]
+        if outgoing:
+            names = ", ".join(f"model {a.model.name}:{a.model.version}" for a, _ in outgoing)
+            ticket.stage = f"sending to {names} (request queue)"
+            self._enqueue(app, fan, outgoing, query, query_id)
+        timings["enqueue"] = (self._clock.now() - t1) * 1000
+        return fan
+
+    def _from_cache(self, fan: Fanout, rows: Rows) -> dict[str, list[int]]:
+        """Fill cached outputs and claim the misses, for every model in one call; returns per model the rows this
+        query computes (a claimed key's first row), and notes the rows other queries compute."""
+        assert self._cache is not None
+        for a in fan.answers:
+            fan.keys[a.model.name] = row_keys(a.model.name, a.model.version, rows)
+        every = [k for a in fan.answers for k in fan.keys[a.model.name]]
+        try:
+            hits, owned = self._cache.lookup(every, self._left(fan.deadline), timeout=self._left(fan.deadline))
+        except Unavailable as e:
+            logger.warning("cache unavailable: %s", e)
+            fan.cache_problem = str(e)
+            return {a.model.name: list(range(len(rows))) for a in fan.answers}
+        todo: dict[str, list[int]] = {}
+        for a in fan.answers:
+            name, first_row = a.model.name, dict[str, int]()
+            todo[name], fan.waiting[name] = [], []
+            for i, k in enumerate(fan.keys[name]):
+                if k in hits:
+                    a.outputs[i] = hits[k]
+                    a.hits += 1
+                elif k in owned and first_row.setdefault(k, i) == i:
+                    todo[name].append(i)
+                else:
+                    fan.waiting[name].append(i)  # a concurrent query, or an identical row of this one, computes it
+            fan.owned[name] = todo[name]
+        return todo
+
+    def _enqueue(
+        self,
+        app: Application,
+        fan: Fanout,
+        outgoing: list[tuple[ModelAnswer, list[int]]],
+        query: QueryInput,
+        query_id: int,
+    ) -> None:
+        """One message per model, sent together; stamps each model's ``send`` time."""
+        fan.reply_to = self._replies.new_address()
+        self._replies.expect(fan.reply_to)
+        messages: list[tuple[ModelAnswer, list[int], str]] = []
+        for a, rows in outgoing:
+            m = a.model
+            try:
+                body, a.sent_ms = self._message(app, m, _take(query.rows, rows), query_id, fan)
+            except Unavailable as e:
+                a.problem = f"model {m.name}:{m.version}: queue unavailable ({e})"
+                continue
+            messages.append((a, rows, body))
+        if not messages:
+            return
+        t0 = self._clock.now()
+        try:
+            failures = self._queue.send_many(
+                [(a.model.queue_url, body) for a, _, body in messages], timeout=self._left(fan.deadline)
+            )
+        except Unavailable as e:
+            failures = [e] * len(messages)
+        t1 = self._clock.now()
+        for (a, rows, _), failure in zip(messages, failures, strict=True):
+            if failure is not None:
+                a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({failure})"
+                continue
+            fan.sent[a.model.name] = (a, rows)
+            a.sent_at, a.timings_ms["send"] = t1, (t1 - t0) * 1000
+
+    def _message(
+        self, app: Application, model: ModelVersion, rows: Rows, query_id: int, fan: Fanout
+    ) -> tuple[str, int]:
+        """The query message of ``rows`` for ``model`` (its rows through the claim-check store when too large for
+        a queue message), and its ``sent_ms``."""
+        assert fan.reply_to is not None
+        payload, blob = encode_rows(rows)
+        if blob is not None:
+            if self._claims is None:
+                raise Unavailable("input too large for a queue message and no claim-check store is set")
+            key = f"claims/{fan.reply_to}-{model.name}"
+            self._claims.put(key, blob)
+            payload.s3_key = key
+        message = QueryMessage(
+            query_id=query_id,
+            app=app.name,
+            model=model.name,
+            version=model.version,
+            input_type=app.input_type,
+            rows=len(rows),
+            payload=payload,
+            deadline_ms=int(fan.deadline * 1000),
+            sent_ms=int(self._clock.now() * 1000),
+            reply_to=fan.reply_to,
+        )
+        return message.to_json(), message.sent_ms
+
+    # -- back: the replies, then the rows other queries compute -----------------------------------------------
+    def wait_timeout(self, fan: Fanout) -> float:
+        return fan.deadline - ANSWER_MARGIN_S - self._clock.now()
+
+    def absorb(self, app: Application, fan: Fanout, replies: list[Reply] | Unavailable) -> None:
+        """Take in the replies (or the reply channel's failure), mark the models that gave no output, and release
+        the claims of rows this query got no output for."""
+        if isinstance(replies, Unavailable):
+            for a, _ in fan.sent.values():
+                a.problem = f"model {a.model.name}:{a.model.version}: reply channel unavailable ({replies})"
+            replies = []
+        for reply in replies:
+            if reply.model not in fan.sent:
+                continue
+            a, rows = fan.sent[reply.model]
+            a.reply_timings = dict(reply.timings)
+            name = f"model {a.model.name}:{a.model.version}"
+            if not reply.ok:
+                a.problem = f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}"
+            elif len(reply.outputs or []) != len(rows):
+                a.problem = f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs"
+            else:
+                for i, out in zip(rows, reply.outputs or [], strict=True):
+                    a.outputs[i] = out
+        n = len(fan.answers[0].outputs) if fan.answers else 0
+        for a in fan.answers:
+            if a.problem is None and any(a.outputs[i] is None for i in fan.owned.get(a.model.name, range(n))):
+                a.problem = (
+                    f"model {a.model.name}:{a.model.version}: timeout, no reply within the SLO of "
+                    f"{app.latency_slo_micros / 1000:g} ms"
+                )
+                if fan.cache_problem is not None:
+                    a.problem += f" (the prediction cache did not answer first: {fan.cache_problem})"
+        if self._cache is not None:
+            self._settle_claims(fan)
+
+    def _settle_claims(self, fan: Fanout) -> None:
+        """Rows this query claimed but got no output for: release the claims with the cause. Rows repeated within
+        the query take their first occurrence's output."""
+        failures: dict[str, str] = {}
+        for a in fan.answers:
+            keys, mine = fan.keys.get(a.model.name, []), fan.owned.get(a.model.name, [])
+            if a.problem is not None:
+                failures.update((keys[i], a.problem) for i in mine if a.outputs[i] is None)
+            by_key = {keys[i]: a.outputs[i] for i in mine if a.outputs[i] is not None}
+            for i in fan.waiting.get(a.model.name, []):
+                a.outputs[i] = by_key.get(keys[i], a.outputs[i])
+        if failures:
+            assert self._cache is not None
+            try:
+                self._cache.fail_many(failures, FAILED_CLAIM_TTL_S, timeout=self._left(fan.deadline))
+            except Unavailable as e:
+                logger.warning("failed claims not released: %s", e)
+
+    def await_followers(self, app: Application, fan: Fanout) -> None:
+        """Rows a concurrent query computes: poll the cache until they are filled, their owner reports a failure
+        (its cause becomes this query's), or the deadline. Blocks (sleeps between polls)."""
+        assert self._cache is not None
+        by_name = {a.model.name: a for a in fan.answers}
+        while True:
+            for name, rows in fan.waiting.items():
+                a = by_name[name]
+                pending = [i for i in rows if a.outputs[i] is None]
+                if not pending or a.problem is not None:
+                    continue
+                keys = [fan.keys[name][i] for i in pending]
+                try:
+                    hits, failed = self._cache.poll(keys, timeout=self._left(fan.deadline))
+                except Unavailable as e:
+                    a.problem = f"model {a.model.name}:{a.model.version}: prediction cache unavailable ({e})"
+                    continue
+                for i, k in zip(pending, keys, strict=True):
+                    a.outputs[i] = hits.get(k, a.outputs[i])
+                    if k in failed and a.problem is None:
+                        a.problem = failed[k]
+            remaining = self.wait_timeout(fan)
+            if remaining <= 0 or not any(_open(by_name[n], rs) for n, rs in fan.waiting.items()):
+                break
+            time.sleep(min(self._cache_poll, remaining))
+        for name, rows in fan.waiting.items():
+            a = by_name[name]
+            if a.problem is None and any(a.outputs[i] is None for i in rows):
+                a.problem = (
+                    f"model {a.model.name}:{a.model.version}: timeout, the identical query computing this input "
+                    "gave no answer within the SLO"
+                )
+
+
+def _open(answer: ModelAnswer, rows: list[int]) -> bool:
+    """Whether some of ``rows`` may still get an output (none yet, and no failure reported)."""
+    return answer.problem is None and any(answer.outputs[i] is None for i in rows)
+
+
+def split_model_time(answer: ModelAnswer, replied_at: float) -> None:
+    """A model's time from the end of its send to the frontend holding the replies, cut by what its batcher
+    reported: ``queue_ms`` (sent_ms to the batch's start: the send, the queue, the receive and the batch wait),
+    ``batch_wait_ms`` when the batcher reports it apart, ``inference_ms``, ``batch_size``."""
+    reported = answer.reply_timings
+    t = answer.timings_ms
+    if "queue_ms" not in reported or answer.sent_at is None or answer.sent_ms is None:
+        return
+    batch_wait = reported.get("batch_wait_ms")
+    # queue_ms runs from the message's sent_ms (whole ms, stamped before the send): take off up to the send's end
+    queue = reported["queue_ms"] - (answer.sent_at * 1000 - answer.sent_ms) - (batch_wait or 0.0)
+    t["queue"] = max(0.0, queue)
+    if batch_wait is not None:
+        t["batch_wait"] = batch_wait
+    inference = reported.get("inference_ms", 0.0)
+    t["inference"] = inference
+    if "batch_size" in reported:
+        t["batch_size"] = reported["batch_size"]
+    elapsed = (replied_at - answer.sent_at) * 1000
+    t["reply"] = max(0.0, elapsed - t["queue"] - (batch_wait or 0.0) - inference)
+
+
+__all__ = ["ANSWER_MARGIN_S", "FAILED_CLAIM_TTL_S", "Fanout", "Gatherer", "split_model_time"]
