@@ -58,7 +58,7 @@ def test_every_function_and_the_layer_is_built(build_dir: Path, packages: dict[s
         assert (build_dir / function / "app.py").is_file(), function
         assert packages[function].layers == ("SharedLayer",), function
     layer = build_dir / "SharedLayer" / "python"
-    for module in ("clipper/wiring.py", "aws_lambda_powertools", "aws_xray_sdk", "pydantic", "fastapi", "redis"):
+    for module in ("clipper/wiring.py", "aws_lambda_powertools", "aws_xray_sdk", "pydantic", "fastapi", "orjson"):
         assert (layer / module).exists(), module
     assert (build_dir / "ModelUpdaterFunction" / "onnxruntime").is_dir()
 
