@@ -170,3 +170,30 @@ def test_a_bandit_state_still_to_read_sends_the_query_to_a_worker_thread():
     assert "worker" in r.json()["debug"]["timings_ms"]  # the user's state was not in memory: read off the loop
     r = client.post("/digits/predict?debug=1", json={"input": one_hot(6), "uid": "new-user"})
     assert "worker" not in r.json()["debug"]["timings_ms"]  # now it is
+
+
+def test_the_fast_path_and_the_documented_route_answer_alike(client, world):  # noqa: F811
+    """POST /<app>/predict is answered in front of FastAPI; the FastAPI route (what the OpenAPI document
+    describes) answers the same requests the same way."""
+    from clipper.frontend.fastpath import PredictFastPath
+
+    assert any(m.cls is PredictFastPath for m in client.app.user_middleware)
+    route_only = TestClient(create_app(world[0], max_body_bytes=64 * 1024, fast_path=False))
+    requests = [
+        ("/digits/predict", b'{"input": ' + str(one_hot(3)).encode() + b"}", "application/json"),
+        ("/digits/predict?debug=0", b'{"input_batch": [' + str(one_hot(2)).encode() + b"]}", None),
+        ("/digits/predict", b"{not json", "application/json"),
+        ("/digits/predict", b'{"input": [1], "x": 1}', "application/json"),
+        ("/nope/predict", b'{"input": [1]}', "application/json"),
+        ("/digits/predict", b'{"input": [1]}', "text/plain"),
+        ("/digits/predict", b'{"input": [1.0, 2.0]}', "application/json; charset=utf-8"),
+    ]
+    for path, body, content_type in requests:
+        headers = {"content-type": content_type} if content_type else {}
+        fast, slow = (c.post(path, content=body, headers=headers) for c in (client, route_only))
+        a, b = fast.json(), slow.json()
+        for answer in (a, b):  # query ids differ from call to call
+            answer.pop("query_id", None)
+            for p in answer.get("batch_predictions", []):
+                p.pop("query_id")
+        assert (fast.status_code, a) == (slow.status_code, b), path

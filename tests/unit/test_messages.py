@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from clipper.core.domain import InputType
-from clipper.core.messages import MAX_INLINE_PAYLOAD, QueryMessage, Reply, decode_rows, encode_rows
+from clipper.core.messages import MAX_INLINE_PAYLOAD, Payload, QueryMessage, Reply, decode_rows, encode_rows
 from clipper.errors import MalformedMessage
 
 pytestmark = pytest.mark.unit
@@ -140,3 +142,27 @@ def test_npy_header_cache_keeps_checking_every_body():
             decode_npy(encode_npy(np.zeros(3, np.complex64)))
     other = encode_npy(np.ones((2, 64), np.float64))
     assert decode_npy(other).shape == (2, 64) and decode_npy(other).dtype == np.float64
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [Payload(npy="AAAA"), Payload(strings=["a", "b"]), Payload(b64=["AA=="]), Payload(s3_key="claims/x")],
+)
+def test_the_hot_paths_encoding_is_the_models_json(payload):
+    from clipper.core.domain import InputType
+
+    values = dict(
+        query_id=7 << 16,
+        app="digits",
+        model="mlp",
+        version="2",
+        input_type=InputType.FLOATS,
+        rows=3,
+        payload=payload,
+        deadline_ms=1_700_000_000_123,
+        sent_ms=1_700_000_000_003,
+        reply_to="inbox.0123",
+    )
+    encoded = QueryMessage.encode(**values)
+    assert json.loads(encoded) == json.loads(QueryMessage(**values).to_json())
+    assert QueryMessage.from_json(encoded) == QueryMessage(**values)

@@ -11,6 +11,7 @@ import base64
 from typing import Any, Literal
 
 import numpy as np
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from clipper.core.domain import InputType
@@ -50,6 +51,38 @@ class QueryMessage(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
+
+    @staticmethod
+    def encode(
+        query_id: int,
+        app: str,
+        model: str,
+        version: str,
+        input_type: InputType,
+        rows: int,
+        payload: Payload,
+        deadline_ms: int,
+        sent_ms: int,
+        reply_to: str,
+    ) -> str:
+        """``QueryMessage(...).to_json()`` for the frontend's hot path: the same JSON from values it already
+        validated, without building and validating a model (one orjson dump)."""
+        fields = {"npy": payload.npy, "strings": payload.strings, "b64": payload.b64, "s3_key": payload.s3_key}
+        return orjson.dumps(
+            {
+                "v": 1,
+                "query_id": query_id,
+                "app": app,
+                "model": model,
+                "version": version,
+                "input_type": input_type.value,
+                "rows": rows,
+                "payload": {k: v for k, v in fields.items() if v is not None},
+                "deadline_ms": deadline_ms,
+                "sent_ms": sent_ms,
+                "reply_to": reply_to,
+            }
+        ).decode()
 
     @classmethod
     def from_json(cls, body: str | bytes) -> QueryMessage:

@@ -190,7 +190,8 @@ class Gatherer:
             key = f"claims/{fan.reply_to}-{model.name}"
             self._claims.put(key, blob)
             payload.s3_key = key
-        message = QueryMessage(
+        sent_ms = int(self._clock.now() * 1000)
+        body = QueryMessage.encode(
             query_id=query_id,
             app=app.name,
             model=model.name,
@@ -199,10 +200,10 @@ class Gatherer:
             rows=len(rows),
             payload=payload,
             deadline_ms=int(fan.deadline * 1000),
-            sent_ms=int(self._clock.now() * 1000),
+            sent_ms=sent_ms,
             reply_to=fan.reply_to,
         )
-        return message.to_json(), message.sent_ms
+        return body, sent_ms
 
     # -- back: the replies, then the rows other queries compute -----------------------------------------------
     def wait_timeout(self, fan: Fanout) -> float:

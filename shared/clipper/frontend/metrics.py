@@ -1,4 +1,4 @@
-"""Serving metrics of the query path: CloudWatch embedded-metric-format (EMF) lines through Powertools, and
+"""Serving metrics of the query path: CloudWatch embedded-metric-format (EMF) lines, and
 Clipper's in-process registry behind ``GET /metrics``.
 
 EMF, one line per dimension set and query: by ``app`` the query latency, queries (throughput), default
@@ -12,6 +12,8 @@ as Clipper named them (``app:<app>:*``, ``model:<model>:<version>:*``).
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections import defaultdict, deque
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
+import orjson
 
 from clipper.frontend.results import QueryResult
 
@@ -29,49 +31,72 @@ def _metric_name(stage: str) -> str:
 
 
 class EmfQueryMetrics:
-    def __init__(self, namespace: str = "Clipper", service: str = "clipper-frontend") -> None:
+    """EMF lines written straight to stdout (Lambda ships them to CloudWatch Logs, which extracts the metrics).
+
+    The lines are built here rather than through Powertools' metrics (whose validation per metric cost the
+    query path ~12% of the frontend's CPU): one orjson dump per dimension set. ``POWERTOOLS_METRICS_DISABLED``
+    (the local stack) turns them off, as it does Powertools'."""
+
+    def __init__(self, namespace: str = "Clipper", service: str = "clipper-frontend", out: Any = None) -> None:
         self._namespace = namespace
         self._service = service
-        self._lock = threading.Lock()  # under uvicorn, queries finish on several threads
-        self._metrics = EphemeralMetrics(namespace=namespace)
+        self._out = out
 
-    def _line(self, dimension: tuple[str, str], values: list[tuple[str, MetricUnit, float]]) -> None:
+    def _line(self, dimension: tuple[str, str], values: list[tuple[str, str, float]], now_ms: int) -> bytes:
         """One EMF line: every metric in ``values`` under one dimension."""
-        self._metrics.add_dimension(*dimension)
-        for name, unit, value in values:
-            self._metrics.add_metric(name=name, unit=unit, value=value)
-        try:
-            self._metrics.flush_metrics()
-        finally:  # with POWERTOOLS_METRICS_DISABLED (the local stack) a flush leaves them in place
-            self._metrics.clear_metrics()
+        body: dict[str, Any] = {
+            "_aws": {
+                "Timestamp": now_ms,
+                "CloudWatchMetrics": [
+                    {
+                        "Namespace": self._namespace,
+                        "Dimensions": [[dimension[0]]],
+                        "Metrics": [{"Name": name, "Unit": unit} for name, unit, _ in values],
+                    }
+                ],
+            },
+            dimension[0]: dimension[1],
+        }
+        for name, _, value in values:
+            body[name] = value
+        return orjson.dumps(body) + b"\n"
 
     def __call__(self, app: str, result: QueryResult, seconds: float) -> None:
-        ms, count = MetricUnit.Milliseconds, MetricUnit.Count
+        if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() in ("1", "true"):
+            return
+        ms, count = "Milliseconds", "Count"
+        now_ms = int(time.time() * 1000)
         queries = len(result.predictions)
         defaults = sum(1 for p in result.predictions if p.default)
-        by_app: list[tuple[str, MetricUnit, float]] = [
+        by_app: list[tuple[str, str, float]] = [
             ("QueryLatency", ms, seconds * 1000),
             ("Queries", count, queries),
             ("DefaultOutputs", count, defaults),
         ]
         by_app += [(_metric_name(stage), ms, value) for stage, value in result.timings_ms.items()]
-        with self._lock:
-            self._line(("app", app), by_app)
+        lines = [
+            self._line(("app", app), by_app, now_ms),
             # the same two across applications: template.yaml's default-output-rate alarm reads these
-            self._line(("service", self._service), [("Queries", count, queries), ("DefaultOutputs", count, defaults)])
-            for model in result.models:
-                _, hits, misses = result.cache_by_model.get(model, ("", 0, 0))
-                values: list[tuple[str, MetricUnit, float]] = [
-                    ("CacheHits", count, hits),
-                    ("CacheMisses", count, misses),
-                    ("ModelErrors", count, 1 if model in result.model_errors else 0),
-                ]
-                for stage, value in result.model_timings_ms.get(model, {}).items():
-                    if stage == "batch_size":
-                        values.append(("BatchSize", count, value))
-                    else:
-                        values.append((_metric_name(stage), ms, value))
-                self._line(("model", model), values)
+            self._line(
+                ("service", self._service), [("Queries", count, queries), ("DefaultOutputs", count, defaults)], now_ms
+            ),
+        ]
+        for model in result.models:
+            _, hits, misses = result.cache_by_model.get(model, ("", 0, 0))
+            values: list[tuple[str, str, float]] = [
+                ("CacheHits", count, hits),
+                ("CacheMisses", count, misses),
+                ("ModelErrors", count, 1 if model in result.model_errors else 0),
+            ]
+            for stage, value in result.model_timings_ms.get(model, {}).items():
+                if stage == "batch_size":
+                    values.append(("BatchSize", count, value))
+                else:
+                    values.append((_metric_name(stage), ms, value))
+            lines.append(self._line(("model", model), values, now_ms))
+        out = self._out or sys.stdout
+        out.write(b"".join(lines).decode())  # one write: lines of concurrent queries never interleave
+        out.flush()
 
 
 class _Meter:

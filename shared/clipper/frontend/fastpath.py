@@ -1,0 +1,72 @@
+"""The hot route without the framework: ``POST /<app>/predict`` answered straight from the ASGI messages.
+
+FastAPI stays for everything else (the OpenAPI document, which still describes this route, the ops routes,
+feedback, errors of unknown routes), but a query does not need its routing, its dependency solving, its
+Request object or its exception middleware: they cost a plain FastAPI server most of its CPU per request, and
+this route is the one every query takes. The answers are the same (``clipper.frontend.handling``); only
+the path there is shorter. Any other request goes on to the FastAPI app.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clipper.frontend.handling import HttpAnswer, QueryHandling, truthy
+
+Scope = dict[str, Any]
+
+
+class PredictFastPath:
+    def __init__(self, app: Any, handling: QueryHandling) -> None:
+        self.app = app
+        self._handling = handling
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        parts = scope["path"].split("/")
+        if len(parts) != 3 or parts[0] or not parts[1] or parts[2] != "predict":
+            await self.app(scope, receive, send)
+            return
+        content_type: str | None = None
+        debug = False
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                content_type = value.decode("latin-1")
+            elif name == b"x-clipper-debug":
+                debug = truthy(value)
+        query = scope.get("query_string", b"")
+        if query and not debug:
+            debug = any(truthy(v) for k, _, v in (p.partition(b"=") for p in query.split(b"&")) if k == b"debug")
+        body = await self._body(receive)
+        if isinstance(body, HttpAnswer):
+            answer = body
+        else:
+            answer = await self._handling.predict(parts[1], body, content_type, debug)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": answer.status,
+                "headers": [*answer.headers, (b"content-length", str(len(answer.body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": answer.body})
+
+    async def _body(self, receive: Any) -> bytes | HttpAnswer:
+        """The request body; stops reading (and answers 413) once it passes the size limit."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            too_large = self._handling.too_large(size)
+            if too_large is not None:
+                return too_large
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)

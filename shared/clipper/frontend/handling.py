@@ -1,0 +1,177 @@
+"""Clipper's query routes as plain functions of (application, body bytes, content type): what the FastAPI
+routes and the ASGI fast path (``clipper.frontend.fastpath``) both answer with.
+
+Bodies are parsed here (orjson, once) so that every rejection carries Clipper's error body (``{"error": ...,
+"cause": ...}``) with a cause naming the field.
+
+Where every dependency of the query path answers in well under a millisecond and takes a timeout per call (Redis
+through the lean client: the local stack), a query runs on the event loop: its calls are bounded by its remaining
+time and it waits for its replies without holding a thread (``QueryProcessor.predict_async``). Otherwise (SQS,
+DynamoDB, a bandit state or a claim check still to read) it runs on a worker thread while the event loop watches
+its deadline: when the query is still held up by a dependency ``WATCHDOG_GRACE_S`` after its deadline, the route
+answers the application's default output naming the stage it was in, so no dependency can hold an answer past
+the SLO (or, on Lambda, past the function's timeout into a 5xx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
+from clipper.feedback import FeedbackReceiver
+from clipper.frontend.query import QueryProcessor
+from clipper.frontend.results import QueryResult, QueryTicket
+
+# How long past its deadline a query still held up by a dependency is given before the route answers for it.
+WATCHDOG_GRACE_S = 0.003
+PREDICT_FIELDS = frozenset({"input", "input_batch", "uid"})
+UPDATE_FIELDS = frozenset({"input", "label", "uid"})
+JSON_HEADER = (b"content-type", b"application/json")
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    status: int
+    body: bytes
+    headers: tuple[tuple[bytes, bytes], ...] = (JSON_HEADER,)
+
+
+def error(status: int, kind: str, cause: str) -> HttpAnswer:
+    return HttpAnswer(status, orjson.dumps({"error": kind, "cause": cause}))
+
+
+def truthy(value: str | bytes | None) -> bool:
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    return (value or "").lower() in {"1", "true", "yes"}
+
+
+def json_content(content_type: str | None) -> bool:
+    """JSON, or no Content-Type at all (taken as JSON)."""
+    if not content_type:
+        return True
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
+
+
+def check_fields(body: Any, allowed: frozenset[str]) -> None:
+    if isinstance(body, dict):
+        for name in body:
+            if name not in allowed:
+                raise InvalidInput(name, "no such field (the request's fields are " + ", ".join(sorted(allowed)) + ")")
+
+
+class QueryHandling:
+    def __init__(
+        self,
+        processor: QueryProcessor,
+        max_body_bytes: int,
+        feedback: FeedbackReceiver | None = None,
+        observe: Callable[[str, QueryResult, float], None] | None = None,
+        query_threads: int = 64,
+    ) -> None:
+        """``query_threads``: how many queries run at once on worker threads (each holds its thread until its
+        replies come)."""
+        self.processor = processor
+        self.max_body_bytes = max_body_bytes
+        self._feedback = feedback
+        self._observe = observe
+        self._workers = ThreadPoolExecutor(max_workers=query_threads, thread_name_prefix="clipper-query")
+
+    def too_large(self, size: int) -> HttpAnswer | None:
+        if size <= self.max_body_bytes:
+            return None
+        e = PayloadTooLarge("body", f"at most {self.max_body_bytes} bytes", f"{size} bytes")
+        return error(413, "payload too large", str(e))
+
+    def parse(self, raw: bytes, content_type: str | None, fields: frozenset[str]) -> Any:
+        """The body as JSON, or Clipper's error answer (too large, not JSON, unknown fields)."""
+        if not json_content(content_type):
+            return error(415, "unsupported media type", f"Content-Type: expected application/json, got {content_type}")
+        too_large = self.too_large(len(raw))
+        if too_large is not None:
+            return too_large
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            try:  # NaN and Infinity are not JSON, but Python's json writes them: validation names the field
+                body = json.loads(raw)
+            except (ValueError, RecursionError):
+                return error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
+        try:
+            check_fields(body, fields)
+        except InvalidInput as e:
+            return error(400, "invalid input", str(e))
+        return body
+
+    async def predict(self, app_name: str, raw: bytes, content_type: str | None, debug: bool) -> HttpAnswer:
+        started = time.perf_counter()
+        body = self.parse(raw, content_type, PREDICT_FIELDS)
+        if isinstance(body, HttpAnswer):
+            return body
+        processor, ticket = self.processor, QueryTicket()
+        try:
+            processor.admit(app_name, body, ticket)
+            if processor.can_inline(ticket):  # fast, bounded dependencies: on the loop, no thread held
+                result = await processor.predict_async(app_name, body, ticket)
+            else:
+                future = self._workers.submit(processor.predict, app_name, body, ticket)
+                result = await self._within_deadline(future, ticket)
+        except ClipperError as e:
+            return self._error_answer(e)
+        except RecursionError:
+            return error(400, "invalid input", "input: expected a list of values, got a list nested too deeply")
+        if self._observe is not None:
+            self._observe(app_name, result, time.perf_counter() - started)
+        headers: tuple[tuple[bytes, bytes], ...] = (JSON_HEADER,)
+        if result.predictions:
+            headers += ((b"x-clipper-query-id", str(result.predictions[0].query_id).encode()),)
+        return HttpAnswer(200, orjson.dumps(result.as_dict(debug)), headers)
+
+    async def _within_deadline(self, future: Future[QueryResult], ticket: QueryTicket) -> QueryResult:
+        """The query's result, or, when it is still running ``WATCHDOG_GRACE_S`` past its deadline, the
+        default answer naming the stage it is held up in (it goes on in the background; its result is dropped)."""
+        waited = asyncio.wrap_future(future)
+        clock = self.processor.clock
+        while True:
+            deadline = ticket.deadline
+            timeout = 0.05 if deadline is None else deadline + WATCHDOG_GRACE_S - clock.now()
+            if deadline is not None and timeout <= 0 and ticket.app is not None:
+                ticket.abandoned = True
+                return self.processor.late(ticket)
+            done, _ = await asyncio.wait({waited}, timeout=max(0.0, timeout))
+            if done:
+                return waited.result()
+
+    async def update(self, app_name: str, raw: bytes, content_type: str | None) -> HttpAnswer:
+        if self._feedback is None:
+            return error(503, "service unavailable", "feedback is not configured on this frontend")
+        body = self.parse(raw, content_type, UPDATE_FIELDS)
+        if isinstance(body, HttpAnswer):
+            return body
+        try:
+            accepted = await asyncio.wrap_future(self._workers.submit(self._feedback.accept, app_name, body))
+        except ClipperError as e:
+            return self._error_answer(e)
+        except RecursionError:
+            return error(400, "invalid input", "input: expected a list of values, got a list nested too deeply")
+        return HttpAnswer(200, orjson.dumps(accepted))
+
+    @staticmethod
+    def _error_answer(e: ClipperError) -> HttpAnswer:
+        """The project's errors as Clipper's error bodies (a failing model never gets here: it is a default)."""
+        if isinstance(e, NotFound):
+            return error(404, "unknown application", str(e))
+        if isinstance(e, InvalidInput):
+            return error(400, "invalid input", str(e))
+        if isinstance(e, Unavailable):
+            return error(503, "service unavailable", str(e))
+        return error(500, "internal error", str(e))
