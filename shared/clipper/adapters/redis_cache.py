@@ -12,9 +12,10 @@ time (``timeout``)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
+
+import orjson
 
 from clipper.adapters.resp import RespClient, RespError
 from clipper.errors import Unavailable
@@ -27,6 +28,17 @@ if v then return {1, v} end
 if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then return {0, 1} end
 return {0, 0}
 """
+
+
+def _lookup_result(unique: list[str], replies: Sequence[Any]) -> tuple[dict[str, Any], set[str]]:
+    hits: dict[str, Any] = {}
+    owned: set[str] = set()
+    for k, (hit, value) in zip(unique, replies, strict=True):
+        if hit:
+            hits[k] = orjson.loads(value)
+        elif value:
+            owned.add(k)
+    return hits, owned
 
 
 def _checked(replies: Sequence[Any]) -> Sequence[Any]:
@@ -53,7 +65,7 @@ class RedisPredictionCache:
         if not keys:
             return {}
         values = _checked(self._client.execute([("GET", self._key(k)) for k in keys], timeout))
-        return {k: json.loads(v) for k, v in zip(keys, values, strict=True) if v is not None}
+        return {k: orjson.loads(v) for k, v in zip(keys, values, strict=True) if v is not None}
 
     def lookup(
         self, keys: list[str], claim_ttl_s: float, timeout: float | None = None
@@ -67,7 +79,7 @@ class RedisPredictionCache:
         owned: set[str] = set()
         for k, (hit, value) in zip(unique, _checked(self._client.execute(commands, timeout)), strict=True):
             if hit:
-                hits[k] = json.loads(value)
+                hits[k] = orjson.loads(value)
             elif value:
                 owned.add(k)
         return hits, owned
@@ -77,7 +89,7 @@ class RedisPredictionCache:
             return
         commands: list[tuple[Any, ...]] = []
         for k, v in entries.items():
-            commands.append(("SET", self._key(k), json.dumps(v), "EX", self._ttl))
+            commands.append(("SET", self._key(k), orjson.dumps(v), "EX", self._ttl))
             commands.append(("DEL", self._claim_key(k)))
         _checked(self._client.execute(commands, timeout))
 
@@ -92,14 +104,16 @@ class RedisPredictionCache:
 
     def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None) -> None:
         """A failed claim holds ``!<cause>`` until it expires: waiting queries read the cause."""
-        if not failures:
-            return
+        if failures:
+            _checked(self._client.execute(self._fail_commands(failures, ttl_s), timeout))
+
+    async def fail_many_async(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None) -> None:
+        if failures:
+            _checked(await self._client.aio.execute(self._fail_commands(failures, ttl_s), timeout))
+
+    def _fail_commands(self, failures: dict[str, str], ttl_s: float) -> list[tuple[Any, ...]]:
         ttl_ms = max(1, int(ttl_s * 1000))
-        _checked(
-            self._client.execute(
-                [("SET", self._claim_key(k), "!" + cause, "PX", ttl_ms) for k, cause in failures.items()], timeout
-            )
-        )
+        return [("SET", self._claim_key(k), "!" + cause, "PX", ttl_ms) for k, cause in failures.items()]
 
     def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         if not keys:
@@ -114,7 +128,7 @@ class RedisPredictionCache:
         for i, k in enumerate(keys):
             value, claim = values[2 * i], values[2 * i + 1]
             if value is not None:
-                hits[k] = json.loads(value)
+                hits[k] = orjson.loads(value)
             elif claim is not None and claim[:1] == b"!":
                 failed[k] = claim[1:].decode(errors="replace")
         return hits, failed

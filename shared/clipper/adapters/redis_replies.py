@@ -85,7 +85,17 @@ class _Waiter:
         if self.models is not None and self.models <= self.replies.keys() and not self.done.is_set():
             self.done.set()
             if self.loop is not None and self.future is not None:
-                self.loop.call_soon_threadsafe(_resolve, self.future)
+                if _running_loop() is self.loop:
+                    _resolve(self.future)
+                else:
+                    self.loop.call_soon_threadsafe(_resolve, self.future)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -103,6 +113,7 @@ class RedisReplyChannel:
         self._inbox: str | None = None
         self._waiters: dict[str, _Waiter] = {}
         self._listener: threading.Thread | None = None
+        self._loop_listener: asyncio.Task[None] | None = None
         self._generation = 0
         self._error: str | None = None
         self.dropped = 0  # replies that found no query waiting (late ones)
@@ -152,9 +163,15 @@ class RedisReplyChannel:
             return f"{self._inbox}.{uuid.uuid4().hex}"
 
     def expect(self, reply_to: str) -> None:
+        loop = _running_loop()
         with self._lock:
             self._waiters.setdefault(reply_to, _Waiter())
-            if self._listener is None or not self._listener.is_alive():
+            listening = self._loop_listener is not None and not self._loop_listener.done()
+            if listening and (loop is None or self._loop_listener.get_loop() is loop):  # type: ignore[union-attr]
+                return  # the event loop's listener serves every waiter of the process
+            if loop is not None:  # expected on an event loop: its replies are read on that loop
+                self._start_loop_listener(loop)
+            elif self._listener is None or not self._listener.is_alive():
                 self._start_listener()
 
     def wait(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
@@ -169,18 +186,21 @@ class RedisReplyChannel:
         return self._outcome(waiter, models)
 
     async def wait_async(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
-        """``wait`` for a query on an event loop: no thread is held while it waits."""
-        self.expect(reply_to)
-        waiter = self._waiters[reply_to]
-        waiter.loop = asyncio.get_running_loop()
-        waiter.future = waiter.loop.create_future()
+        """``wait`` for a query on an event loop: no thread is held while it waits, and the replies are read
+        by a listener on the same loop (its own connection), so no thread is woken for them either."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            waiter = self._waiters.setdefault(reply_to, _Waiter())
+            if self._loop_listener is None or self._loop_listener.done() or self._loop_listener.get_loop() is not loop:
+                self._start_loop_listener(loop)
+        waiter.loop = loop
+        waiter.future = loop.create_future()
         waiter.expect(models)  # resolves the future at once when every model replied already
+        expire = loop.call_later(max(0.0, timeout_s), _resolve, waiter.future)
         try:
-            if not waiter.done.is_set():
-                await asyncio.wait_for(asyncio.shield(waiter.future), max(0.0, timeout_s))
-        except TimeoutError:
-            pass
+            await waiter.future
         finally:
+            expire.cancel()
             with self._lock:
                 self._waiters.pop(reply_to, None)
         return self._outcome(waiter, models)
@@ -199,6 +219,11 @@ class RedisReplyChannel:
             self._inbox = None
             self._generation += 1
             self._listener = None
+            if self._loop_listener is not None:
+                loop = self._loop_listener.get_loop()
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(self._loop_listener.cancel)
+            self._loop_listener = None
             self._waiters.clear()
 
     def close(self) -> None:
@@ -248,6 +273,49 @@ class RedisReplyChannel:
             if isinstance(reply, RespError):
                 raise reply
         return [first[1], *(rest or [])] if first is not None else list(rest or [])
+
+    def _start_loop_listener(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called with the lock held: the listener becomes a task of ``loop`` (the thread listener, if any,
+        stops within ``LISTEN_BLOCK_S``)."""
+        if self._inbox is None:
+            self._inbox = uuid.uuid4().hex
+        if self._listener is not None:
+            self._generation += 1  # the thread listener's loop ends
+            self._listener = None
+        from clipper.adapters.resp_async import AsyncRespClient
+
+        connection = AsyncRespClient(self._client)  # its own connection: the blocking pops would hold a shared one
+        self._loop_listener = loop.create_task(
+            self._listen_on_loop(connection, self._inbox_key(self._inbox), self._generation),
+            name="clipper-reply-listener",
+        )
+
+    async def _listen_on_loop(self, connection: Any, key: str, generation: int) -> None:
+        backoff = 0.01
+        try:
+            while self._generation == generation:
+                try:
+                    first, rest = await connection.execute(
+                        [("BLPOP", key, LISTEN_BLOCK_S), ("LPOP", key, DRAIN_BATCH)], timeout=LISTEN_BLOCK_S + 2
+                    )
+                    for reply in (first, rest):
+                        if isinstance(reply, RespError):
+                            raise reply
+                    if self._error is not None:
+                        logger.warning("reply listener reads its inbox again")
+                    self._error = None
+                    backoff = 0.01
+                except (Unavailable, RespError) as e:
+                    if self._error is None:
+                        logger.warning("reply listener cannot read its inbox: %s", e)
+                    self._error = f"redis: {e}"
+                    await asyncio.sleep(backoff)
+                    backoff = min(1.0, backoff * 2)
+                    continue
+                for raw in [first[1], *(rest or [])] if first is not None else list(rest or []):
+                    self._dispatch(raw)
+        finally:
+            connection.close()
 
     def _dispatch(self, raw: bytes | str) -> None:
         text = raw.decode() if isinstance(raw, bytes) else raw

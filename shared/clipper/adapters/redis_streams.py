@@ -127,6 +127,12 @@ class RedisStreamRequestQueue:
         replies = self._client.execute([self._xadd(url, body) for url, body in messages], timeout)
         return [Unavailable(f"redis queue: {r}") if isinstance(r, RespError) else None for r in replies]
 
+    async def send_many_async(
+        self, messages: Sequence[tuple[str, str]], timeout: float | None = None
+    ) -> list[Exception | None]:
+        replies = await self._client.aio.execute([self._xadd(url, body) for url, body in messages], timeout)
+        return [Unavailable(f"redis queue: {r}") if isinstance(r, RespError) else None for r in replies]
+
 
 class RedisStreamQueueReader:
     """One queue as a long-poll driver consumes it: a consumer of the queue's group.

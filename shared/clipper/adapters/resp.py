@@ -26,10 +26,13 @@ import ssl
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from clipper.errors import Unavailable
+
+if TYPE_CHECKING:
+    from clipper.adapters.resp_async import AsyncRespClient
 
 Arg = bytes | str | int | float
 Command = Sequence[Arg]
@@ -185,6 +188,21 @@ class RespClient:
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._scripts: dict[str, str] = {}
+        self._aio: AsyncRespClient | None = None
+
+    @property
+    def scripts(self) -> dict[str, str]:
+        """The sources of the scripts made with ``script``, by SHA1."""
+        return self._scripts
+
+    @property
+    def aio(self) -> AsyncRespClient:
+        """The same server on the running event loop (``clipper.adapters.resp_async``)."""
+        if self._aio is None:
+            from clipper.adapters.resp_async import AsyncRespClient
+
+            self._aio = AsyncRespClient(self)
+        return self._aio
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RespClient:
@@ -257,8 +275,10 @@ class RespClient:
         return replies
 
     def close(self) -> None:
-        """Drop the idle connections (the next call connects again)."""
+        """Drop the idle connections and the event loops' ones (the next call connects again)."""
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+        if self._aio is not None:
+            self._aio.close()

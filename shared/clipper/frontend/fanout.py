@@ -24,6 +24,7 @@ from clipper.core.messages import QueryMessage, Reply, encode_rows
 from clipper.core.validation import QueryInput, Rows
 from clipper.errors import Unavailable
 from clipper.frontend.results import ModelAnswer, QueryTicket
+from clipper.frontend.steps import Steps, call
 from clipper.ports import ClaimStore, Clock, PredictionCache, ReplyChannel, RequestQueue
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class Gatherer:
         return max(MIN_CALL_S, deadline - self._clock.now())
 
     # -- out: the cache, then the models ---------------------------------------------------------------------
-    def send(
+    def send_steps(
         self,
         app: Application,
         models: list[ModelVersion],
@@ -94,33 +95,35 @@ class Gatherer:
         deadline: float,
         timings: dict[str, float],
         ticket: QueryTicket,
-    ) -> Fanout:
+    ) -> Steps[Fanout]:
+        """The cache lookup and the sends, as steps (``clipper.frontend.steps``: run on a thread or a loop)."""
         n = query.count
         fan = Fanout([ModelAnswer(m, [None] * n) for m in models], deadline)
         t0 = self._clock.now()
         todo = {a.model.name: list(range(n)) for a in fan.answers}
         if self._cache is not None:
             ticket.stage = "reading the prediction cache"
-            todo = self._from_cache(fan, query.rows)
+            todo = yield from self._from_cache(fan, query.rows)
         t1 = self._clock.now()
         timings["cache"] = (t1 - t0) * 1000
         outgoing = [(a, todo[a.model.name]) for a in fan.answers if todo[a.model.name]]
         if outgoing:
             names = ", ".join(f"model {a.model.name}:{a.model.version}" for a, _ in outgoing)
             ticket.stage = f"sending to {names} (request queue)"
-            self._enqueue(app, fan, outgoing, query, query_id)
+            yield from self._enqueue(app, fan, outgoing, query, query_id)
         timings["enqueue"] = (self._clock.now() - t1) * 1000
         return fan
 
-    def _from_cache(self, fan: Fanout, rows: Rows) -> dict[str, list[int]]:
+    def _from_cache(self, fan: Fanout, rows: Rows) -> Steps[dict[str, list[int]]]:
         """Fill cached outputs and claim the misses, for every model in one call; returns per model the rows this
         query computes (a claimed key's first row), and notes the rows other queries compute."""
         assert self._cache is not None
         for a in fan.answers:
             fan.keys[a.model.name] = row_keys(a.model.name, a.model.version, rows)
         every = [k for a in fan.answers for k in fan.keys[a.model.name]]
+        left = self._left(fan.deadline)
         try:
-            hits, owned = self._cache.lookup(every, self._left(fan.deadline), timeout=self._left(fan.deadline))
+            hits, owned = yield call(self._cache, "lookup", every, left, timeout=left)
         except Unavailable as e:
             logger.warning("cache unavailable: %s", e)
             fan.cache_problem = str(e)
@@ -147,7 +150,7 @@ class Gatherer:
         outgoing: list[tuple[ModelAnswer, list[int]]],
         query: QueryInput,
         query_id: int,
-    ) -> None:
+    ) -> Steps[None]:
         """One message per model, sent together; stamps each model's ``send`` time."""
         fan.reply_to = self._replies.new_address()
         self._replies.expect(fan.reply_to)
@@ -164,8 +167,11 @@ class Gatherer:
             return
         t0 = self._clock.now()
         try:
-            failures = self._queue.send_many(
-                [(a.model.queue_url, body) for a, _, body in messages], timeout=self._left(fan.deadline)
+            failures = yield call(
+                self._queue,
+                "send_many",
+                [(a.model.queue_url, body) for a, _, body in messages],
+                timeout=self._left(fan.deadline),
             )
         except Unavailable as e:
             failures = [e] * len(messages)
@@ -209,7 +215,7 @@ class Gatherer:
     def wait_timeout(self, fan: Fanout) -> float:
         return fan.deadline - ANSWER_MARGIN_S - self._clock.now()
 
-    def absorb(self, app: Application, fan: Fanout, replies: list[Reply] | Unavailable) -> None:
+    def absorb(self, app: Application, fan: Fanout, replies: list[Reply] | Unavailable) -> Steps[None]:
         """Take in the replies (or the reply channel's failure), mark the models that gave no output, and release
         the claims of rows this query got no output for."""
         if isinstance(replies, Unavailable):
@@ -239,9 +245,9 @@ class Gatherer:
                 if fan.cache_problem is not None:
                     a.problem += f" (the prediction cache did not answer first: {fan.cache_problem})"
         if self._cache is not None:
-            self._settle_claims(fan)
+            yield from self._settle_claims(fan)
 
-    def _settle_claims(self, fan: Fanout) -> None:
+    def _settle_claims(self, fan: Fanout) -> Steps[None]:
         """Rows this query claimed but got no output for: release the claims with the cause. Rows repeated within
         the query take their first occurrence's output."""
         failures: dict[str, str] = {}
@@ -255,7 +261,7 @@ class Gatherer:
         if failures:
             assert self._cache is not None
             try:
-                self._cache.fail_many(failures, FAILED_CLAIM_TTL_S, timeout=self._left(fan.deadline))
+                yield call(self._cache, "fail_many", failures, FAILED_CLAIM_TTL_S, timeout=self._left(fan.deadline))
             except Unavailable as e:
                 logger.warning("failed claims not released: %s", e)
 

@@ -35,6 +35,7 @@ from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, output_value
 from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, validate_query
 from clipper.errors import ClipperError, InvalidInput, Unavailable
+from clipper.frontend import steps
 from clipper.frontend.fanout import ANSWER_MARGIN_S, FAILED_CLAIM_TTL_S, Fanout, Gatherer, split_model_time
 from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice, Selector
@@ -163,7 +164,7 @@ class QueryProcessor:
         """Answer one request, waiting for the replies on this thread. ``ticket`` (the caller's) is filled in as
         the query goes, so a watchdog that gives up on it at its deadline (``late``) can still answer with the
         default and say what held it up."""
-        started = self.start(app_name, body, ticket if ticket is not None else QueryTicket())
+        started = steps.run(self.start(app_name, body, ticket if ticket is not None else QueryTicket()))
         if isinstance(started, QueryResult):
             return started
         fan = started.fanout
@@ -173,7 +174,7 @@ class QueryProcessor:
                 replies = self._replies.wait(fan.reply_to, list(fan.sent), self._gatherer.wait_timeout(fan))
             except Unavailable as e:
                 replies = e
-        result = self.finish(started, replies, blocking=True)
+        result = steps.run(self.finish(started, replies, blocking=True))
         assert result is not None
         return result
 
@@ -182,7 +183,7 @@ class QueryProcessor:
         remaining time) and the wait for replies holds no thread. The caller runs it only when the processor's
         dependencies answer in well under a millisecond (``inline``); rows that wait on other queries'
         computations are awaited on a worker thread."""
-        started = self.start(app_name, body, ticket, on_worker=False)
+        started = await steps.run_async(self.start(app_name, body, ticket, on_worker=False))
         if isinstance(started, QueryResult):
             return started
         fan = started.fanout
@@ -192,17 +193,20 @@ class QueryProcessor:
                 replies = await self._replies.wait_async(fan.reply_to, list(fan.sent), self._gatherer.wait_timeout(fan))
             except Unavailable as e:
                 replies = e
-        result = self.finish(started, replies, blocking=False)
+        result = await steps.run_async(self.finish(started, replies, blocking=False))
         if result is None:  # followers: poll the cache on a worker thread
             await asyncio.to_thread(self._gatherer.await_followers, started.ticket.app, fan)  # type: ignore[arg-type]
-            result = self.finish(started, None, blocking=False)
+            result = await steps.run_async(self.finish(started, None, blocking=False))
         assert result is not None
         return result
 
-    def start(self, app_name: str, body: Any, ticket: QueryTicket, on_worker: bool = True) -> Started | QueryResult:
-        """Validate (unless admitted), select the models, look up the cache, send the misses. A query that needs
-        no model (no model linked, bandit state unreadable) gets its answer here. ``on_worker``: this runs on a
-        worker thread (an admitted query reports how long it waited for it)."""
+    def start(
+        self, app_name: str, body: Any, ticket: QueryTicket, on_worker: bool = True
+    ) -> steps.Steps[Started | QueryResult]:
+        """Validate (unless admitted), select the models, look up the cache, send the misses, as steps
+        (``clipper.frontend.steps``). A query that needs no model (no model linked, bandit state unreadable)
+        gets its answer here. ``on_worker``: this runs on a worker thread (an admitted query reports how long it
+        waited for it)."""
         taken = self._clock.now()
         timings: dict[str, float] = {}
         if ticket.query is None:
@@ -225,14 +229,14 @@ class QueryProcessor:
         timings["select"] = (self._clock.now() - start) * 1000
         if self._listener is not None:
             self._listener.selected(app.name, choice.models)
-        fan = self._gatherer.send(app, choice.models, query, ids[0], ticket.deadline, timings, ticket)
+        fan = yield from self._gatherer.send_steps(app, choice.models, query, ids[0], ticket.deadline, timings, ticket)
         ticket.stage = "waiting for replies"
         return Started(ticket, choice, fan, timings, self._clock.now())
 
     def finish(
         self, started: Started, replies: list[Reply] | Unavailable | None, blocking: bool = True
-    ) -> QueryResult | None:
-        """Take in the replies and answer. ``replies`` None: already taken in (a second call after
+    ) -> steps.Steps[QueryResult | None]:
+        """Take in the replies and answer, as steps. ``replies`` None: already taken in (a second call after
         ``await_followers``). Without ``blocking``, returns None when rows wait on other queries' computations
         (the caller awaits them with ``Gatherer.await_followers``, then calls again)."""
         ticket, choice, fan, timings = started.ticket, started.choice, started.fanout, started.timings
@@ -241,7 +245,7 @@ class QueryProcessor:
         if replies is not None:
             now = self._clock.now()
             timings["wait"] = (now - started.wait_started) * 1000
-            self._gatherer.absorb(app, fan, replies)
+            yield from self._gatherer.absorb(app, fan, replies)
             for a, _ in fan.sent.values():
                 split_model_time(a, now)
             if fan.followers:
@@ -259,7 +263,7 @@ class QueryProcessor:
             logger.info("default output", extra={"app": app.name, "rows": len(defaults), "reason": why})
         if choice.selection.policy != "single":
             ticket.stage = "recording the query for feedback"
-            self._record(app, ticket.user, query, choice, answers, ticket.deadline)
+            yield from self._record(app, ticket.user, query, choice, answers, ticket.deadline)
             timings["record"] = (self._clock.now() - t1) * 1000
         hits = sum(a.hits for a in answers)
         first = answers[0].model
@@ -327,7 +331,7 @@ class QueryProcessor:
         choice: Choice,
         answers: list[ModelAnswer],
         deadline: float | None,
-    ) -> None:
+    ) -> steps.Steps[None]:
         """Keep what each model answered, and the selection, so that feedback can update the bandit."""
         if self._cache is None:
             return
@@ -339,7 +343,7 @@ class QueryProcessor:
         # past the deadline the answer is ready: a short bound, not the query's remaining time
         timeout = max(0.05, (deadline or 0.0) - self._clock.now())
         try:
-            self._cache.put_many(entries, timeout=timeout)
+            yield steps.call(self._cache, "put_many", entries, timeout=timeout)
         except Unavailable as e:
             logger.warning("query record not kept: %s", e)
 

@@ -1,0 +1,152 @@
+"""The query path on the event loop, over a real Redis: the frontend's route (lean async client: cache lookup,
+the Streams send, the reply listener on the loop) and a long-poll batcher thread on the same Redis answering
+from a fake endpoint. The same queries through the worker-thread path answer alike."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+
+from clipper.adapters.clock import SystemClock
+from clipper.adapters.redis_cache import RedisPredictionCache
+from clipper.adapters.redis_replies import RedisReplyChannel
+from clipper.adapters.redis_streams import RedisStreamQueueReader, RedisStreamRequestQueue
+from clipper.adapters.resp import RespClient
+from clipper.batching.controller import FixedController
+from clipper.batching.core import Batcher
+from clipper.batching.longpoll import LongPollDriver
+from clipper.core.registry_cache import CachedRegistry
+from clipper.errors import Unavailable
+from clipper.frontend.api import create_app
+from clipper.frontend.query import QueryProcessor
+from tests.fakes import FakeEndpoint, FakeResolver, InMemoryRegistry, digits_app, model_version
+from tests.services import redis_url  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.integration
+
+
+def one_hot(i: int) -> list[float]:
+    return [1.0 if j == i else 0.0 for j in range(64)]
+
+
+@pytest.fixture
+def stack(redis_url):  # noqa: F811
+    client = RespClient.from_url(redis_url)
+    prefix = uuid.uuid4().hex[:8]
+    registry = InMemoryRegistry()
+    registry.apps["digits"] = digits_app(latency_slo_micros=2_000_000)
+    registry.apps["ens"] = digits_app(name="ens", latency_slo_micros=2_000_000, policy="exp4")
+    registry.links["digits"] = ["a"]
+    registry.links["ens"] = ["a", "b"]
+    for m in ("a", "b"):
+        registry.versions[(m, "1")] = model_version(m, queue_url=f"https://sqs.local/123/{prefix}-{m}")
+        registry.active[m] = "1"
+    replies = RedisReplyChannel(client, ttl_s=60, prefix=prefix)
+    cache = RedisPredictionCache(client, ttl_s=60, prefix=prefix)
+    endpoint = FakeEndpoint()
+    batcher = Batcher(FakeResolver(endpoint), replies, SystemClock(), cache=cache)
+    stop = threading.Event()
+    drivers = []
+    for m in ("a", "b"):
+        reader = RedisStreamQueueReader(client, f"https://sqs.local/123/{prefix}-{m}", prefix=prefix)
+        driver = LongPollDriver(reader, batcher, FixedController(8), idle_wait_s=1)
+        drivers.append(threading.Thread(target=driver.run, args=(stop,), daemon=True))
+    for t in drivers:
+        t.start()
+
+    def make(inline: bool) -> TestClient:
+        processor = QueryProcessor(
+            CachedRegistry(registry, SystemClock(), ttl_s=60),
+            RedisStreamRequestQueue(client, prefix=prefix),
+            replies,
+            SystemClock(),
+            lambda: 1 << 16,
+            cache=cache,
+            inline=inline,
+        )
+        return TestClient(create_app(processor, max_body_bytes=1 << 20))
+
+    yield make, endpoint, client
+    stop.set()
+    for t in drivers:
+        t.join(timeout=5)
+    replies.close()
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["event-loop", "worker-thread"])
+def test_queries_are_answered_cached_and_ensembled(stack, inline):
+    make, endpoint, _ = stack
+    with make(inline) as http:
+        http.post("/digits/predict", json={"input": one_hot(0)})  # the registry copy knows the app now
+        r = http.post("/digits/predict?debug=1", json={"input_batch": [one_hot(3), one_hot(9), one_hot(3)]})
+        body = r.json()
+        assert [p["output"] for p in body["batch_predictions"]] == [3, 9, 3]
+        assert ("worker" not in body["debug"]["timings_ms"]) is inline  # the path taken
+        calls = len(endpoint.calls)
+        again = http.post("/digits/predict?debug=1", json={"input": one_hot(9)}).json()
+        assert again["output"] == 9 and again["debug"]["cache"] == {"hits": 1, "misses": 0}
+        assert len(endpoint.calls) == calls  # a hit never reaches the model
+        ens = http.post("/ens/predict?debug=1", json={"input": one_hot(5)}).json()
+        assert ens["output"] == 5 and sorted(ens["debug"]["models"]) == ["a", "b"] and ens["default"] is False
+
+
+def test_concurrent_queries_on_one_loop_share_its_connection_and_each_get_their_own_answer(stack):
+    make, _, _ = stack
+    with make(True) as http:
+        http.post("/digits/predict", json={"input": one_hot(0)})
+        results: list[tuple[int, int]] = []
+
+        def ask(i: int) -> None:
+            row = [float(i)] + [0.0] * 63 if i else one_hot(0)
+            row[1 + i % 60] = 100.0  # argmax at 1 + i % 60, and every row distinct
+            out = http.post("/digits/predict", json={"input": row}).json()
+            results.append((1 + i % 60, out["output"]))
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(1, 41)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(results) == 40 and all(expected == got for expected, got in results)
+
+
+def test_the_async_client_bounds_each_call_and_drops_a_hung_connection(redis_url):  # noqa: F811
+    import signal
+    import subprocess
+
+    from tests.services import free_port, wait_for_port
+
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", ""], stdout=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        client = RespClient.from_url(f"redis://127.0.0.1:{port}", timeout=0.2)
+
+        async def scenario() -> list[object]:
+            aio = client.aio
+            assert await aio.execute([("SET", "k", "v"), ("GET", "k")]) == ["OK", b"v"]
+            proc.send_signal(signal.SIGSTOP)
+            outcomes: list[object] = []
+            start = time.monotonic()
+            for timeout in (0.05, 0.3):  # the second outlives the client's 0.2 s: the connection is dropped
+                try:
+                    await aio.execute([("GET", "k")], timeout=timeout)
+                except Unavailable as e:
+                    outcomes.append(str(e))
+            outcomes.append(time.monotonic() - start)
+            proc.send_signal(signal.SIGCONT)
+            outcomes.append(await aio.execute([("GET", "k")]))  # a new connection
+            return outcomes
+
+        first, second, elapsed, after = asyncio.run(scenario())
+        assert "no answer in time" in str(first) and "no answer in time" in str(second)
+        assert elapsed < 1.0 and after == [b"v"]
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        proc.wait(timeout=10)
