@@ -78,8 +78,26 @@ def stack(redis_url):  # noqa: F811
     replies.close()
 
 
+@pytest.fixture
+def blocking_calls_on_a_loop(monkeypatch):
+    """The thread client's calls made on a thread that runs an event loop (each would stall the loop)."""
+    calls: list[object] = []
+    original = RespClient.execute
+
+    def execute(self, commands, timeout=None):
+        try:
+            asyncio.get_running_loop()
+            calls.append(commands[0][0] if commands else None)
+        except RuntimeError:
+            pass
+        return original(self, commands, timeout)
+
+    monkeypatch.setattr(RespClient, "execute", execute)
+    return calls
+
+
 @pytest.mark.parametrize("inline", [True, False], ids=["event-loop", "worker-thread"])
-def test_queries_are_answered_cached_and_ensembled(stack, inline):
+def test_queries_are_answered_cached_and_ensembled(stack, inline, blocking_calls_on_a_loop):
     make, endpoint, _ = stack
     with make(inline) as http:
         http.post("/digits/predict", json={"input": one_hot(0)})  # the registry copy knows the app now
@@ -93,6 +111,7 @@ def test_queries_are_answered_cached_and_ensembled(stack, inline):
         assert len(endpoint.calls) == calls  # a hit never reaches the model
         ens = http.post("/ens/predict?debug=1", json={"input": one_hot(5)}).json()
         assert ens["output"] == 5 and sorted(ens["debug"]["models"]) == ["a", "b"] and ens["default"] is False
+    assert blocking_calls_on_a_loop == []  # every Redis call on the loop was awaited
 
 
 def test_concurrent_queries_on_one_loop_share_its_connection_and_each_get_their_own_answer(stack):

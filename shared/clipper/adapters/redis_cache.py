@@ -72,26 +72,34 @@ class RedisPredictionCache:
     ) -> tuple[dict[str, Any], set[str]]:
         """The cached outputs of ``keys``, and which of the others this caller now computes (their claims),
         in one round trip."""
+        unique, commands = self._lookup_commands(keys, claim_ttl_s)
+        return _lookup_result(unique, _checked(self._client.execute(commands, timeout)))
+
+    async def lookup_async(
+        self, keys: list[str], claim_ttl_s: float, timeout: float | None = None
+    ) -> tuple[dict[str, Any], set[str]]:
+        unique, commands = self._lookup_commands(keys, claim_ttl_s)
+        return _lookup_result(unique, _checked(await self._client.aio.execute(commands, timeout)))
+
+    def _lookup_commands(self, keys: list[str], claim_ttl_s: float) -> tuple[list[str], list[tuple[Any, ...]]]:
         unique = list(dict.fromkeys(keys))
         ttl_ms = max(1, int(claim_ttl_s * 1000))
-        commands = [self._lookup.command([self._key(k), self._claim_key(k)], [ttl_ms]) for k in unique]
-        hits: dict[str, Any] = {}
-        owned: set[str] = set()
-        for k, (hit, value) in zip(unique, _checked(self._client.execute(commands, timeout)), strict=True):
-            if hit:
-                hits[k] = orjson.loads(value)
-            elif value:
-                owned.add(k)
-        return hits, owned
+        return unique, [self._lookup.command([self._key(k), self._claim_key(k)], [ttl_ms]) for k in unique]
 
     def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None:
-        if not entries:
-            return
+        if entries:
+            _checked(self._client.execute(self._put_commands(entries), timeout))
+
+    async def put_many_async(self, entries: dict[str, Any], timeout: float | None = None) -> None:
+        if entries:
+            _checked(await self._client.aio.execute(self._put_commands(entries), timeout))
+
+    def _put_commands(self, entries: dict[str, Any]) -> list[tuple[Any, ...]]:
         commands: list[tuple[Any, ...]] = []
         for k, v in entries.items():
             commands.append(("SET", self._key(k), orjson.dumps(v), "EX", self._ttl))
             commands.append(("DEL", self._claim_key(k)))
-        _checked(self._client.execute(commands, timeout))
+        return commands
 
     def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
         if not keys:
