@@ -44,6 +44,7 @@ class _Protocol(asyncio.Protocol):
         self.buf = bytearray()
         self.calls: collections.deque[_Call] = collections.deque()
         self.closed = False
+        self.outgoing: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -82,11 +83,19 @@ class _Protocol(asyncio.Protocol):
             self.transport.close()
 
     def send(self, commands: Sequence[Command], future: asyncio.Future[list[Any]]) -> _Call:
-        assert self.transport is not None
+        """Queue the commands; they are written at the end of this turn of the loop, with those of every other
+        query that sent in the same turn (one write, one syscall, under load)."""
         call = _Call(future, len(commands))
         self.calls.append(call)
-        self.transport.write(pack(commands))
+        if not self.outgoing:
+            future.get_loop().call_soon(self._flush)
+        self.outgoing.append(pack(commands))
         return call
+
+    def _flush(self) -> None:
+        data, self.outgoing = self.outgoing, []
+        if self.transport is not None and not self.closed and data:
+            self.transport.write(b"".join(data) if len(data) > 1 else data[0])
 
 
 def _expire(future: asyncio.Future[list[Any]]) -> None:
