@@ -129,6 +129,17 @@ class PredictionCache(Protocol):
         ...
 
 
+class LookupOrSend(Protocol):
+    """The cache lookup and the sends of a single-input query in one call (one standalone Redis holding both)."""
+
+    def lookup_or_send(
+        self, requests: Sequence[tuple[str, str, str]], claim_ttl_s: float, timeout: float | None = None
+    ) -> list[tuple[str, Any]]:
+        """For each ``(cache key, queue URL, message body)``: ``("hit", output)``, ``("sent", None)`` (claimed,
+        message sent: this query computes it) or ``("waiting", None)`` (another query computes it)."""
+        ...
+
+
 class ControllerStateStore(Protocol):
     """Where a batching controller's state survives cold starts."""
 

@@ -27,6 +27,8 @@ class CommonSettings(BaseSettings):
     # The request queues' transport: SQS on AWS; Redis Streams (REDIS_URL) on one machine. A version's queue
     # address stays its SQS queue URL either way (the Redis transport names its stream after the queue).
     queue_transport: Literal["sqs", "redis"] = "sqs"
+    # Whether REDIS_URL is a cluster (ElastiCache Serverless is): scripts may then only name keys of one slot.
+    redis_cluster: bool = False
 
 
 class FrontendSettings(CommonSettings):

@@ -17,7 +17,16 @@ if TYPE_CHECKING:
     from clipper.batching.core import Batcher
     from clipper.feedback import FeedbackProcessor, FeedbackReceiver
     from clipper.frontend.query import QueryListener, QueryProcessor
-    from clipper.ports import Clock, PredictionCache, QueueReader, Registry, ReplyChannel, RequestQueue, SelectionStore
+    from clipper.ports import (
+        Clock,
+        LookupOrSend,
+        PredictionCache,
+        QueueReader,
+        Registry,
+        ReplyChannel,
+        RequestQueue,
+        SelectionStore,
+    )
     from clipper.settings import BatcherSettings, CommonSettings, FrontendSettings
 
 
@@ -253,21 +262,37 @@ def build_query_processor(
     refresh = background_runner() if background_refresh else None
     registry = _registry(settings, dynamodb, clock, settings.config_ttl_s, refresh)
     selector = Selector(registry, selection_store(settings, dynamodb), clock, random.Random(), settings.selection_ttl_s)
+    queue, cache = request_queue(settings, sqs), prediction_cache(settings, dynamodb)
     return QueryProcessor(
         registry=registry,
-        queue=request_queue(settings, sqs),
+        queue=queue,
         replies=replies or reply_channel(settings, dynamodb, settings.reply_poll_interval_s),
         clock=clock,
         new_query_id=new_query_id,
         claims=_claims(settings, s3),
         max_batch=settings.max_batch,
-        cache=prediction_cache(settings, dynamodb),
+        cache=cache,
         cache_poll_s=0.002 if settings.redis_url else 0.01,
         selector=selector,
         listener=listener,
         # on the event loop only when every query-path dependency is Redis (the lean client bounds each call)
         inline=replies is None and bool(settings.redis_url) and settings.queue_transport == "redis",
+        fused=_lookup_or_send(settings, cache, queue),
     )
+
+
+def _lookup_or_send(settings: CommonSettings, cache: Any, queue: Any) -> LookupOrSend | None:
+    """The one-round-trip lookup and send, where the cache and the Streams queues share one standalone Redis."""
+    from clipper.adapters.redis_cache import RedisPredictionCache
+    from clipper.adapters.redis_streams import RedisStreamRequestQueue
+
+    if settings.redis_cluster or not isinstance(cache, RedisPredictionCache):
+        return None
+    if not isinstance(queue, RedisStreamRequestQueue) or cache.client is not queue.client:
+        return None
+    from clipper.adapters.redis_fused import RedisLookupOrSend
+
+    return RedisLookupOrSend(cache, queue)
 
 
 def build_batcher(

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from clipper.adapters.clock import SystemClock
 from clipper.adapters.redis_cache import RedisPredictionCache
+from clipper.adapters.redis_fused import RedisLookupOrSend
 from clipper.adapters.redis_replies import RedisReplyChannel
 from clipper.adapters.redis_streams import RedisStreamQueueReader, RedisStreamRequestQueue
 from clipper.adapters.resp import RespClient
@@ -59,15 +60,17 @@ def stack(redis_url):  # noqa: F811
     for t in drivers:
         t.start()
 
-    def make(inline: bool) -> TestClient:
+    def make(inline: bool, fused: bool = False) -> TestClient:
+        queue = RedisStreamRequestQueue(client, prefix=prefix)
         processor = QueryProcessor(
             CachedRegistry(registry, SystemClock(), ttl_s=60),
-            RedisStreamRequestQueue(client, prefix=prefix),
+            queue,
             replies,
             SystemClock(),
             lambda: 1 << 16,
             cache=cache,
             inline=inline,
+            fused=RedisLookupOrSend(cache, queue) if fused else None,
         )
         return TestClient(create_app(processor, max_body_bytes=1 << 20))
 
@@ -96,10 +99,14 @@ def blocking_calls_on_a_loop(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("inline", [True, False], ids=["event-loop", "worker-thread"])
-def test_queries_are_answered_cached_and_ensembled(stack, inline, blocking_calls_on_a_loop):
+@pytest.mark.parametrize(
+    ("inline", "fused"),
+    [(True, False), (False, False), (True, True), (False, True)],
+    ids=["event-loop", "worker-thread", "event-loop-one-round-trip", "worker-thread-one-round-trip"],
+)
+def test_queries_are_answered_cached_and_ensembled(stack, inline, fused, blocking_calls_on_a_loop):
     make, endpoint, _ = stack
-    with make(inline) as http:
+    with make(inline, fused) as http:
         http.post("/digits/predict", json={"input": one_hot(0)})  # the registry copy knows the app now
         r = http.post("/digits/predict?debug=1", json={"input_batch": [one_hot(3), one_hot(9), one_hot(3)]})
         body = r.json()
@@ -114,9 +121,10 @@ def test_queries_are_answered_cached_and_ensembled(stack, inline, blocking_calls
     assert blocking_calls_on_a_loop == []  # every Redis call on the loop was awaited
 
 
-def test_concurrent_queries_on_one_loop_share_its_connection_and_each_get_their_own_answer(stack):
+@pytest.mark.parametrize("fused", [False, True])
+def test_concurrent_queries_on_one_loop_share_its_connection_and_each_get_their_own_answer(stack, fused):
     make, _, _ = stack
-    with make(True) as http:
+    with make(True, fused) as http:
         http.post("/digits/predict", json={"input": one_hot(0)})
         results: list[tuple[int, int]] = []
 

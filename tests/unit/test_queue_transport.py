@@ -78,3 +78,21 @@ def test_the_redis_transport_without_redis_url_fails_at_build_time_naming_both(m
     for build in (lambda: request_queue(s, None), lambda: queue_reader(s, None, URL)):
         with pytest.raises(ValueError, match="CLIPPER_QUEUE_TRANSPORT=redis needs REDIS_URL"):
             build()
+
+
+@pytest.mark.parametrize(
+    ("transport", "cluster", "inline", "fused"),
+    [("redis", "false", True, True), ("redis", "true", True, False), ("sqs", "false", False, False)],
+)
+def test_the_frontend_runs_on_its_loop_and_in_one_round_trip_only_on_a_standalone_redis(
+    monkeypatch: pytest.MonkeyPatch, transport: str, cluster: str, inline: bool, fused: bool
+):
+    from clipper.settings import FrontendSettings
+    from clipper.wiring import build_query_processor
+
+    monkeypatch.setenv("CLIPPER_QUEUE_TRANSPORT", transport)
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("CLIPPER_REDIS_CLUSTER", cluster)
+    s = FrontendSettings(registry_table="registry", replies_table="replies")
+    processor = build_query_processor(s, dynamodb=None, sqs=None, s3=None, background_refresh=False)
+    assert processor._inline is inline and (processor._gatherer._fused is not None) is fused

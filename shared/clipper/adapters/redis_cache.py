@@ -55,16 +55,20 @@ class RedisPredictionCache:
         self._prefix = prefix
         self._lookup = client.script(_LOOKUP)
 
-    def _key(self, key: str) -> str:
+    @property
+    def client(self) -> RespClient:
+        return self._client
+
+    def entry_key(self, key: str) -> str:
         return f"{self._prefix}:cache:{{{key}}}"
 
-    def _claim_key(self, key: str) -> str:
+    def claim_key(self, key: str) -> str:
         return f"{self._prefix}:inflight:{{{key}}}"
 
     def get_many(self, keys: list[str], timeout: float | None = None) -> dict[str, Any]:
         if not keys:
             return {}
-        values = _checked(self._client.execute([("GET", self._key(k)) for k in keys], timeout))
+        values = _checked(self._client.execute([("GET", self.entry_key(k)) for k in keys], timeout))
         return {k: orjson.loads(v) for k, v in zip(keys, values, strict=True) if v is not None}
 
     def lookup(
@@ -84,7 +88,7 @@ class RedisPredictionCache:
     def _lookup_commands(self, keys: list[str], claim_ttl_s: float) -> tuple[list[str], list[tuple[Any, ...]]]:
         unique = list(dict.fromkeys(keys))
         ttl_ms = max(1, int(claim_ttl_s * 1000))
-        return unique, [self._lookup.command([self._key(k), self._claim_key(k)], [ttl_ms]) for k in unique]
+        return unique, [self._lookup.command([self.entry_key(k), self.claim_key(k)], [ttl_ms]) for k in unique]
 
     def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None:
         if entries:
@@ -97,8 +101,8 @@ class RedisPredictionCache:
     def _put_commands(self, entries: dict[str, Any]) -> list[tuple[Any, ...]]:
         commands: list[tuple[Any, ...]] = []
         for k, v in entries.items():
-            commands.append(("SET", self._key(k), orjson.dumps(v), "EX", self._ttl))
-            commands.append(("DEL", self._claim_key(k)))
+            commands.append(("SET", self.entry_key(k), orjson.dumps(v), "EX", self._ttl))
+            commands.append(("DEL", self.claim_key(k)))
         return commands
 
     def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
@@ -106,7 +110,7 @@ class RedisPredictionCache:
             return set()
         ttl_ms = max(1, int(ttl_s * 1000))
         results = _checked(
-            self._client.execute([("SET", self._claim_key(k), "1", "PX", ttl_ms, "NX") for k in keys], timeout)
+            self._client.execute([("SET", self.claim_key(k), "1", "PX", ttl_ms, "NX") for k in keys], timeout)
         )
         return {k for k, ok in zip(keys, results, strict=True) if ok}
 
@@ -121,15 +125,15 @@ class RedisPredictionCache:
 
     def _fail_commands(self, failures: dict[str, str], ttl_s: float) -> list[tuple[Any, ...]]:
         ttl_ms = max(1, int(ttl_s * 1000))
-        return [("SET", self._claim_key(k), "!" + cause, "PX", ttl_ms) for k, cause in failures.items()]
+        return [("SET", self.claim_key(k), "!" + cause, "PX", ttl_ms) for k, cause in failures.items()]
 
     def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         if not keys:
             return {}, {}
         commands: list[tuple[Any, ...]] = []
         for k in keys:
-            commands.append(("GET", self._key(k)))
-            commands.append(("GET", self._claim_key(k)))
+            commands.append(("GET", self.entry_key(k)))
+            commands.append(("GET", self.claim_key(k)))
         values = _checked(self._client.execute(commands, timeout))
         hits: dict[str, Any] = {}
         failed: dict[str, str] = {}

@@ -110,13 +110,24 @@ class RedisStreamRequestQueue:
         self._retention_ms = None if retention_s is None else int(retention_s * 1000)
         self._keys: dict[str, str] = {}
 
-    def _xadd(self, queue_url: str, body: str) -> tuple[Any, ...]:
+    @property
+    def client(self) -> RespClient:
+        return self._client
+
+    def stream_key(self, queue_url: str) -> str:
         key = self._keys.get(queue_url)
         if key is None:
             key = self._keys[queue_url] = stream_keys(queue_url, self._prefix).stream
-        if self._retention_ms is None:
+        return key
+
+    def minid(self) -> int | None:
+        """The oldest entry id a send keeps (the retention), or None when messages are kept until answered."""
+        return None if self._retention_ms is None else int(time.time() * 1000) - self._retention_ms
+
+    def _xadd(self, queue_url: str, body: str) -> tuple[Any, ...]:
+        key, minid = self.stream_key(queue_url), self.minid()
+        if minid is None:
             return ("XADD", key, "*", "body", body)
-        minid = int(time.time() * 1000) - self._retention_ms
         return ("XADD", key, "MINID", "~", minid, "*", "body", body)
 
     def send(self, queue_url: str, body: str, timeout: float | None = None) -> None:

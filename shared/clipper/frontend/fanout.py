@@ -25,7 +25,7 @@ from clipper.core.validation import QueryInput, Rows
 from clipper.errors import Unavailable
 from clipper.frontend.results import ModelAnswer, QueryTicket
 from clipper.frontend.steps import Steps, call
-from clipper.ports import ClaimStore, Clock, PredictionCache, ReplyChannel, RequestQueue
+from clipper.ports import ClaimStore, Clock, LookupOrSend, PredictionCache, ReplyChannel, RequestQueue
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +74,17 @@ class Gatherer:
         claims: ClaimStore | None,
         cache: PredictionCache | None,
         cache_poll_s: float,
+        fused: LookupOrSend | None = None,
     ) -> None:
+        """``fused``: the cache lookup and the sends of a single-input query in one call, where the cache and the
+        queues are one standalone Redis (``clipper.adapters.redis_fused``)."""
         self._queue = queue
         self._replies = replies
         self._clock = clock
         self._claims = claims
         self._cache = cache
         self._cache_poll = cache_poll_s
+        self._fused = fused if cache is not None else None
 
     def _left(self, deadline: float) -> float:
         return max(MIN_CALL_S, deadline - self._clock.now())
@@ -99,6 +103,9 @@ class Gatherer:
         """The cache lookup and the sends, as steps (``clipper.frontend.steps``: run on a thread or a loop)."""
         n = query.count
         fan = Fanout([ModelAnswer(m, [None] * n) for m in models], deadline)
+        if self._fused is not None and n == 1:
+            yield from self._lookup_or_send(app, fan, query, query_id, timings, ticket)
+            return fan
         t0 = self._clock.now()
         todo = {a.model.name: list(range(n)) for a in fan.answers}
         if self._cache is not None:
@@ -113,6 +120,56 @@ class Gatherer:
             yield from self._enqueue(app, fan, outgoing, query, query_id)
         timings["enqueue"] = (self._clock.now() - t1) * 1000
         return fan
+
+    def _lookup_or_send(
+        self,
+        app: Application,
+        fan: Fanout,
+        query: QueryInput,
+        query_id: int,
+        timings: dict[str, float],
+        ticket: QueryTicket,
+    ) -> Steps[None]:
+        """One input: each model's cached output, or its message sent, or another query's computation awaited,
+        in one call. Its time is the enqueue stage's (the cache stage is part of it)."""
+        assert self._fused is not None
+        t0 = self._clock.now()
+        fan.reply_to = self._replies.new_address()
+        self._replies.expect(fan.reply_to)
+        requests: list[tuple[str, str, str]] = []
+        sending: list[ModelAnswer] = []
+        for a in fan.answers:
+            key = row_keys(a.model.name, a.model.version, query.rows)
+            fan.keys[a.model.name] = key
+            try:
+                body, a.sent_ms = self._message(app, a.model, query.rows, query_id, fan)
+            except Unavailable as e:
+                a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({e})"
+                continue
+            requests.append((key[0], a.model.queue_url, body))
+            sending.append(a)
+        ticket.stage = "reading the prediction cache and sending to the request queues"
+        left = self._left(fan.deadline)
+        try:
+            outcomes = yield call(self._fused, "lookup_or_send", requests, left, timeout=left)
+        except Unavailable as e:
+            for a in sending:
+                a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({e})"
+            outcomes = []
+        t1 = self._clock.now()
+        for a, (what, value) in zip(sending, outcomes, strict=True):
+            name = a.model.name
+            fan.owned[name], fan.waiting[name] = [], []
+            if what == "hit":
+                a.outputs[0] = value
+                a.hits = 1
+            elif what == "sent":
+                fan.owned[name] = [0]
+                fan.sent[name] = (a, [0])
+                a.sent_at, a.timings_ms["send"] = t1, (t1 - t0) * 1000
+            else:
+                fan.waiting[name] = [0]
+        timings["cache"], timings["enqueue"] = 0.0, (t1 - t0) * 1000
 
     def _from_cache(self, fan: Fanout, rows: Rows) -> Steps[dict[str, list[int]]]:
         """Fill cached outputs and claim the misses, for every model in one call; returns per model the rows this

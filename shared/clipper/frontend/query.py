@@ -39,7 +39,7 @@ from clipper.frontend import steps
 from clipper.frontend.fanout import ANSWER_MARGIN_S, FAILED_CLAIM_TTL_S, Fanout, Gatherer, split_model_time
 from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice, Selector
-from clipper.ports import ClaimStore, Clock, PredictionCache, Registry, ReplyChannel, RequestQueue
+from clipper.ports import ClaimStore, Clock, LookupOrSend, PredictionCache, Registry, ReplyChannel, RequestQueue
 from clipper.selection import resolve
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class QueryProcessor:
         selector: Selector | None = None,
         listener: QueryListener | None = None,
         inline: bool = False,
+        fused: LookupOrSend | None = None,
     ) -> None:
         """``inline``: every dependency of the query path answers in well under a millisecond and bounds each
         call by the timeout given (the lean Redis client), so a query may run on an event loop
@@ -106,7 +107,7 @@ class QueryProcessor:
         self._cache_poll = cache_poll_s
         self._selector = selector or Selector(registry, None, clock, random.Random(), 0.0)
         self._listener = listener
-        self._gatherer = Gatherer(queue, replies, clock, claims, cache, cache_poll_s)
+        self._gatherer = Gatherer(queue, replies, clock, claims, cache, cache_poll_s, fused)
         self._inline = inline
 
     @property
