@@ -10,12 +10,12 @@ shape too.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from clipper.feedback import FeedbackReceiver
@@ -28,13 +28,33 @@ from clipper.frontend.results import QueryResult
 __all__ = ["WATCHDOG_GRACE_S", "create_app"]
 
 
-class PredictRequest(BaseModel):
-    """Exactly one of ``input`` and ``input_batch``."""
+# An application (the local stack's demo application as the example) and a digit of its 8x8 images.
+AppName = Annotated[str, Path(openapi_examples={"demo": {"summary": "the demo application", "value": "digits"}})]
+DIGIT = [0, 0, 5, 13, 9, 1, 0, 0, 0, 0, 13, 15, 10, 15, 5, 0, 0, 3, 15, 2, 0, 11, 8, 0, 0, 4, 12, 0, 0, 8, 8, 0]
+DIGIT += [0, 5, 8, 0, 0, 9, 8, 0, 0, 4, 11, 0, 1, 12, 7, 0, 0, 2, 14, 5, 10, 12, 0, 0, 0, 0, 6, 13, 10, 0, 0, 0]
 
-    input: list[Any] | str | None = Field(
-        None, description="One input: a list of numbers (integers/floats/doubles), a string, or base64 bytes"
+# A user id: Clipper's integer, or a non-empty string.
+Uid = int | Annotated[str, Field(min_length=1)]
+
+
+class PredictRequest(BaseModel):
+    """Exactly one of ``input`` and ``input_batch`` (what an input must be depends on the application's input
+    type and shape: a list of numbers of its shape, a string, or base64 bytes)."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"oneOf": [{"required": ["input"]}, {"required": ["input_batch"]}]}
     )
-    input_batch: list[list[Any] | str] | None = Field(None, description="Several inputs, answered in order")
+
+    input: list[Any] | str = Field(
+        None,  # type: ignore[assignment]
+        description="One input: a list of numbers (integers/floats/doubles), a string, or base64 bytes",
+    )
+    input_batch: list[list[Any] | str] = Field(
+        None,  # type: ignore[arg-type]
+        min_length=1,
+        description="Several inputs (at most the frontend's batch limit, 1,000 by default), answered in order",
+    )
+    uid: Uid | None = Field(None, description="The user, when the application learns per user (null: none)")
 
 
 class PredictionBody(BaseModel):
@@ -63,7 +83,9 @@ def _response(answer: HttpAnswer) -> Response:
 
 
 class FeedbackRequest(BaseModel):
-    uid: int | str | None = Field(None, description="The user, when the application learns per user")
+    model_config = ConfigDict(extra="forbid")
+
+    uid: Uid | None = Field(None, description="The user, when the application learns per user (null: none)")
     input: list[Any] | str = Field(description="The input the feedback is about, as it was queried")
     label: float | int | str = Field(description="The true output for that input")
 
@@ -126,12 +148,20 @@ def create_app(
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": PredictRequest.model_json_schema()}},
+                "content": {
+                    "application/json": {
+                        "schema": PredictRequest.model_json_schema(),
+                        "examples": {
+                            "one": {"summary": "one input", "value": {"input": DIGIT}},
+                            "batch": {"summary": "two inputs", "value": {"input_batch": [DIGIT, DIGIT[::-1]]}},
+                        },
+                    }
+                },
             }
         },
         summary="Predict with an application's models",
     )
-    async def predict(app_name: str, request: Request) -> Any:
+    async def predict(app_name: AppName, request: Request) -> Any:
         """Clipper's query: ``{"input": [...]}`` answers ``{"query_id", "output", "default"}``;
         ``{"input_batch": [[...], ...]}`` (at most the frontend's batch limit, 1,000 by default) answers
         ``{"batch_predictions": [...]}`` in order. Add ``?debug=true`` (or the header ``X-Clipper-Debug: 1``)
@@ -154,12 +184,19 @@ def create_app(
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": FeedbackRequest.model_json_schema()}},
+                "content": {
+                    "application/json": {
+                        "schema": FeedbackRequest.model_json_schema(),
+                        "examples": {
+                            "label": {"summary": "a user's label", "value": {"uid": 7, "input": DIGIT, "label": 1}}
+                        },
+                    }
+                },
             }
         },
         summary="Feedback: the true label of an input, for the application's bandit",
     )
-    async def update(app_name: str, request: Request) -> Any:
+    async def update(app_name: AppName, request: Request) -> Any:
         """Clipper's feedback: ``{"uid"?, "input": [...], "label": ...}``. It is queued durably and applied
         to the bandit state shortly after; the answer only says it was accepted. Feedback for an input this
         application (and user) never queried, or whose record expired, is accepted and then skipped: it says
