@@ -100,3 +100,64 @@ def test_state_round_trips_across_instances():
     assert fixed.max_batch_size() == 8  # the user's fixed size wins
     with pytest.raises(ValueError):
         make_controller("clock", 0.02)
+
+
+def noisy_batches(n: int, seed: int, heteroscedastic: bool = False):
+    """Batch latencies with a right-skewed tail, as real batches have: 2 ms + 0.5 ms a row + exponential noise
+    (scale 1 ms, or growing with the size)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 65, n).astype(float)
+    scale = 0.001 * (1 + sizes / 16) if heteroscedastic else 0.001
+    return sizes, 0.002 + 0.0005 * sizes + rng.exponential(scale, n)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_p99_line_is_a_quantile_regression_not_a_mean(seed):
+    import numpy as np
+
+    from clipper.batching.quantile import quantile_line
+
+    sizes, latency = noisy_batches(4000, seed)
+    intercept, slope = quantile_line(sizes, latency, 0.99)
+    # the true p99 line: 2 ms + 0.5 ms a row + the exponential's p99 (ln 100 ms = 4.6 ms); a least-squares (mean)
+    # line would sit near 3 ms
+    assert intercept == pytest.approx(0.002 + 0.001 * np.log(100), abs=0.0008)
+    assert slope == pytest.approx(0.0005, abs=0.00003)
+    covered = np.mean(latency <= intercept + slope * sizes)
+    assert 0.985 <= covered <= 0.995
+
+
+def test_with_a_tail_that_grows_with_the_size_the_p99_slope_is_steeper_than_the_mean_slope():
+    import numpy as np
+
+    from clipper.batching.quantile import pinball_loss, quantile_line
+
+    sizes, latency = noisy_batches(4000, 7, heteroscedastic=True)
+    intercept, slope = quantile_line(sizes, latency, 0.99)
+    true_slope = 0.0005 + 0.001 * np.log(100) / 16
+    assert slope == pytest.approx(true_slope, rel=0.15)
+    mean_intercept, mean_slope = np.polyfit(sizes, latency, 1)[::-1]
+    assert mean_slope < 0.8 * slope
+    fitted, as_mean = latency - (intercept + slope * sizes), latency - (mean_intercept + mean_slope * sizes)
+    assert pinball_loss(fitted, 0.99) < pinball_loss(as_mean, 0.99)
+
+
+def test_the_quantile_controller_misses_the_slo_about_once_in_a_hundred_batches():
+    import numpy as np
+
+    from clipper.batching.controller import QuantileController
+
+    rng = np.random.default_rng(11)
+    c = QuantileController(slo_s=0.025, samples_needed=1000, refit_every=100)
+    misses = []
+    for i in range(6000):
+        size = c.max_batch_size()
+        latency = 0.002 + 0.0005 * size + rng.exponential(0.001)
+        c.observe(size, latency)
+        if i >= 3000:
+            misses.append(latency >= 0.025)
+    # full batches at the fitted size: (25 - 2 - 4.6) / 0.5 = 36 rows; a mean fit would take 44 and miss ~1/3
+    assert 33 <= c.max_batch_size() <= 38
+    assert np.mean(misses) < 0.03

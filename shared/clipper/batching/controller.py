@@ -6,9 +6,10 @@ batch size. Pure: no clock, no I/O; their state is a small dict that a store per
   SLO multiplies by 0.9 (at least 1). One refinement: it grows only after a full batch, since a small batch
   under the SLO says nothing about a bigger one (under light load the size would otherwise drift to the
   upper bound and the first burst would miss the SLO).
-- ``QuantileController`` runs AIMD while it gathers samples (Clipper: 1,000), then fits the p99 batch
-  latency as a linear function of the batch size (per-size p99s, weighted least squares) and sets the
-  maximum from the SLO; it refits on a sliding window.
+- ``QuantileController`` is Clipper's quantile-regression controller: it runs AIMD while it gathers samples
+  (Clipper: 1,000), then fits the p99 batch latency as a linear function of the batch size by quantile
+  regression (minimising the pinball loss: ``clipper.batching.quantile``) and sets the maximum size whose
+  fitted p99 meets the SLO; it refits on a sliding window.
 - ``FixedController`` keeps a size the user chose (adaptation off).
 """
 
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+
+from clipper.batching.quantile import quantile_line
 
 
 class BatchSizeController(Protocol):
@@ -117,16 +120,10 @@ class QuantileController:
         self._since_fit = 0
         sizes = np.array([s for s, _ in self.samples], dtype=float)
         lat = np.array([t for _, t in self.samples], dtype=float)
-        xs, ys, ws = [], [], []
-        for size in np.unique(sizes):
-            at = lat[sizes == size]
-            xs.append(size)
-            ys.append(float(np.quantile(at, self.quantile)))
-            ws.append(len(at))
-        if len(xs) < 2:
+        if np.ptp(sizes) == 0:
             return  # all batches had one size: nothing to extrapolate from yet
-        slope, intercept = np.polyfit(np.array(xs), np.array(ys), 1, w=np.sqrt(np.array(ws)))
-        self.coefficients = (float(intercept), float(slope))
+        intercept, slope = quantile_line(sizes, lat, self.quantile)
+        self.coefficients = (intercept, slope)
         if slope <= 0:
             self.fitted = self.upper if intercept < self.slo_s else 1
         else:
