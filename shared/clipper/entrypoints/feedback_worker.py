@@ -67,13 +67,13 @@ class FeedbackWorker:
         logger.info("feedback %s: %s", m.message_id, outcome)
         return outcome
 
-    def run(self, stop: threading.Event, wait_s: int = 1) -> None:
+    def run(self, stop: threading.Event, wait_s: int = 1, retry_s: float = 1.0) -> None:
         while not stop.is_set():
             try:
                 messages = self._reader.receive(10, wait_s)
             except Exception as e:  # the queue unreachable (moto restarting...): try again in a second
                 logger.warning("feedback not received: %s", e)
-                stop.wait(1.0)
+                stop.wait(retry_s)
                 continue
             self.handle(messages)
 
