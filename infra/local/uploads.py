@@ -39,9 +39,9 @@ class UploadDispatcher(threading.Thread):
                 self._failing = True
                 self.halt.wait(1.0)
                 continue
-            if self._failing:
+            if self._failing and not self.halt.is_set():
                 logger.info("upload events received again")
-                self._failing = False
+            self._failing = False
             for message in got.get("Messages", []):
                 self.dispatch(message)
 
