@@ -78,7 +78,7 @@ def test_feedback_for_a_deleted_application_is_dropped_not_retried():
 
 
 def test_without_the_cache_feedback_is_skipped_with_its_reason(caplog):
-    caplog.set_level("INFO")
+    caplog.set_level("INFO", logger="clipper.feedback_worker")  # other tests may leave it at WARNING
     queue = FakeQueue([message(), message(feedback_id="f2")])
     worker = FeedbackWorker(queue, None, "the prediction cache is off")
     worker.handle(queue.receive(10, 0))
