@@ -39,7 +39,7 @@ class RestartRecord:
 
     def restarted(self, at_epoch_s: float) -> None:
         self.restarts += 1
-        self.last_restart = at_epoch_s
+        self.last_restart = round(at_epoch_s, 3)
 
     def crash_looping(self, backoff: Backoff) -> bool:
         return self.crashes >= backoff.report_after

@@ -2,7 +2,7 @@
 
 moto keeps everything in memory, so the stack's durable state is copied out of it and back in:
 
-    state/tables/<LogicalId>.json    every item of the registry and selection tables (DynamoDB JSON), sorted
+    state/tables/<LogicalId>.json    the items of the registry and selection tables (DynamoDB JSON), sorted
     state/bucket/<key>               the model bucket's objects under models/ (uploaded versions)
     state/bucket.json                {key: ETag} of the objects copied
     ports.json                       {process name: port}: a process gets its port of the last run when free,
@@ -30,6 +30,10 @@ from infra.local.supervisor import write_atomically
 logger = logging.getLogger("clipper.local")
 
 SNAPSHOT_TABLES = ("RegistryTable", "SelectionTable")
+# items not kept, by table: the markers of applied feedback (one per feedback, expiring after a day) would make
+# every copy grow with the feedback received; without them, a feedback message applied but not yet deleted when
+# the stack stopped would be applied once more after the restart
+SKIPPED_PREFIXES = {"SelectionTable": "FEEDBACK#"}
 BUCKET_PREFIX = "models/"
 
 
@@ -105,7 +109,10 @@ class Snapshot:
         reading and before writing: False (moto restarted meanwhile, its tables not restored yet) writes
         nothing, so an empty emulator never overwrites the last good copy."""
         with self._lock:
-            tables = {logical: _dump(self._scan(name)) for logical, name in self._tables.items()}
+            tables = {
+                logical: _dump(self._scan(name, SKIPPED_PREFIXES.get(logical)))
+                for logical, name in self._tables.items()
+            }
             listing = self._list_objects()
             if not still_valid():
                 return []
@@ -119,9 +126,12 @@ class Snapshot:
                 written.append("bucket")
             return written
 
-    def _scan(self, table: str) -> list[dict[str, Any]]:
+    def _scan(self, table: str, skipped_prefix: str | None) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
+        if skipped_prefix:
+            kwargs["FilterExpression"] = "NOT begins_with(sk, :skipped)"
+            kwargs["ExpressionAttributeValues"] = {":skipped": {"S": skipped_prefix}}
         while True:
             page = self._dynamodb.scan(**kwargs)
             items.extend(page.get("Items", []))

@@ -43,8 +43,10 @@ def fill(dynamodb, s3) -> DynamoDBRegistry:
     mv = ModelVersion("plr", "1", InputType.FLOATS, "https://sqs/q", "http://127.0.0.1:40001", (64,))
     registry.put_version(mv, activate=True)
     for i in range(30):  # more than one batch write
-        item = {"pk": {"S": f"STATE#persist#{i}"}, "sk": {"S": "STATE"}, "weights": {"M": {"plr": {"N": "1.5"}}}}
+        item = {"pk": {"S": f"persist#{i}"}, "sk": {"S": "STATE"}, "weights": {"M": {"plr": {"N": "1.5"}}}}
         dynamodb.put_item(TableName=TABLES["SelectionTable"], Item=item)
+        marker = {"pk": {"S": f"persist#{i}"}, "sk": {"S": f"FEEDBACK#{i}"}, "expires_at": {"N": "1"}}
+        dynamodb.put_item(TableName=TABLES["SelectionTable"], Item=marker)  # not kept
     s3.put_object(Bucket="clipper-modelbucket", Key="models/plr/1/model.onnx", Body=b"onnx bytes")
     s3.put_object(Bucket="clipper-modelbucket", Key="claims/abc", Body=b"transient claim check")
     return registry
@@ -63,6 +65,7 @@ def test_the_state_of_one_emulator_comes_back_in_a_fresh_one(aws_env, tmp_path):
         assert sorted(snapshot.take()) == ["RegistryTable", "SelectionTable", "bucket"]
         assert snapshot.take() == []  # nothing changed, nothing written
         before = {t: scan(dynamodb, t) for t in TABLES.values()}
+        before[TABLES["SelectionTable"]] = [i for i in before[TABLES["SelectionTable"]] if i["sk"]["S"] == "STATE"]
     assert (tmp_path / "bucket" / "models" / "plr" / "1" / "model.onnx").read_bytes() == b"onnx bytes"
     assert not (tmp_path / "bucket" / "claims").exists()  # only models/
 
