@@ -48,8 +48,9 @@ run: run-port venv models redis
 run-port:
 	@$(PYTHON) infra/local/run.py --port $(PORT) --check-port
 
+# refused while a stack runs on it (CLIPPER_LOCAL_STATE_DIR names another folder than .local-stack)
 clean-state:
-	rm -rf .local-stack
+	@$(PYTHON) infra/local/run.py --clean-state
 
 test: venv models redis
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -111,6 +111,8 @@ def foreground_terminal() -> Iterator[None]:
             os.setpgid(0, 0)
             _set_foreground(tty, os.getpgrp())
             took = True
+            # Ctrl-Z would stop this process alone, with make waiting for it and the shell for make: ignored
+            signal.signal(signal.SIGTSTP, signal.SIG_IGN)
         yield
     finally:
         if took:
@@ -146,6 +148,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="start from a clean state (the state folder is emptied)")
     p.add_argument("--snapshot-s", type=float, default=5.0, help="how often moto's state is copied when changed")
     p.add_argument("--check-port", action="store_true", help="only check that the port is free, then exit")
+    p.add_argument("--clean-state", action="store_true", help="only empty the state folder (not while in use)")
     return p.parse_args(argv)
 
 
@@ -165,7 +168,7 @@ def preflight(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    problem = preflight(args)
+    problem = None if args.clean_state else preflight(args)
     if problem:
         print(f"[local-stack] {problem}", file=sys.stderr, flush=True)
         return 2
@@ -178,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     # aws-sam-translator warns from a destructor about metrics it never publishes (nothing to publish offline)
     logging.getLogger("samtranslator").setLevel(logging.ERROR)
     state_dir = Path(args.state_dir).resolve()
+    if args.clean_state:
+        with state_lock(state_dir):
+            clear_state(state_dir)
+        return 0
     with state_lock(state_dir), foreground_terminal():
         if args.fresh:
             clear_state(state_dir)
@@ -218,7 +225,7 @@ def clear_state(folder: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    log(f"starting from a clean state ({folder} emptied)")
+    log(f"clean state: {folder} emptied")
 
 
 if __name__ == "__main__":
