@@ -85,6 +85,7 @@ def test_make_run_supervises_its_processes_keeps_its_state_and_stops_cleanly(dem
         curl_line_answers(local.output, port)
         manage_as_a_user(url, token)
         a_killed_model_server_comes_back_on_its_port(url, state, x[200:260])
+        killed_batcher_and_frontend_come_back(url, state, x[260:320])
         register_and_upload(url, token, uploaded, x)
         lines = eventually(lambda: _request_log(state), "no request log")
         assert any(re.search(r" POST /digits/predict 200 [\d.]+ms qid=\d+$", line) for line in lines), lines[-5:]
@@ -160,6 +161,21 @@ def a_killed_model_server_comes_back_on_its_port(url: str, state: Path, rows: np
         assert r.status == 200  # the stack kept running
     others = [p for name, p in processes(state).items() if name != "endpoint-mlp"]
     assert all(p["status"] == "running" and p["restarts"] == 0 for p in others), others
+
+
+def killed_batcher_and_frontend_come_back(url: str, state: Path, rows: np.ndarray) -> None:
+    """The batcher starts again on its queue; the frontend on its port."""
+    fresh = iter(rows)
+    for name in ("batcher-mlp", "frontend"):
+        os.kill(processes(state)[name]["pid"], signal.SIGKILL)
+        eventually(lambda n=name: processes(state)[n]["restarts"] == 1, f"{name} was not restarted")
+        eventually(
+            lambda: (
+                _pings(f"{url}/health")
+                and not post(f"{url}/digits/predict", {"input": next(fresh).tolist()})[1]["default"]
+            ),
+            f"no answer after {name} restarted",
+        )
 
 
 def register_and_upload(url: str, token: str, model: Any, x: np.ndarray) -> None:
