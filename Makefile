@@ -5,12 +5,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8080
 MODELS := build/models
+# make run QUEUE=redis: the models' request queues on Redis Streams instead of moto's SQS
+QUEUE ?= sqs
+# make run FRESH=1: start from a clean state (what .local-stack/ kept is deleted first)
+FRESH ?=
 
-.PHONY: help venv models run test test-unit test-integration test-iac test-e2e lint redis clean \
+.PHONY: help venv models run run-port clean-state test test-unit test-integration test-iac test-e2e lint redis clean \
 	bench-batching bench-cache bench-selection bench-coldstart bench-latency sam-venv sam-build
 
 help:
-	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT))"
+	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT)); state in .local-stack/"
+	@echo "              PORT=8081, QUEUE=sqs|redis, FRESH=1 (start from a clean state)"
+	@echo "make clean-state - forget what the local stack kept (apps, models, uploads, bandit states, logs)"
 	@echo "make test   - run the whole test suite (installs what it needs)"
 	@echo "make lint   - ruff + mypy"
 
@@ -35,8 +41,16 @@ redis:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
 	  else sudo apt-get update -qq && sudo apt-get install -y -qq redis-server; fi; }
 
-run: venv models
-	$(PY) infra/local/run.py --port $(PORT) --models $(MODELS)
+# the port first (well under a second, with the system Python), then what the stack needs: redis-server included
+run: run-port venv models redis
+	@$(PY) infra/local/run.py --port $(PORT) --models $(MODELS) --queue $(QUEUE) $(if $(filter 1 yes true,$(FRESH)),--fresh)
+
+run-port:
+	@$(PYTHON) infra/local/run.py --port $(PORT) --check-port
+
+# refused while a stack runs on it (CLIPPER_LOCAL_STATE_DIR names another folder than .local-stack)
+clean-state:
+	@$(PYTHON) infra/local/run.py --clean-state
 
 test: venv models redis
 	$(PY) -m pytest $(PYTEST_ARGS)

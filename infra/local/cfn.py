@@ -294,12 +294,14 @@ def deploy_service(
     stack_name: str,
     repo_root: str | os.PathLike[str] = REPO_ROOT,
     parameters: Mapping[str, str] | None = None,
+    *,
+    physical_names: bool = False,
 ) -> dict[str, str]:
     """Translate, package and create template.yaml as `stack_name`; return its outputs.
 
     `session_or_clients` is a boto3 Session or a mapping with "cloudformation", "s3" and "dynamodb" clients
     (and optionally "lambda", to repair layer outputs under moto). The code goes to a bucket
-    `<stack_name>-artifacts`, created when missing.
+    `<stack_name>-artifacts`, created when missing. `physical_names`: see `with_physical_names`.
     """
     cfn = _client(session_or_clients, "cloudformation")
     s3 = _client(session_or_clients, "s3")
@@ -307,6 +309,8 @@ def deploy_service(
     lambda_client = _client(session_or_clients, "lambda", required=False)
 
     translated = translate_sam(Path(repo_root) / SERVICE_TEMPLATE)
+    if physical_names:
+        translated = with_physical_names(translated, stack_name)
     bucket = artifacts_bucket_name(stack_name)
     _ensure_bucket(s3, bucket)
     packaged = without_aliases(package_code(translated, repo_root, s3, bucket))
@@ -315,6 +319,39 @@ def deploy_service(
     if lambda_client is not None:
         outputs = _repair_layer_outputs(lambda_client, translated, stack_name, outputs)
     return outputs
+
+
+# resource type -> (name property, whether the name must be lower case)
+_NAMEABLE = {
+    "AWS::DynamoDB::Table": ("TableName", False),
+    "AWS::S3::Bucket": ("BucketName", True),
+    "AWS::SQS::Queue": ("QueueName", False),
+}
+
+
+def with_physical_names(template: dict[str, Any], stack_name: str) -> dict[str, Any]:
+    """A copy of a template whose tables, buckets and queues without a name are named `<stack>-<LogicalId>`.
+
+    CloudFormation (and moto's) names them `<stack>-<LogicalId>-<random suffix>`: a new suffix each time the
+    stack is created. The local stack creates its stack afresh at every start (and after its emulator
+    restarts), and names that stay the same keep what refers to them valid: the processes' settings, the
+    artifact URLs in the registry, the state copied out of moto. Only the local stack asks for this.
+    """
+    named = copy.deepcopy(template)
+    for logical_id, resource in named.get("Resources", {}).items():
+        prop, lower = _NAMEABLE.get(resource.get("Type", ""), ("", False))
+        if not prop:
+            continue
+        properties = resource.setdefault("Properties", {})
+        if prop in properties:
+            continue
+        name = f"{stack_name}-{logical_id}"
+        if lower:
+            name = name.lower()
+        if resource["Type"] == "AWS::SQS::Queue" and properties.get("FifoQueue") in (True, "true"):
+            name += ".fifo"
+        properties[prop] = name
+    return named
 
 
 def without_aliases(template: dict[str, Any]) -> dict[str, Any]:

@@ -6,43 +6,74 @@ queue are real moto queues), and where AWS would start the SageMaker endpoint's 
 ``replicas`` pairs of processes: the ONNX Runtime server over the version's own model file (downloaded from
 the model bucket) and a long-poll batcher on the version's queue, beside it - what one endpoint instance's
 container runs. ``reconcile`` follows the registry: a changed replica count (``set_num_replicas``, which also
-updates the stack) starts or stops pairs; a deleted version's processes stop.
-
-``UploadDispatcher`` is the local end of the model bucket's EventBridge rule (the one template.yaml declares for
-the ModelUpdater function): moto cannot invoke a Lambda function without Docker, so the local stack adds an SQS
-queue as a second target of that rule, and this thread hands each event, as EventBridge delivered it, to the
-model updater's own handler code (``functions.model_updater.app.handle_event``). A failed event becomes visible
-again and is retried, as Lambda retries an asynchronous invocation.
+updates the stack) starts or stops pairs; a deleted version's processes stop. The processes are the local
+stack's supervised children (``infra/local/supervisor.py``): one that dies is started again on its port.
+After a restart of the stack, ``restore`` serves every uploaded version of the restored registry again; after a
+restart of moto, ``recreate_stacks`` creates their stacks again.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.errors import ClipperError, NotFound
 from clipper.models.serving import Serving
+from infra.local.supervisor import Child, Stage
 
 logger = logging.getLogger("clipper.local")
 
-Spawn = Callable[[str, list[str]], subprocess.Popen[bytes]]
-WaitReady = Callable[[str, subprocess.Popen[bytes], str], None]
+# The long-poll batcher's entry point (``python -m``), the same for the demo models and the uploaded versions.
+BATCHER_MODULE = "clipper.batching.longpoll"
+
+
+class ProcessHost(Protocol):
+    """What the local stack lends LocalModelServing: supervised processes and their ports."""
+
+    def spawn(self, name: str, cmd: list[str], stage: Stage) -> Child: ...
+
+    def stop_children(self, names: list[str]) -> None: ...
+
+    def port(self, name: str) -> int: ...
+
+    def wait_ready(self, url: str, child: Child, what: str) -> None: ...
+
+
+def batcher_command(queue_url: str, endpoint_url: str, slo_ms: float, model: str, version: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        BATCHER_MODULE,
+        "--queue-url",
+        queue_url,
+        "--endpoint-url",
+        endpoint_url,
+        "--slo-ms",
+        str(slo_ms / 2),
+        "--batch-wait-ms",
+        "1",
+        "--model",
+        model,
+        "--version",
+        version,
+    ]
+
+
+def endpoint_command(model_path: Path | str, port: int) -> list[str]:
+    server = [sys.executable, "-m", "clipper_endpoint", "--model-path", str(model_path)]
+    return [*server, "--host", "127.0.0.1", "--port", str(port)]
 
 
 @dataclass
 class Replica:
-    endpoint: subprocess.Popen[bytes]
-    batcher: subprocess.Popen[bytes]
+    endpoint: str  # process names
+    batcher: str
     url: str
 
 
@@ -50,6 +81,7 @@ class Replica:
 class Served:
     queue_url: str
     model_path: Path
+    artifact: str
     replicas: list[Replica] = field(default_factory=list)
     registered: bool = False  # seen in the registry (created before the updater registers it)
 
@@ -61,14 +93,12 @@ class LocalModelServing:
         s3: Any,
         registry: DynamoDBRegistry,
         artifacts_dir: Path,
-        spawn: Spawn,
-        wait_ready: WaitReady,
-        free_port: Callable[[], int],
+        host: ProcessHost,
         slo_ms: float,
     ) -> None:
         self._stacks, self._s3, self._registry = stacks, s3, registry
         self._dir = artifacts_dir
-        self._spawn, self._wait_ready, self._free_port = spawn, wait_ready, free_port
+        self._host = host
         self._slo_ms = slo_ms
         self._served: dict[tuple[str, str], Served] = {}
         self._lock = threading.RLock()
@@ -79,7 +109,7 @@ class LocalModelServing:
             serving = self._stacks.create(model, version, artifact, replicas)
             served = self._served.get((model, version))
             if served is None:
-                served = Served(serving.queue_url, self._download(model, version, artifact))
+                served = Served(serving.queue_url, self._download(model, version, artifact), artifact)
                 self._served[(model, version)] = served
             self._scale_processes(model, version, served, replicas)
             return Serving(serving.queue_url, served.replicas[0].url)
@@ -119,6 +149,36 @@ class LocalModelServing:
                     if len(served.replicas) != record.replicas:
                         self._scale_processes(model, version, served, record.replicas)
 
+    def restore(self) -> list[str]:
+        """Serve every version of the registry that came from an upload (its stack in moto, its processes), as
+        after a restart of the stack; returns them as ``model:version``. A version added with the resources of
+        another (``add_model``) has no stack of its own and needs nothing."""
+        restored = []
+        for model in self._registry.model_names():
+            record = self._registry.model_record(model)
+            for version in record.versions:
+                artifact = record.artifacts.get(version, {}).get("artifact")
+                if not artifact:
+                    continue
+                try:
+                    self.create(model, version, str(artifact), record.replicas)
+                except Exception as e:  # one version that cannot be served does not stop the others
+                    logger.warning("%s:%s not served again: %s", model, version, e)
+                    continue
+                with self._lock:
+                    self._served[(model, version)].registered = True
+                restored.append(f"{model}:{version}")
+        return restored
+
+    def recreate_stacks(self) -> None:
+        """Create the served versions' stacks again in a moto that restarted empty (the processes still run)."""
+        with self._lock:
+            for (model, version), served in self._served.items():
+                try:
+                    self._stacks.create(model, version, served.artifact, max(1, len(served.replicas)))
+                except ClipperError as e:
+                    logger.warning("stack of %s:%s not created again: %s", model, version, e)
+
     def replicas(self, model: str, version: str) -> list[str]:
         """The endpoint URLs of a version's running replicas."""
         with self._lock:
@@ -142,150 +202,40 @@ class LocalModelServing:
         while len(served.replicas) < replicas:
             served.replicas.append(self._start_replica(model, version, served, len(served.replicas)))
         while len(served.replicas) > max(replicas, 1):
-            _terminate(served.replicas.pop())
+            replica = served.replicas.pop()
+            self._host.stop_children([replica.batcher, replica.endpoint])
         logger.info("%s:%s runs %d replica(s)", model, version, len(served.replicas))
 
     def _start_replica(self, model: str, version: str, served: Served, index: int) -> Replica:
-        port = self._free_port()
-        url = f"http://127.0.0.1:{port}"
         name = f"{model}-{version}-{index}"
-        server = [sys.executable, "-m", "clipper_endpoint", "--model-path", str(served.model_path)]
-        endpoint = self._spawn(f"endpoint-{name}", [*server, "--host", "127.0.0.1", "--port", str(port)])
-        self._wait_ready(url + "/ping", endpoint, f"endpoint server for {model}:{version}")
-        batcher = self._spawn(
-            f"batcher-{name}",
-            [
-                sys.executable,
-                "-m",
-                "clipper.batching.longpoll",
-                "--queue-url",
-                served.queue_url,
-                "--endpoint-url",
-                url,
-                "--slo-ms",
-                str(self._slo_ms / 2),
-                "--batch-wait-ms",
-                "1",
-                "--model",
-                model,
-                "--version",
-                version,
-            ],
-        )
-        return Replica(endpoint, batcher, url)
+        port = self._host.port(f"endpoint-{name}")
+        url = f"http://127.0.0.1:{port}"
+        endpoint = self._host.spawn(f"endpoint-{name}", endpoint_command(served.model_path, port), Stage.SERVERS)
+        try:
+            self._host.wait_ready(url + "/ping", endpoint, f"endpoint server for {model}:{version}")
+        except (RuntimeError, TimeoutError):
+            self._host.stop_children([endpoint.name])
+            raise
+        command = batcher_command(served.queue_url, url, self._slo_ms, model, version)
+        batcher = self._host.spawn(f"batcher-{name}", command, Stage.BATCHERS)
+        return Replica(endpoint.name, batcher.name, url)
 
     def _stop(self, model: str, version: str) -> None:
         served = self._served.pop((model, version), None)
-        for replica in served.replicas if served else []:
-            _terminate(replica)
         if served:
+            self._host.stop_children([n for r in served.replicas for n in (r.batcher, r.endpoint)])
             logger.info("%s:%s stopped", model, version)
 
 
-def _terminate(replica: Replica) -> None:
-    for proc in (replica.batcher, replica.endpoint):
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in (replica.batcher, replica.endpoint):
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class UploadDispatcher(threading.Thread):
-    """Long-polls the queue the model bucket's EventBridge rule delivers to and runs the updater's handler."""
-
-    def __init__(self, sqs: Any, queue_url: str, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        super().__init__(name="upload-dispatcher", daemon=True)
-        self._sqs, self._queue_url, self._handle = sqs, queue_url, handle
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            try:
-                got = self._sqs.receive_message(QueueUrl=self._queue_url, MaxNumberOfMessages=1, WaitTimeSeconds=1)
-            except Exception as e:  # the moto server going away at shutdown, or a transient error
-                logger.warning("upload events not received: %s", e)
-                self.halt.wait(1.0)
-                continue
-            for message in got.get("Messages", []):
-                self.dispatch(message)
-
-    def dispatch(self, message: dict[str, Any]) -> None:
-        event = json.loads(message["Body"])
-        started = time.monotonic()
-        try:
-            result = self._handle(event)
-        except Exception as e:  # retried (the handler raises what a retry can fix): visible again in 2 s
-            logger.warning("model upload event failed, retried: %s", e)
-            self._sqs.change_message_visibility(
-                QueueUrl=self._queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=2
-            )
-            return
-        self._sqs.delete_message(QueueUrl=self._queue_url, ReceiptHandle=message["ReceiptHandle"])
-        for outcome in result.get("outcomes", []):
-            logger.info(
-                "upload %s: %s %s (%.1f s)",
-                outcome.get("key"),
-                outcome.get("status"),
-                "; ".join(outcome.get("reasons", [])),
-                time.monotonic() - started,
-            )
-
-
-def connect_uploads(cfn: Any, s3: Any, sqs: Any, events: Any, stack: str, bucket: str) -> str:
-    """Make the model bucket emit EventBridge events (moto's CloudFormation drops the template's
-    EventBridgeConfiguration) and add a local SQS queue as a target of template.yaml's ModelUpload rule;
-    return the queue's URL."""
-    from infra.local.cfn import stack_resources
-
-    rule = stack_resources(cfn, stack)["ModelUpdaterFunctionModelUpload"]
-    s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={"EventBridgeConfiguration": {}})
-    queue_url: str = sqs.create_queue(QueueName=f"{stack}-local-model-uploads")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    # moto delivers to a rule's targets in order and stops at the first it cannot serve (a Lambda function),
-    # so the local queue goes first and the template's own target (the ModelUpdater function) after it.
-    declared = events.list_targets_by_rule(Rule=rule)["Targets"]
-    if declared:
-        events.remove_targets(Rule=rule, Ids=[t["Id"] for t in declared])
-    events.put_targets(Rule=rule, Targets=[{"Id": "local-upload-dispatcher", "Arn": arn}, *declared])
-    return queue_url
-
-
-def start_uploads(
-    stack: str,
-    outputs: dict[str, str],
-    artifacts_dir: Path,
-    spawn: Spawn,
-    wait_ready: WaitReady,
-    free_port: Callable[[], int],
-    slo_ms: float,
-) -> tuple[LocalModelServing, UploadDispatcher]:
-    """Connect the bucket's rule to a local queue and start the dispatcher over the updater's handler, with
-    ``LocalModelServing`` as the updater's ``ServingStacks``. The handler module reads its settings from this
-    process's environment (the caller sets it)."""
+def local_serving(
+    stack: str, outputs: dict[str, str], artifacts_dir: Path, host: ProcessHost, slo_ms: float
+) -> LocalModelServing:
     import boto3
 
-    from functions.model_updater import app as updater_app
     from infra.local.cfn import MODEL_STACK_TEMPLATE, REPO_ROOT
 
-    cfn, s3, sqs = boto3.client("cloudformation"), boto3.client("s3"), boto3.client("sqs")
-    bucket = outputs["ModelBucketName"]
-    queue_url = connect_uploads(cfn, s3, sqs, boto3.client("events"), stack, bucket)
-    stacks = CloudFormationModelStacks(cfn, stack, (REPO_ROOT / MODEL_STACK_TEMPLATE).read_text(), poll_s=0.05)
-    serving = LocalModelServing(
-        stacks,
-        s3,
-        DynamoDBRegistry(boto3.client("dynamodb"), outputs["RegistryTableName"]),
-        artifacts_dir,
-        spawn,
-        wait_ready,
-        free_port,
-        slo_ms,
+    stacks = CloudFormationModelStacks(
+        boto3.client("cloudformation"), stack, (REPO_ROOT / MODEL_STACK_TEMPLATE).read_text(), poll_s=0.05
     )
-    updater = updater_app.build(updater_app.settings, boto3.client("dynamodb"), s3, stacks=serving)
-    dispatcher = UploadDispatcher(sqs, queue_url, lambda event: updater_app.handle_event(updater, event, bucket))
-    dispatcher.start()
-    return serving, dispatcher
+    registry = DynamoDBRegistry(boto3.client("dynamodb"), outputs["RegistryTableName"])
+    return LocalModelServing(stacks, boto3.client("s3"), registry, artifacts_dir, host, slo_ms)

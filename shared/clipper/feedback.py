@@ -3,7 +3,10 @@ the predictions recorded for that input and applied to the bandit state.
 
 The join: the frontend records, per (app, user, input), the selection and each model's output (in the
 prediction cache). Feedback for an input with no recorded prediction (never queried, or its record
-expired or was evicted) is skipped and counted: it says nothing about the models that were not asked.
+expired or was evicted) is skipped and counted: it says nothing about the models that were not asked. So is
+feedback for an application deleted since the feedback was accepted.
+
+The process that runs this locally is ``clipper.entrypoints.feedback_worker``; on AWS, ``functions/feedback``.
 
 Updates are concurrency-safe and idempotent: each is a conditional write on the version read, retried on
 conflict, with the feedback id marked in the same transaction, so a redelivered message changes nothing
@@ -13,11 +16,8 @@ users start.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
-import sys
-import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,13 +28,13 @@ from clipper.core.cache_keys import record_keys
 from clipper.core.domain import Application
 from clipper.core.messages import Payload, decode_rows, encode_rows
 from clipper.core.validation import validate_query
-from clipper.errors import Conflict, InvalidInput, MalformedMessage, Unavailable
+from clipper.errors import Conflict, InvalidInput, MalformedMessage, NotFound, Unavailable
 from clipper.ports import PredictionCache, Registry, RequestQueue, SelectionStore
 from clipper.selection import Selection, ensure_state, policy_for, state_for_user, state_key
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["applied", "duplicate", "no_record", "not_learning"]
+Outcome = Literal["applied", "duplicate", "no_record", "not_learning", "unknown_app"]
 
 
 class FeedbackMessage(BaseModel):
@@ -109,7 +109,11 @@ class FeedbackProcessor:
     max_attempts: int = 20
 
     def process(self, message: FeedbackMessage) -> Outcome:
-        app = self.registry.get_app(message.app)
+        try:
+            app = self.registry.get_app(message.app)
+        except NotFound:  # deleted since the feedback was accepted: nothing left to learn, no retry helps
+            logger.info("feedback for an application that no longer exists", extra={"app": message.app})
+            return "unknown_app"
         if app.policy == "single":
             return "not_learning"
         rows = decode_rows(message.payload)
@@ -145,46 +149,3 @@ class FeedbackProcessor:
             except Conflict:
                 continue  # another update won the race: read it and apply this one on top
         raise Unavailable(f"feedback {msg.feedback_id}: state {key} kept changing; will retry")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``clipper-feedback``: the long-poll feedback worker (the local stack's; AWS runs functions/feedback)."""
-    p = argparse.ArgumentParser(prog="clipper-feedback", description=main.__doc__)
-    p.add_argument("--queue-url", required=True)
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    import signal
-
-    from clipper.adapters.sqs import SqsQueueReader
-    from clipper.settings import CommonSettings
-    from clipper.wiring import aws_client, build_feedback_processor
-
-    processor = build_feedback_processor(CommonSettings(), aws_client("dynamodb"))  # type: ignore[call-arg]
-    reader = SqsQueueReader(aws_client("sqs"), args.queue_url)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    logger.info("feedback worker polling %s", args.queue_url)
-    while not stop.is_set():
-        try:
-            messages = reader.receive(10, 1)
-        except Unavailable as e:
-            logger.warning("receive failed: %s", e)
-            stop.wait(1)
-            continue
-        done = []
-        for m in messages:
-            try:
-                outcome = processor.process(FeedbackMessage.from_json(m.body))
-                logger.info("feedback %s", outcome)
-                done.append(m.receipt_handle)
-            except (Unavailable, MalformedMessage) as e:
-                logger.warning("feedback failed (will retry, then dead-letter): %s", e)
-        if done:
-            reader.delete(done)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,7 @@
-"""`make run` as a user runs it: start it, wait for its ready line, run the curl line it prints, Ctrl-C,
-and check that nothing it started is left running."""
+"""`make run` as a user runs it, in a terminal: start it, run the curl line it prints, manage it, kill one of its
+model servers, upload a model, Ctrl-C; start it again on the same state, with the cache off: what was registered
+and uploaded is there, a second `make run` on its port fails at once, feedback is skipped without stopping
+anything; Ctrl-C. Two start-ups in all (each costs a minute or two of CPU on a small machine)."""
 
 from __future__ import annotations
 
@@ -7,65 +9,133 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+from sklearn.linear_model import LogisticRegression
 
-from tests.services import REPO, LocalStackProcess, free_port
+from tests.e2e.terminal import TerminalProcess, session_processes
+from tests.services import REPO, free_port
 
 pytestmark = pytest.mark.e2e
 
-
-def session_processes(sid: int) -> list[int]:
-    """PIDs of live processes in session ``sid`` (read from /proc: field 6 of stat is the session)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
+# -o: make must not rebuild the virtual environment or the demo models from this test (in a git worktree that
+# shares them, their prerequisites look newer than they are); the stack is what is tested here.
+MAKE_RUN = ["make", "--no-print-directory", "-o", ".venv/.installed", "-o", "build/models/manifest.json", "run"]
+STOP_LINES = ["[local-stack] stopping", "[local-stack] all processes stopped"]
 
 
-def test_make_run_serves_the_demo_app_and_stops_cleanly(demo_models):
-    port = free_port()
-    local = LocalStackProcess(["make", "--no-print-directory", "run"], {"PORT": str(port)})
+def make_run(port: int, state: Path, **env: str) -> TerminalProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLIPPER_", "REDIS_URL"))}
+    return TerminalProcess(MAKE_RUN, {**base, "PORT": str(port), "CLIPPER_LOCAL_STATE_DIR": str(state), **env})
+
+
+def post(url: str, body: dict[str, Any], timeout_s: float = 10) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def processes(state: Path) -> dict[str, dict[str, Any]]:
+    return {p["name"]: p for p in json.loads((state / "processes.json").read_text())["processes"]}
+
+
+def eventually(check, what: str, within_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + within_s
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, what
+        time.sleep(0.25)
+
+
+def stopped_cleanly(local: TerminalProcess) -> None:
+    lines_before = len(local.lines)
+    code = local.ctrl_c()
+    after = [line.strip().removeprefix("^C") for line in local.lines[lines_before:]]  # the terminal echoes ^C
+    after = [line for line in after if line]
+    assert code == 0, f"make run exited {code}:\n{local.output[-3000:]}"
+    assert after == STOP_LINES, after  # no "exited with status", "not received", "make: ***"
+    assert "make: ***" not in local.output
+    eventually(lambda: not session_processes(local.proc.pid), "left running after Ctrl-C", 15)
+
+
+def test_make_run_supervises_its_processes_keeps_its_state_and_stops_cleanly(demo_models, tmp_path):
+    holdout = np.load(Path(demo_models["out_dir"]) / demo_models["dataset"]["holdout"])
+    x, y = holdout["X"].astype(np.float32), holdout["y"]
+    uploaded = LogisticRegression(max_iter=300).fit(x[100:], (y[100:] + 3) % 10)  # answers unlike the demo's
+    state, port = tmp_path / "state", free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    local = make_run(port, state)
     try:
         local.wait_ready()
-        time.sleep(0.5)  # the curl line follows the ready line
-        curl = next(line.strip() for line in local.lines if line.strip().startswith("curl "))
-        assert f"127.0.0.1:{port}/digits/predict" in curl
-        out = subprocess.run(shlex.split(curl), capture_output=True, text=True, timeout=30, check=True).stdout
-        answer = json.loads(out)
-        assert answer["default"] is False and isinstance(answer["output"], int), answer
-        assert re.search(r"sample query answered: .*'default': False", local.output)
-        manage_as_a_user(port, local.output, answer["output"])
+        token = re.search(r"CLIPPER_ADMIN_TOKEN=(\S+)", local.output).group(1)
+        curl_line_answers(local.output, port)
+        manage_as_a_user(url, token)
+        a_killed_model_server_comes_back_on_its_port(url, state, x[200:260])
+        killed_batcher_and_frontend_come_back(url, state, x[260:320])
+        register_and_upload(url, token, uploaded, x)
+        lines = eventually(lambda: _request_log(state), "no request log")
+        assert any(re.search(r" POST /digits/predict 200 [\d.]+ms qid=\d+$", line) for line in lines), lines[-5:]
+        stopped_cleanly(local)
     finally:
-        local.interrupt()
-    deadline = time.monotonic() + 10
-    while session_processes(local.proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert session_processes(local.proc.pid) == [], "left running after Ctrl-C"
-    assert "all processes stopped" in local.output
+        local.close()
+    assert processes(state)["endpoint-mlp"]["status"] == "stopped"
+
+    again = make_run(port, state, CLIPPER_CACHE_ENABLED="false")
+    try:
+        again.wait_ready()
+        assert "state of the last run restored" in again.output and "served again: persist-lr:1" in again.output
+        a_second_stack_on_the_port_fails_at_once(port, state)
+        rows = x[:12]
+        answers = [post(f"{url}/persist/predict", {"input": r.tolist()})[1] for r in rows]
+        assert [a["output"] for a in answers] == uploaded.predict(rows).tolist(), answers
+        assert not any(a["default"] for a in answers)
+        from clipper.client import ClipperConnection
+
+        conn = ClipperConnection(url, re.search(r"CLIPPER_ADMIN_TOKEN=(\S+)", again.output).group(1))
+        mlp = conn.inspect_instance()["models"]["mlp"]  # the rollback of the first run stays
+        assert mlp["active_version"] == "1" and set(mlp["versions"]) == {"1", "2"}
+        feedback_is_skipped_without_the_cache(url, state, x[0])
+        redis_and_moto_come_back(again, url, state, x[300:400], uploaded)
+        stopped_cleanly(again)
+    finally:
+        again.close()
 
 
-def manage_as_a_user(port: int, output: str, label: int) -> None:
+def curl_line_answers(output: str, port: int) -> None:
+    curl = next(line.strip() for line in output.splitlines() if line.strip().startswith("curl "))
+    assert f"127.0.0.1:{port}/digits/predict" in curl
+    out = subprocess.run(shlex.split(curl), capture_output=True, text=True, timeout=30, check=True).stdout
+    answer = json.loads(out)
+    assert answer["default"] is False and isinstance(answer["output"], int), answer
+    assert re.search(r"sample query answered: .*'default': False", output)
+
+
+def manage_as_a_user(url: str, token: str) -> None:
     """The management CLI and Python client against the running stack, with the token it printed."""
-    token = re.search(r"CLIPPER_ADMIN_TOKEN=(\S+)", output).group(1)
-    env = dict(os.environ, CLIPPER_URL=f"http://127.0.0.1:{port}", CLIPPER_ADMIN_TOKEN=token)
-    cli = str(REPO / ".venv" / "bin" / "clipper")
-    denied = subprocess.run([cli, "--token", "wrong", "apps"], env=env, capture_output=True, text=True, timeout=30)
+    env = dict(os.environ, CLIPPER_URL=url, CLIPPER_ADMIN_TOKEN=token)
+    cli = [sys.executable, "-m", "clipper.cli"]
+    denied = subprocess.run([*cli, "--token", "wrong", "apps"], env=env, capture_output=True, text=True, timeout=30)
     assert denied.returncode == 2 and "403" in denied.stderr
-    apps = json.loads(subprocess.run([cli, "apps"], env=env, capture_output=True, text=True, check=True).stdout)
+    apps = json.loads(subprocess.run([*cli, "apps"], env=env, capture_output=True, text=True, check=True).stdout)
     assert {"digits", "digits-exp3", "digits-exp4"} <= set(apps)
 
     from clipper.client import ClipperConnection
 
-    conn = ClipperConnection(f"http://127.0.0.1:{port}", token)
+    conn = ClipperConnection(url, token)
     conn.deploy_model("mlp", "2", "floats", [64], labels=["canary"], activate=False)
     assert conn.get_model_info("mlp", "1")["is_current_version"]
     conn.set_model_version("mlp", "2")
@@ -73,3 +143,104 @@ def manage_as_a_user(port: int, output: str, label: int) -> None:
     assert conn.rollback_model("mlp")["active_version"] == "1"
     state = conn.inspect_instance()
     assert state["models"]["mlp"]["active_version"] == "1" and "2" in state["models"]["mlp"]["versions"]
+
+
+def a_killed_model_server_comes_back_on_its_port(url: str, state: Path, rows: np.ndarray) -> None:
+    before = processes(state)["endpoint-mlp"]
+    port = json.loads((state / "ports.json").read_text())["endpoint-mlp"]
+    os.kill(before["pid"], signal.SIGKILL)
+    after = eventually(
+        lambda: (p := processes(state)["endpoint-mlp"])["status"] == "running" and p["pid"] != before["pid"] and p,
+        "the killed model server was not restarted",
+    )
+    assert after["restarts"] == 1 and after["last_exit"] == -signal.SIGKILL and after["last_restart"] > 0
+    eventually(lambda: _pings(f"http://127.0.0.1:{port}/ping"), "not back on its port (the one the registry names)")
+    fresh = iter(rows)  # inputs never asked before: the cache cannot answer them
+    eventually(lambda: not post(f"{url}/digits/predict", {"input": next(fresh).tolist()})[1]["default"], "no answer")
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+        assert r.status == 200  # the stack kept running
+    others = [p for name, p in processes(state).items() if name != "endpoint-mlp"]
+    assert all(p["status"] == "running" and p["restarts"] == 0 for p in others), others
+
+
+def killed_batcher_and_frontend_come_back(url: str, state: Path, rows: np.ndarray) -> None:
+    """The batcher starts again on its queue; the frontend on its port."""
+    fresh = iter(rows)
+    for name in ("batcher-mlp", "frontend"):
+        os.kill(processes(state)[name]["pid"], signal.SIGKILL)
+        eventually(lambda n=name: processes(state)[n]["restarts"] == 1, f"{name} was not restarted")
+        eventually(
+            lambda: (
+                _pings(f"{url}/health")
+                and not post(f"{url}/digits/predict", {"input": next(fresh).tolist()})[1]["default"]
+            ),
+            f"no answer after {name} restarted",
+        )
+
+
+def register_and_upload(url: str, token: str, model: Any, x: np.ndarray) -> None:
+    from clipper.client import ClipperConnection
+
+    conn = ClipperConnection(url, token)
+    conn.register_application("persist", "floats", "-1", 2_000_000, input_shape=[64])
+    info = conn.deploy_sklearn_model("persist-lr", "1", model, "floats", x[:2])
+    assert info["is_current_version"] and info["artifact"].startswith("s3://")
+    conn.link_model_to_app("persist", "persist-lr")
+    rows = x[:4]
+    assert [post(f"{url}/persist/predict", {"input": r.tolist()})[1]["output"] for r in rows] == model.predict(
+        rows
+    ).tolist()
+
+
+def a_second_stack_on_the_port_fails_at_once(port: int, state: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLIPPER_"))}
+    env.update(PORT=str(port), CLIPPER_LOCAL_STATE_DIR=str(state))
+    started = time.monotonic()
+    second = subprocess.run(MAKE_RUN, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert second.returncode != 0
+    assert f"port {port} is in use" in second.stderr, second.stderr
+    assert "moto server" not in second.stdout  # nothing started
+    print(f"second make run on a busy port failed in {took:.2f} s")
+
+
+def feedback_is_skipped_without_the_cache(url: str, state: Path, row: np.ndarray) -> None:
+    status, body = post(f"{url}/digits-exp3/update", {"input": row.tolist(), "label": 1})
+    assert status == 200 and body["accepted"], body
+    log = state / "logs" / "feedback.log"
+    eventually(lambda: "feedback skipped: the prediction cache is off" in log.read_text(), "feedback not skipped")
+    worker = processes(state)["feedback"]
+    assert worker["status"] == "running" and worker["restarts"] == 0, worker
+
+
+def redis_and_moto_come_back(local: TerminalProcess, url: str, state: Path, rows: np.ndarray, model: Any) -> None:
+    """redis restarts with its append-only file; moto restarts empty and gets the stack and the last snapshot
+    back: the uploaded version answers again."""
+    assert any((state / "redis").rglob("*.aof")), "redis keeps no append-only file"
+    fresh = iter(rows)
+    for name in ("redis", "moto"):
+        os.kill(processes(state)[name]["pid"], signal.SIGKILL)
+        eventually(lambda n=name: processes(state)[n]["restarts"] == 1, f"{name} was not restarted")
+        if name == "moto":
+            eventually(lambda: "moto restored" in local.output, "moto was not restored")
+
+        def answered(app: str = "digits" if name == "redis" else "persist") -> bool:
+            row = next(fresh)
+            status, answer = post(f"{url}/{app}/predict", {"input": row.tolist()})
+            expected = model.predict(row[None])[0] if app == "persist" else answer.get("output")
+            return status == 200 and not answer["default"] and answer["output"] == expected
+
+        eventually(answered, f"no answer after {name} restarted", 30)
+
+
+def _pings(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _request_log(state: Path) -> list[str]:
+    path = state / "requests.log"
+    return path.read_text().splitlines() if path.is_file() else []

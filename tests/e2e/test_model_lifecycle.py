@@ -1,11 +1,14 @@
 """The model lifecycle on the local stack, as a user runs it: register an application, deploy a model with the
 Python client's deployer, query it, roll forward by uploading a new file (the S3 -> model updater dispatch
 registers and auto-promotes it), query (answers come from the new version), roll back with the CLI, query
-again; a bad file is rejected with its reason; replicas start and stop processes."""
+again; a bad file is rejected with its reason; replicas start and stop processes; a killed replica's model server
+is started again on its port."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +24,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from clipper.client import AdminError, ClipperConnection
 from clipper.models.convert import DeployError, as_sample, sklearn_to_onnx
-from tests.services import REPO, LocalStackProcess, free_port
+from tests.services import LocalStackProcess, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -30,10 +33,15 @@ APP, MODEL = "lifecycle", "digits-lr"
 
 
 @pytest.fixture(scope="module")
-def stack(demo_models) -> Iterator[str]:
+def state_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("local-stack")
+
+
+@pytest.fixture(scope="module")
+def stack(demo_models, state_dir) -> Iterator[str]:
     port = free_port()
     command = [sys.executable, "infra/local/run.py", "--port", str(port), "--models", demo_models["out_dir"]]
-    local = LocalStackProcess(command, {"CLIPPER_ADMIN_TOKEN": TOKEN})
+    local = LocalStackProcess(command, {"CLIPPER_ADMIN_TOKEN": TOKEN, "CLIPPER_LOCAL_STATE_DIR": str(state_dir)})
     try:
         local.wait_ready()
         yield f"http://127.0.0.1:{port}"
@@ -71,8 +79,8 @@ def put(url: str, data: bytes) -> None:
         assert resp.status == 200
 
 
-def endpoint_processes(model: str, version: str) -> int:
-    artifact = str(REPO / ".local-stack" / "artifacts" / model / version / "model.onnx")
+def endpoint_processes(state_dir: Path, model: str, version: str) -> int:
+    artifact = str(state_dir / "artifacts" / model / version / "model.onnx")
     count = 0
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -83,7 +91,7 @@ def endpoint_processes(model: str, version: str) -> int:
     return count
 
 
-def test_deploy_query_roll_forward_by_upload_roll_back(stack, demo_models):
+def test_deploy_query_roll_forward_by_upload_roll_back(stack, demo_models, state_dir):
     holdout = np.load(Path(demo_models["out_dir"]) / demo_models["dataset"]["holdout"])
     x, y = holdout["X"].astype(np.float32), holdout["y"]
     rows = x[:8]
@@ -138,7 +146,7 @@ def test_deploy_query_roll_forward_by_upload_roll_back(stack, demo_models):
     # replicas: model-server + batcher pairs per version, started and stopped by the local stack
     assert conn.set_num_replicas(MODEL, 2)["scaled_versions"] == ["1", "2"]
     deadline = time.monotonic() + 30
-    while endpoint_processes(MODEL, "1") != 2:
+    while endpoint_processes(state_dir, MODEL, "1") != 2:
         assert time.monotonic() < deadline, "the second replica did not start"
         time.sleep(0.5)
     assert predict(stack, rows) == v1_answers
@@ -146,10 +154,37 @@ def test_deploy_query_roll_forward_by_upload_roll_back(stack, demo_models):
     # deleting the inactive version stops its processes (its stack goes with it)
     assert conn.stop_inactive_model_versions([MODEL]) == [{"deleted": [f"{MODEL}:2"]}]
     deadline = time.monotonic() + 30
-    while endpoint_processes(MODEL, "2") != 0:
+    while endpoint_processes(state_dir, MODEL, "2") != 0:
         assert time.monotonic() < deadline, "the deleted version's model servers still run"
         time.sleep(0.5)
-    assert endpoint_processes(MODEL, "1") == 2 and predict(stack, rows) == v1_answers
+    assert endpoint_processes(state_dir, MODEL, "1") == 2 and predict(stack, rows) == v1_answers
+
+    # a killed model server of an uploaded version comes back on its port; its queries are answered again
+    name = f"endpoint-{MODEL}-1-0"
+    before = _process(state_dir, name)
+    os.kill(before["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while (after := _process(state_dir, name))["pid"] in (None, before["pid"]):
+        assert time.monotonic() < deadline, "the killed replica was not restarted"
+        time.sleep(0.25)
+    assert after["restarts"] == 1 and after["last_exit"] == -signal.SIGKILL
+    assert endpoint_processes(state_dir, MODEL, "1") == 2
+    port = json.loads((state_dir / "ports.json").read_text())[name]
+    assert conn.get_model_info(MODEL, "1")["endpoint"] == f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:  # a query in flight when it died may have been answered with the default
+        try:
+            if predict(stack, rows) == v1_answers:
+                break
+        except AssertionError:
+            pass
+        assert time.monotonic() < deadline, "the restarted replica's version does not answer"
+        time.sleep(0.5)
+
+
+def _process(state_dir: Path, name: str) -> dict[str, Any]:
+    listed = json.loads((state_dir / "processes.json").read_text())["processes"]
+    return next(p for p in listed if p["name"] == name)
 
 
 def current(conn: ClipperConnection, version: str) -> bool:

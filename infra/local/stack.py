@@ -1,0 +1,376 @@
+"""``LocalStack``: starts the local stack's processes in order, keeps it running, stops it in order
+(``infra/local/run.py`` is the command; its docstring says what starts when).
+
+Faults it handles while running, besides the supervisor's restarts:
+- moto exits: its state is gone with it. The supervisor starts it again on its port; then the stack is created in
+  it again (the same names: ``cfn.with_physical_names``), the last snapshot is put back, the upload rule is
+  connected again and the uploaded versions' stacks are created again; the processes keep running (their calls
+  fail meanwhile). The snapshot is not taken while moto is being restored, so an empty emulator never overwrites
+  the last good copy; what changed after that copy (a few seconds) is lost.
+- redis exits: it starts again on its port with its append-only file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import boto3
+
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from infra.local import demo
+from infra.local.serving import LocalModelServing
+from infra.local.state import SNAPSHOT_TABLES, Ports, Snapshot, repoint_endpoints
+from infra.local.supervisor import Child, ChildSpec, Stage, Supervisor
+
+logger = logging.getLogger("clipper.local")
+
+
+class LocalStack:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        state_dir: Path,
+        stack: str,
+        repo: Path,
+        wait_http: Callable[..., None],
+        parameters: Callable[[], dict[str, str]],
+    ) -> None:
+        self.args, self.dir, self.name, self.repo = args, state_dir, stack, repo
+        self._wait_http, self._parameters = wait_http, parameters
+        self.ports = Ports(state_dir / "ports.json")
+        self.supervisor = Supervisor(state_dir / "logs", state_dir / "processes.json", cwd=repo)
+        self.env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(
+                [str(repo / "shared"), str(repo), str(repo / "model-images" / "onnx-runtime")]
+            ),
+            "CLIPPER_QUEUE_TRANSPORT": args.queue,
+        }
+        self.env.pop("AWS_PROFILE", None)
+        manifest = json.loads((Path(args.models) / "manifest.json").read_text())
+        self.manifest, self.models = manifest, manifest["models"]
+        self.outputs: dict[str, str] = {}
+        self.queues: dict[str, dict[str, str]] = {}
+        self.serving: LocalModelServing | None = None
+        self.dispatcher: Any = None
+        self.snapshot: Snapshot | None = None
+        self.ready = threading.Event()  # started: a signal now stops it instead of abandoning the start
+        self.stopping = threading.Event()
+        self.state_ready = threading.Event()  # moto holds the restored state: the snapshot may be taken
+        self._moto_generation = 0
+
+    # -- ProcessHost (LocalModelServing's processes) ---------------------------------------------------
+    def spawn(self, name: str, cmd: list[str], stage: Stage, env: dict[str, str] | None = None, **hooks: Any) -> Child:
+        if self.stopping.is_set():
+            raise RuntimeError(f"{name} not started: the stack is stopping")
+        return self.supervisor.start(ChildSpec(name, cmd, dict(env or self.env), stage, **hooks))
+
+    def stop_children(self, names: list[str]) -> None:
+        self.supervisor.stop(names, forget=True)
+
+    def port(self, name: str) -> int:
+        return self.ports.assign(name)
+
+    def wait_ready(self, url: str, child: Child, what: str, timeout_s: float = 60) -> None:
+        proc = child.proc  # this launch: the child exiting (and being restarted) fails the wait
+
+        def gone() -> str | None:
+            code = proc.poll() if proc is not None else None
+            if code is None and child.proc is proc:
+                return None
+            return f"exited (status {code}) while starting; see {child.log_path}"
+
+        self._wait_http(url, gone, what, timeout_s)
+
+    # -- start -----------------------------------------------------------------------------------------
+    def start(self, since: float | None = None) -> None:
+        """Start everything; ``since``: the monotonic time the command started (for the ready line)."""
+        started = since if since is not None else time.monotonic()
+        self.supervisor.start_thread()
+        self.start_moto()
+        self.start_redis()
+        self.deploy(announce=True)
+        self.snapshot = self._snapshot()
+        if self.snapshot.exists:
+            counts = self.snapshot.restore()
+            log(f"state of the last run restored: {counts}")
+        self.state_ready.set()
+        endpoints = demo.start_models(self, self.models, self.queues, Path(self.args.models), self.args.slo_ms)
+        self.spawn(
+            "feedback",
+            [
+                sys.executable,
+                "-m",
+                "clipper.entrypoints.feedback_worker",
+                "--queue-url",
+                self.outputs["FeedbackQueueUrl"],
+            ],
+            Stage.WORKERS,
+        )
+        registry = DynamoDBRegistry(boto3.client("dynamodb"), self.env["CLIPPER_REGISTRY_TABLE"])
+        demo.seed(registry, self.models, self.queues, endpoints, self.args.slo_ms)
+        self.start_uploads()
+        url = self.start_frontend()
+        self.say_ready(url, time.monotonic() - started)
+        self.ready.set()
+
+    def start_moto(self) -> None:
+        port = self.port("moto")
+        url = f"http://127.0.0.1:{port}"
+        moto = self.spawn(
+            "moto",
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            Stage.MOTO,
+            on_exit=self._moto_exited,
+            on_restart=self._moto_restarted,
+        )
+        self.wait_ready(url + "/moto-api/", moto, "moto server")
+        self.env["AWS_ENDPOINT_URL"] = url
+        keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+        os.environ.update({k: self.env[k] for k in keys})
+        log(f"moto server on {url}")
+
+    def start_redis(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (make run installs it)")
+        port = self.port("redis")
+        folder = self.dir / "redis"
+        folder.mkdir(exist_ok=True)
+        # volatile-lru: what expires (replies, cache entries) makes room; request queues and what else has no
+        # TTL are never evicted
+        options = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", ""]
+        options += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        options += ["--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru"]
+        redis = self.spawn("redis", [binary, *options], Stage.REDIS)
+        self._wait_port(port, redis, "redis-server")
+        self.env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+        what = "reply channel, cache" + (", request queues" if self.args.queue == "redis" else "")
+        log(f"redis-server on 127.0.0.1:{port} ({what}; append-only file in {folder})")
+
+    def _wait_port(self, port: int, child: Child, what: str) -> None:
+        import socket
+
+        end = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return
+            except OSError:
+                if child.record.last_exit is not None or time.monotonic() > end:
+                    raise RuntimeError(f"{what} did not start; see {child.log_path}") from None
+                time.sleep(0.05)
+
+    def deploy(self, announce: bool = False) -> None:
+        """The stack from template.yaml and the demo models' stacks, in moto (again after it restarted)."""
+        from infra.local import cfn
+
+        clients = {s: boto3.client(s) for s in ("cloudformation", "s3", "dynamodb", "lambda")}
+        if announce:
+            log("creating the stack from template.yaml in moto's CloudFormation (translated offline)")
+        parameters = {**self._parameters(), "RedisUrl": self.env["REDIS_URL"]}
+        self.outputs = cfn.deploy_service(clients, self.name, self.repo, parameters, physical_names=True)
+        for m in self.models:
+            self.queues[m["name"]] = cfn.deploy_model_stack(clients["cloudformation"], self.name, m["name"])
+            if announce:
+                log(f"model stack for {m['name']}: queue {self.queues[m['name']]['QueueUrl']}")
+        if announce:
+            self._configure()
+
+    def _configure(self) -> None:
+        o = self.outputs
+        self.env.update(
+            {
+                "CLIPPER_REGISTRY_TABLE": o["RegistryTableName"],
+                "CLIPPER_REPLIES_TABLE": o["RepliesTableName"],
+                "CLIPPER_CACHE_TABLE": o["CacheTableName"],
+                "CLIPPER_SELECTION_TABLE": o["SelectionTableName"],
+                "CLIPPER_FEEDBACK_QUEUE_URL": o["FeedbackQueueUrl"],
+                "CLIPPER_MODEL_BUCKET": o["ModelBucketName"],
+                "CLIPPER_CONFIG_TTL_S": "2",
+                "POWERTOOLS_LOG_LEVEL": "WARNING",
+                "POWERTOOLS_METRICS_DISABLED": "true",
+                "CLIPPER_ADMIN_TOKEN": admin_token(self.dir),
+                # the admin function scales and deletes the per-version stacks (infra/model-stack.yaml)
+                "CLIPPER_SERVICE_STACK_NAME": self.name,
+                "CLIPPER_MODEL_STACK_TEMPLATE": str(self.repo / "infra" / "model-stack.yaml"),
+            }
+        )
+        # the updater's handler module (in this process) reads its settings from this process's environment
+        os.environ.update({k: v for k, v in self.env.items() if k.startswith(("CLIPPER_", "POWERTOOLS_", "REDIS"))})
+
+    def _snapshot(self) -> Snapshot:
+        from infra.local.cfn import stack_resources
+
+        resources = stack_resources(boto3.client("cloudformation"), self.name)
+        tables = {logical: resources[logical] for logical in SNAPSHOT_TABLES}
+        bucket = self.outputs["ModelBucketName"]
+        return Snapshot(self.dir / "state", boto3.client("dynamodb"), boto3.client("s3"), tables, bucket)
+
+    def start_uploads(self) -> None:
+        """The S3 -> model updater dispatch, and the processes of every version uploaded in an earlier run."""
+        from infra.local.serving import local_serving
+        from infra.local.uploads import start_uploads
+
+        self.serving = local_serving(self.name, self.outputs, self.dir / "artifacts", self, self.args.slo_ms)
+        self.dispatcher = start_uploads(self.name, self.outputs, self.serving)
+        bucket = self.outputs["ModelBucketName"]
+        log(f"uploads to s3://{bucket}/models/<name>/<version>/model.onnx reach the model updater")
+        restored = self.serving.restore()
+        if restored:
+            log(f"uploaded versions served again: {', '.join(restored)}")
+        moved = self.ports.moved_urls()
+        if moved:
+            n = repoint_endpoints(boto3.client("dynamodb"), self.env["CLIPPER_REGISTRY_TABLE"], moved)
+            log(f"{n} registered endpoint(s) now on other ports (theirs were taken): {moved}")
+
+    def start_frontend(self) -> str:
+        port = self.args.port
+        env = {
+            **self.env,
+            "CLIPPER_LOCAL_PROCESSES_FILE": str(self.dir / "processes.json"),
+            "CLIPPER_LOCAL_REQUEST_LOG": str(self.dir / "requests.log"),
+        }
+        command = [sys.executable, "-m", "uvicorn", "infra.local.gateway:app", "--lifespan", "off"]
+        command += ["--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
+        frontend = self.spawn("frontend", command, Stage.FRONTEND, env)
+        url = f"http://127.0.0.1:{port}"
+        self.wait_ready(url + "/health", frontend, "frontend")
+        return url
+
+    def say_ready(self, url: str, took_s: float) -> None:
+        body, label = demo.sample_query(Path(self.args.models), self.manifest)
+        try:
+            log(f"sample query answered: {demo.query(url, demo.APP, body)} (label {label})")
+        except OSError as e:
+            log(f"sample query not answered: {e}")
+        keep = ("CLIPPER_", "AWS_", "REDIS")
+        (self.dir / "env.json").write_text(json.dumps({k: v for k, v in self.env.items() if k.startswith(keep)}))
+        print(
+            f"\nClipper local stack ready in {took_s:.0f} s: {url}  (state, logs: {self.dir}; Ctrl-C stops it)\n"
+            f"  curl -s -X POST {url}/{demo.APP}/predict -H 'Content-Type: application/json' -d '{body}'\n"
+            f"  OpenAPI: {url}/docs (queries), {url}/admin/docs (management)\n"
+            f"  admin:   export CLIPPER_URL={url} CLIPPER_ADMIN_TOKEN={self.env['CLIPPER_ADMIN_TOKEN']}\n"
+            f"  logs:    tail -f {self.dir}/logs/*.log {self.dir}/requests.log; processes: {self.dir}/processes.json\n",
+            flush=True,
+        )
+
+    # -- running ---------------------------------------------------------------------------------------
+    def watch(self) -> None:
+        """Until a signal: follow the registry (replicas, deleted versions), copy moto's state when it changed."""
+        snapshot_at = time.monotonic() + self.args.snapshot_s
+        while not self.stopping.wait(0.5):
+            if not self.state_ready.is_set():
+                continue
+            if self.serving is not None:
+                self.serving.reconcile()  # replica counts and deleted versions, as the admin API set them
+            if time.monotonic() >= snapshot_at:
+                self.take_snapshot()
+                snapshot_at = time.monotonic() + self.args.snapshot_s
+
+    def take_snapshot(self) -> None:
+        if self.snapshot is None or not self.state_ready.is_set():
+            return
+        generation = self._moto_generation
+        try:
+            self.snapshot.take(lambda: self.state_ready.is_set() and generation == self._moto_generation)
+        except Exception as e:  # moto went away meanwhile: the last copy stays
+            logger.debug("snapshot not taken: %s", e)
+
+    def _moto_exited(self, code: int) -> None:
+        self.state_ready.clear()
+        self._moto_generation += 1
+        if self.ready.is_set() and not self.stopping.is_set():
+            logger.warning("moto's state went with it: the last snapshot is restored once it is back")
+
+    def _moto_restarted(self) -> None:
+        """Create the stack in the restarted moto and put the last snapshot back; tried again (1 s, 2 s, ... 30 s
+        apart) until it works, moto dies again (its next restart takes over) or the stack stops."""
+        if not self.ready.is_set() or self.stopping.is_set():
+            return
+        generation = self._moto_generation
+        attempt = 0
+        while generation == self._moto_generation and not self.stopping.is_set():
+            attempt += 1
+            try:
+                self._restore_moto()
+            except Exception as e:  # moto died again, or a transient failure
+                logger.warning("moto not restored yet (try %d): %s", attempt, e)
+                self.stopping.wait(min(30.0, 2.0 ** (attempt - 1)))
+                continue
+            if generation == self._moto_generation:
+                self.state_ready.set()
+                logger.info("moto restored: the stack, the last snapshot and the uploaded versions' stacks")
+            return
+
+    def _restore_moto(self) -> None:
+        from infra.local.uploads import connect_uploads
+
+        child = self.supervisor.get("moto")
+        assert child is not None
+        self.wait_ready(f"{self.env['AWS_ENDPOINT_URL']}/moto-api/", child, "moto server")
+        self.deploy()
+        assert self.snapshot is not None
+        self.snapshot.restore()
+        connect_uploads(self.name, self.outputs["ModelBucketName"])
+        if self.serving is not None:
+            self.serving.recreate_stacks()
+
+    # -- stop ------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop in order: frontend, batchers, model servers, feedback worker, the upload dispatcher (after a last
+        copy of moto's state), redis, moto."""
+        self.stopping.set()
+        if self.dispatcher is not None:
+            self.dispatcher.halt.set()  # no new upload starts processes from here on
+        sup = self.supervisor
+        for stage in (Stage.FRONTEND, Stage.BATCHERS, Stage.SERVERS, Stage.WORKERS):
+            sup.stop_stage(stage)
+        if self.dispatcher is not None:
+            self.dispatcher.join(timeout=10)
+        self.take_snapshot()
+        for stage in (Stage.REDIS, Stage.MOTO):
+            sup.stop_stage(stage)
+        sup.halt()
+
+
+def log(msg: str) -> None:
+    logger.info("%s", msg)
+
+
+def write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    f: IO[str]
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def admin_token(state_dir: Path) -> str:
+    """CLIPPER_ADMIN_TOKEN when set, else the token of the last run (kept in the state folder), else a new one."""
+    if os.environ.get("CLIPPER_ADMIN_TOKEN"):
+        return os.environ["CLIPPER_ADMIN_TOKEN"]
+    path = state_dir / "admin-token"
+    with contextlib.suppress(OSError):
+        token = path.read_text().strip()
+        if token:
+            return token
+    token = secrets.token_urlsafe(18)
+    write_private(path, token)
+    return token

@@ -1,0 +1,107 @@
+"""The local end of the model bucket's EventBridge rule (the one template.yaml declares for the ModelUpdater
+function): moto cannot invoke a Lambda function without Docker, so the local stack adds an SQS queue as a target
+of that rule, and ``UploadDispatcher`` (a thread) hands each event, as EventBridge delivered it, to the model
+updater's own handler code (``functions.model_updater.app.handle_event``), with ``LocalModelServing`` as its
+``ServingStacks``. A failed event becomes visible again and is retried, as Lambda retries an asynchronous
+invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from infra.local.serving import LocalModelServing
+
+logger = logging.getLogger("clipper.local")
+
+
+class UploadDispatcher(threading.Thread):
+    """Long-polls the queue the model bucket's EventBridge rule delivers to and runs the updater's handler."""
+
+    def __init__(self, sqs: Any, queue_url: str, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        super().__init__(name="upload-dispatcher", daemon=True)
+        self._sqs, self._queue_url, self._handle = sqs, queue_url, handle
+        self.halt = threading.Event()
+        self._failing = False
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                got = self._sqs.receive_message(QueueUrl=self._queue_url, MaxNumberOfMessages=1, WaitTimeSeconds=1)
+            except Exception as e:  # moto restarting, or a transient error: said once, not every second
+                if not self._failing and not self.halt.is_set():
+                    logger.warning("upload events not received (retrying every second): %s", e)
+                self._failing = True
+                self.halt.wait(1.0)
+                continue
+            if self._failing and not self.halt.is_set():
+                logger.info("upload events received again")
+            self._failing = False
+            for message in got.get("Messages", []):
+                self.dispatch(message)
+
+    def dispatch(self, message: dict[str, Any]) -> None:
+        event = json.loads(message["Body"])
+        started = time.monotonic()
+        try:
+            result = self._handle(event)
+        except Exception as e:  # retried (the handler raises what a retry can fix): visible again in 2 s
+            logger.warning("model upload event failed, retried: %s", e)
+            self._sqs.change_message_visibility(
+                QueueUrl=self._queue_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=2
+            )
+            return
+        self._sqs.delete_message(QueueUrl=self._queue_url, ReceiptHandle=message["ReceiptHandle"])
+        for outcome in result.get("outcomes", []):
+            logger.info(
+                "upload %s: %s %s (%.1f s)",
+                outcome.get("key"),
+                outcome.get("status"),
+                "; ".join(outcome.get("reasons", [])),
+                time.monotonic() - started,
+            )
+
+
+def connect_uploads(stack: str, bucket: str) -> str:
+    """Make the model bucket emit EventBridge events (moto's CloudFormation drops the template's
+    EventBridgeConfiguration) and add a local SQS queue as a target of template.yaml's ModelUpload rule;
+    return the queue's URL. Run again after moto restarted."""
+    import boto3
+
+    from infra.local.cfn import stack_resources
+
+    cfn, s3, sqs, events = (boto3.client(s) for s in ("cloudformation", "s3", "sqs", "events"))
+    rule = stack_resources(cfn, stack)["ModelUpdaterFunctionModelUpload"]
+    s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={"EventBridgeConfiguration": {}})
+    queue_url: str = sqs.create_queue(QueueName=f"{stack}-local-model-uploads")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    # moto delivers to a rule's targets in order and stops at the first it cannot serve (a Lambda function),
+    # so the local queue goes first and the template's own target (the ModelUpdater function) after it.
+    declared = [t for t in events.list_targets_by_rule(Rule=rule)["Targets"] if t["Id"] != "local-upload-dispatcher"]
+    if declared:
+        events.remove_targets(Rule=rule, Ids=[t["Id"] for t in declared])
+    events.put_targets(Rule=rule, Targets=[{"Id": "local-upload-dispatcher", "Arn": arn}, *declared])
+    return queue_url
+
+
+def start_uploads(stack: str, outputs: dict[str, str], serving: LocalModelServing) -> UploadDispatcher:
+    """Connect the bucket's rule to a local queue and start the dispatcher over the updater's handler, with
+    ``serving`` as the updater's ``ServingStacks``. The handler module reads its settings from this process's
+    environment (the caller sets it)."""
+    import boto3
+
+    from functions.model_updater import app as updater_app
+
+    bucket = outputs["ModelBucketName"]
+    queue_url = connect_uploads(stack, bucket)
+    updater = updater_app.build(updater_app.settings, boto3.client("dynamodb"), boto3.client("s3"), stacks=serving)
+    dispatcher = UploadDispatcher(
+        boto3.client("sqs"), queue_url, lambda event: updater_app.handle_event(updater, event, bucket)
+    )
+    dispatcher.start()
+    return dispatcher

@@ -1,0 +1,1 @@
+"""The entry points of the long-running processes: each its own small module, the composition root of one process."""

@@ -1,0 +1,101 @@
+"""The feedback worker's loop (``clipper.entrypoints.feedback_worker``) over a fake queue: what one message does
+never stops it; with the cache off it skips feedback; feedback for a deleted application is dropped."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from clipper.core.messages import encode_rows
+from clipper.entrypoints.feedback_worker import FeedbackWorker
+from clipper.errors import Unavailable
+from clipper.feedback import FeedbackMessage, FeedbackProcessor
+from clipper.ports import ReceivedMessage
+from tests.fakes import InMemoryCache, InMemoryRegistry, InMemorySelectionStore, digits_app
+
+pytestmark = pytest.mark.unit
+
+
+class FakeQueue:
+    def __init__(self, bodies: list[str], failures: list[Exception] | None = None) -> None:
+        self.waiting = [ReceivedMessage(f"m{i}", f"r{i}", b) for i, b in enumerate(bodies)]
+        self.deleted: list[str] = []
+        self.failures = list(failures or [])
+        self.receives = 0
+
+    def receive(self, max_messages: int, wait_s: float) -> list[ReceivedMessage]:
+        self.receives += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        got, self.waiting = self.waiting[:max_messages], self.waiting[max_messages:]
+        return got
+
+    def delete(self, receipt_handles: list[str]) -> None:
+        self.deleted.extend(receipt_handles)
+
+    def release(self, receipt_handle: str, delay_s: int) -> None:
+        raise AssertionError("the worker leaves failed messages to their visibility timeout")
+
+
+def message(app: str = "digits-exp3", feedback_id: str = "f1") -> str:
+    payload = encode_rows(np.ones((1, 64), dtype=np.float32))[0]
+    return FeedbackMessage(feedback_id=feedback_id, app=app, payload=payload, label=1).to_json()
+
+
+def processor() -> FeedbackProcessor:
+    registry = InMemoryRegistry()
+    registry.apps["digits-exp3"] = digits_app(name="digits-exp3", policy="exp3")
+    return FeedbackProcessor(registry, InMemorySelectionStore(), InMemoryCache())
+
+
+def test_one_bad_message_does_not_stop_the_others(caplog):
+    calls = []
+
+    def apply(msg: FeedbackMessage):
+        calls.append(msg.feedback_id)
+        if msg.feedback_id == "bug":
+            raise KeyError("selection")  # an unforeseen error
+        if msg.feedback_id == "down":
+            raise Unavailable("cache down")
+        return "applied"
+
+    queue = FakeQueue([message(feedback_id=f) for f in ("a", "bug", "down", "b")] + ["not json"])
+    worker = FeedbackWorker(queue, apply)
+    assert worker.handle(queue.receive(10, 0)) == ["r0", "r3"]
+    assert calls == ["a", "bug", "down", "b"]
+    assert queue.deleted == ["r0", "r3"]  # the others stay for a retry, then the dead-letter queue
+    assert "failed unexpectedly" in caplog.text and "KeyError" in caplog.text
+    assert worker.counts == {"applied": 2}
+
+
+def test_feedback_for_a_deleted_application_is_dropped_not_retried():
+    queue = FakeQueue([message(app="gone")])
+    worker = FeedbackWorker(queue, processor().process)
+    worker.handle(queue.receive(10, 0))
+    assert queue.deleted == ["r0"] and worker.counts == {"unknown_app": 1}
+
+
+def test_without_the_cache_feedback_is_skipped_with_its_reason(caplog):
+    caplog.set_level("INFO", logger="clipper.feedback_worker")  # other tests may leave it at WARNING
+    queue = FakeQueue([message(), message(feedback_id="f2")])
+    worker = FeedbackWorker(queue, None, "the prediction cache is off")
+    worker.handle(queue.receive(10, 0))
+    assert queue.deleted == ["r0", "r1"] and worker.counts == {"skipped": 2}
+    assert "feedback skipped: the prediction cache is off" in caplog.text
+
+
+def test_the_loop_survives_a_queue_that_fails_and_stops_when_asked():
+    stop = threading.Event()
+    queue = FakeQueue([message()], failures=[Unavailable("moto restarting"), RuntimeError("anything")])
+
+    def apply(msg: FeedbackMessage):
+        stop.set()
+        return "applied"
+
+    worker = FeedbackWorker(queue, apply)
+    thread = threading.Thread(target=worker.run, args=(stop, 0, 0.01), daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and queue.receives == 3 and queue.deleted == ["r0"]
