@@ -5,8 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8080
 MODELS := build/models
-# make run QUEUE=redis: the models' request queues on Redis Streams instead of moto's SQS
-QUEUE ?= sqs
+# make run QUEUE=sqs: the models' request queues on moto's SQS (fidelity) instead of Redis Streams (the default)
+QUEUE ?= redis
 # make run FRESH=1: start from a clean state (what .local-stack/ kept is deleted first)
 FRESH ?=
 

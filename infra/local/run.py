@@ -1,9 +1,10 @@
 """The local stack: the whole product on one machine, no Docker, no AWS account.
 
-    make run                 (PORT=8080, QUEUE=sqs by default; FRESH=1 starts from a clean state)
+    make run                 (PORT=8080, QUEUE=redis by default; FRESH=1 starts from a clean state)
 
 1. a moto server on loopback (AWS_ENDPOINT_URL points every boto3 client at it);
-2. redis-server (reply channel, cache; request queues with QUEUE=redis), its append-only file in the state folder;
+2. redis-server (reply channel, cache, and the request queues on Redis Streams; QUEUE=sqs keeps moto's SQS for
+   them), its append-only file in the state folder;
 3. template.yaml translated offline and created in moto's CloudFormation, and one model stack
    (infra/model-stack.yaml) per demo model: the same tables, queues and bucket as on AWS;
 4. what the last run kept (``infra/local/state.py``) put back: registry, bandit states, uploaded models;
@@ -137,7 +138,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--queue",
         choices=["sqs", "redis"],
-        default=os.environ.get("CLIPPER_QUEUE_TRANSPORT") or "sqs",
+        default=os.environ.get("CLIPPER_QUEUE_TRANSPORT") or "redis",
         help="request queues: moto's SQS, or Redis Streams",
     )
     p.add_argument(

@@ -59,7 +59,9 @@ def test_batcher_stopped_gives_the_default_by_the_slo(stack):
     status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[0].tolist()})
     elapsed = time.monotonic() - start
     assert status == 200 and body["default"] is True and body["output"] == -1
-    assert "model mlp:1: timeout" in body["default_explanation"]
+    # by the processor at the deadline, or (a poll of moto under load overran it) by the watchdog just after
+    why = body["default_explanation"]
+    assert "model mlp:1: timeout" in why or "still waiting for replies from model mlp:1" in why, why
     assert elapsed < 0.3 + 0.5  # answered at the deadline, not after waiting for the model
     # the batcher, once back, drops the expired query without calling the model
     stack.esm.running.set()

@@ -103,9 +103,13 @@ class DynamoDBReplyChannel:
         return await asyncio.to_thread(self.wait, reply_to, models, timeout_s)
 
     def wait(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
+        """Polls until every model replied or the timeout; a poll that could not end before the timeout (as long
+        as the last one took) is not started."""
         end = time.monotonic() + timeout_s
         wanted = set(models)
+        took = 0.0
         while True:
+            started = time.monotonic()
             with aws_call("dynamodb.Query(replies)"):
                 resp = self._client.query(
                     TableName=self._table,
@@ -113,13 +117,15 @@ class DynamoDBReplyChannel:
                     ExpressionAttributeValues={":q": {"S": reply_to}},
                     ConsistentRead=True,
                 )
-            now = int(time.time())
+            now = time.monotonic()
+            took = now - started
+            epoch = int(time.time())
             replies = [
                 Reply.from_json(i["reply"]["S"])
                 for i in resp.get("Items", [])
-                if int(i.get("expires_at", {}).get("N", "0")) >= now
+                if int(i.get("expires_at", {}).get("N", "0")) >= epoch
             ]
-            remaining = end - time.monotonic()
-            if wanted <= {r.model for r in replies} or remaining <= 0:
+            remaining = end - now
+            if wanted <= {r.model for r in replies} or remaining <= took:
                 return replies
-            time.sleep(min(self._poll, remaining))
+            time.sleep(min(self._poll, max(0.0, remaining - took)))

@@ -204,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
 
     store = DynamoDBControllerStore(dynamodb, settings.registry_table)
     key = (args.model, args.version) if args.model and args.version else None
-    from clipper.adapters.sqs import SqsQueueReader
+    from clipper.wiring import queue_reader
 
-    reader = SqsQueueReader(aws_client("sqs", read_timeout=30), args.queue_url)
+    reader = queue_reader(settings, aws_client("sqs", read_timeout=30), args.queue_url)
     driver = LongPollDriver(
         reader, batcher, controller, batch_wait_s=args.batch_wait_ms / 1000, state_store=store, state_key=key
     )

@@ -228,10 +228,13 @@ class QueryProcessor:
         if choice is None:
             return self._fallback(ticket, timings, f"no model is linked to application '{app.name}'")
         timings["select"] = (self._clock.now() - start) * 1000
+        ticket.models = choice.models
         if self._listener is not None:
             self._listener.selected(app.name, choice.models)
         fan = yield from self._gatherer.send_steps(app, choice.models, query, ids[0], ticket.deadline, timings, ticket)
-        ticket.stage = "waiting for replies"
+        ticket.stage = "waiting for replies from " + ", ".join(
+            f"model {m}:{a.model.version}" for m, (a, _) in fan.sent.items()
+        )
         return Started(ticket, choice, fan, timings, self._clock.now())
 
     def finish(
@@ -300,7 +303,15 @@ class QueryProcessor:
             "(a dependency is slow or unreachable)"
         )
         logger.warning("late default output", extra={"app": app.name, "query_id": ticket.ids[0], "reason": why})
-        return QueryResult([Prediction(i, self.default_of(app), True, why) for i in ticket.ids], ticket.batch)
+        first = ticket.models[0] if ticket.models else None
+        return QueryResult(
+            [Prediction(i, self.default_of(app), True, why) for i in ticket.ids],
+            ticket.batch,
+            first.name if first else None,
+            first.version if first else None,
+            models=[m.name for m in ticket.models],
+            model_errors=[m.name for m in ticket.models],
+        )
 
     @staticmethod
     def default_of(app: Application) -> Any:

@@ -96,6 +96,7 @@ class QueryTicket:
     started: float = 0.0
     validate_ms: float = 0.0
     abandoned: bool = False  # the watchdog answered for it
+    models: list[ModelVersion] = field(default_factory=list)  # the models it asked, once selected
 
     def begin(self, app: Application, ids: list[int], batch: bool, deadline: float) -> None:
         self.app, self.ids, self.batch, self.deadline = app, ids, batch, deadline
