@@ -4,7 +4,8 @@ batches with millisecond precision (the Lambda driver's batching window has whol
 Queue I/O runs beside the batcher, never on its path:
 
 - receive ahead (``receive_ahead``): ``receivers`` threads long-poll the queue into a bounded buffer
-  (``buffer_batches`` x the controller's current batch size), each message stamped when it arrived;
+  (``buffer_batches`` x the controller's current batch size, and at least a full receive per receiver), each
+  message stamped when it arrived;
 - batch formation is Clipper's: block until the first message of a batch is there, then wait up to
   ``batch_wait_s`` after it arrived, or until the batch is full at the controller's current size, taking what
   the receivers deliver meanwhile; never a receive round trip of its own before cutting;
@@ -59,7 +60,8 @@ class DriverStats:
 class LongPollDriver:
     """``receivers``: receives in flight at once; ``receive_max``: messages one receive asks for at most
     (SQS's 10; None: as many as the buffer has room for, for a transport that returns a whole batch);
-    ``buffer_batches``: the buffer's bound in batches of the controller's current size; ``idle_wait_s``: the
+    ``buffer_batches``: the buffer's bound in batches of the controller's current size (and at least
+    ``receivers`` x ``receive_max``, so each receiver can make a full receive); ``idle_wait_s``: the
     receivers' long poll (a stop is seen within it) and how long ``collect`` waits for a first message;
     ``ack_chunk``: receipt handles per delete call. ``clock`` (monotonic seconds) times the batch wait."""
 

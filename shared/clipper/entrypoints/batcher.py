@@ -59,7 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="messages received ahead, at most, in batches of the current size (>= 1)",
     )
     p.add_argument(
-        "--poll-wait-s", type=float, default=1.0, help="a receive's long poll (a stop takes effect within it)"
+        "--poll-wait-s",
+        type=float,
+        default=1.0,
+        help="a receive's long poll; a stop takes effect within it (SQS: whole seconds, 20 at most)",
     )
     p.add_argument(
         "--visibility-timeout-s",
