@@ -496,7 +496,7 @@ class World:
         endpoint = self.spawn("endpoint", [*cmd, "--port", str(port)], env)
         self._wait(lambda: http_get(port, "/ping")[0] == 200, endpoint, "endpoint server")
         endpoint_url = f"http://127.0.0.1:{port}"
-        longpoll = [sys.executable, "-m", "clipper.batching.longpoll", "--queue-url", queue_url]
+        longpoll = [sys.executable, "-m", "clipper.entrypoints.batcher", "--queue-url", queue_url]
         longpoll += ["--endpoint-url", endpoint_url, "--slo-ms", "500", "--log-level", "WARNING"]
         self.spawn("batcher", [*longpoll, "--model", "mlp", "--version", "1"], self.env)
 

@@ -30,7 +30,7 @@ from infra.local.supervisor import Child, Stage
 logger = logging.getLogger("clipper.local")
 
 # The long-poll batcher's entry point (``python -m``), the same for the demo models and the uploaded versions.
-BATCHER_MODULE = "clipper.batching.longpoll"
+BATCHER_MODULE = "clipper.entrypoints.batcher"
 
 
 class ProcessHost(Protocol):
@@ -57,6 +57,10 @@ def batcher_command(queue_url: str, endpoint_url: str, slo_ms: float, model: str
         "--slo-ms",
         str(slo_ms / 2),
         "--batch-wait-ms",
+        "1",
+        # one receive in flight: enough on Redis Streams (a receive takes a whole batch), and moto's SQS serialises
+        # concurrent receives (it would only cost CPU)
+        "--receivers",
         "1",
         "--model",
         model,

@@ -58,7 +58,7 @@ def test_entrypoint_runs_the_server_module_and_the_batcher_command():
     serve = (IMAGE / "serve").read_text()
     assert "python -m clipper_endpoint" in serve and (IMAGE / "clipper_endpoint" / "__main__.py").is_file()
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert "clipper-batcher" in serve and scripts["clipper-batcher"] == "clipper.batching.longpoll:main"
+    assert "clipper-batcher" in serve and scripts["clipper-batcher"] == "clipper.entrypoints.batcher:main"
     exposed = [rest for word, rest in instructions() if word == "EXPOSE"]
     assert exposed == ["8080"] and "SAGEMAKER_BIND_TO_PORT=8080" in (IMAGE / "Dockerfile").read_text()
 

@@ -4,6 +4,7 @@ SQS (moto) and over Redis Streams (a real redis-server)."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -97,6 +98,23 @@ def enqueue(processor, n):
         processor.predict("digits", {"input": [1.0 if j == i % 64 else 0.0 for j in range(64)]})
 
 
+def drive(driver, done, timeout_s=30.0):
+    """Run the driver's own loop (receivers and acker in the background, as in the process) until ``done()``,
+    then stop it (its acknowledgements flushed)."""
+    stop = threading.Event()
+    worker = threading.Thread(target=driver.run, args=(stop,))
+    worker.start()
+    try:
+        give_up = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < give_up, "the driver did not finish in time"
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not worker.is_alive()
+
+
 def test_reader_receives_deletes_and_releases(aws, queues):
     for i in range(3):
         queues.sender.send(aws.queue_url, f"m{i}")
@@ -112,10 +130,8 @@ def test_reader_receives_deletes_and_releases(aws, queues):
 def test_driver_batches_and_answers_every_query(queues, world):
     processor, batcher, replies, endpoint = world
     enqueue(processor, 25)
-    driver = LongPollDriver(queues.reader, batcher, FixedController(10), batch_wait_s=0.05, idle_wait_s=0)
-    stop = threading.Event()
-    while queues.depth():
-        driver.handle(driver.collect(stop))
+    driver = LongPollDriver(queues.reader, batcher, FixedController(10), batch_wait_s=0.05)
+    drive(driver, lambda: queues.depth() == 0)
     assert driver.stats.answered == 25 and sum(endpoint.calls) == 25
     assert max(endpoint.calls) == 10  # batches were cut at the controller's size
     assert len(replies.done) == 25
@@ -130,15 +146,9 @@ def test_failing_endpoint_retries_then_dead_letters(queues, world):
         batcher,
         AimdController(slo_s=1.0),
         batch_wait_s=0.0,
-        idle_wait_s=0,
         max_backoff_s=0,
     )
-    stop = threading.Event()
-    for _ in range(10):
-        batch = driver.collect(stop)
-        if not batch:
-            break
-        driver.handle(batch)
+    drive(driver, lambda: queues.depth() == 0 and queues.dead() == 2)
     assert queues.depth() == 0 and queues.dead() == 2  # maxReceiveCount 3, then the DLQ
     assert driver.stats.failed == 6  # 2 messages x 3 tries
     assert all(not r.ok for rs in replies.lists.values() for r in rs)
@@ -173,13 +183,9 @@ def test_controller_state_survives_a_new_driver(aws, queues, world):
     processor, batcher, _, _ = world
     store = DynamoDBControllerStore(aws.dynamodb, aws.registry_table)
     reader = queues.reader
-    first = LongPollDriver(
-        reader, batcher, AimdController(slo_s=1.0), idle_wait_s=0, state_store=store, state_key=("mlp", "1")
-    )
+    first = LongPollDriver(reader, batcher, AimdController(slo_s=1.0), state_store=store, state_key=("mlp", "1"))
     enqueue(processor, 12)
-    stop = threading.Event()
-    while queues.depth():
-        first.handle(first.collect(stop))
+    drive(first, lambda: queues.depth() == 0)
     grown = first._controller.max_batch_size()
     assert grown > 1
     first.save_state()

@@ -1,33 +1,45 @@
 """The long-poll driver: a process beside the model server that long-polls its model's queue and cuts
 batches with millisecond precision (the Lambda driver's batching window has whole-second granularity).
 
-After the first message of a batch arrives it keeps receiving while more messages come, until the batch
-is full or the oldest message has waited ``batch_wait_s`` (a receive that comes back empty ends the batch
-at once: nothing is gained by waiting on an idle queue); then it runs the batch through the batcher core,
-deletes what was answered (or dropped as expired or duplicate), and releases failed messages for a retry
-after a back-off (the queue's redrive policy moves a message to the dead-letter queue after ``maxReceiveCount`` tries).
+Queue I/O runs beside the batcher, never on its path:
+
+- receive ahead (``receive_ahead``): ``receivers`` threads long-poll the queue into a bounded buffer
+  (``buffer_batches`` x the controller's current batch size, and at least a full receive per receiver), each
+  message stamped when it arrived;
+- batch formation is Clipper's: block until the first message of a batch is there, then wait up to
+  ``batch_wait_s`` after it arrived, or until the batch is full at the controller's current size, taking what
+  the receivers deliver meanwhile; never a receive round trip of its own before cutting;
+- acknowledgements (``acker``): a background thread deletes what a batch answered (or dropped as expired or
+  duplicate) and releases failed messages for a retry after an exponential back-off (the queue's redrive
+  policy moves a message to the dead-letter queue after ``maxReceiveCount`` tries).
 
 The core cuts each batch to what can still meet its earliest deadline (``Batcher.process(defer=True)``);
-the messages it defers stay in flight (neither deleted nor released) and lead the next batch.
+the messages it defers stay in flight (neither deleted nor released) and lead the next batch, which is then
+completed at once with what is buffered. On stop the receivers end within their long poll, the current
+batch finishes, messages still held (buffered or deferred) go back to the queue at once, the acknowledgements
+are flushed and the controller's state saved. The process's entry point is ``clipper.entrypoints.batcher``.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import signal
-import sys
+import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 
-from clipper.batching.controller import BatchSizeController, make_controller
+from clipper.batching.acker import BackgroundAcker
+from clipper.batching.controller import BatchSizeController
 from clipper.batching.core import Batcher, BatchReport, Inbound
+from clipper.batching.receive_ahead import ReceiveBuffer, Receivers
 from clipper.errors import ClipperError
 from clipper.ports import ControllerStateStore, QueueReader, ReceivedMessage
 
 logger = logging.getLogger("clipper.batcher")
+
+JOIN_MARGIN_S = 5.0  # beyond the long poll's wait, how long stopping waits for a receive in flight
 
 
 @dataclass
@@ -38,21 +50,39 @@ class DriverStats:
     duplicates: int = 0
     failed: int = 0
     deferred: int = 0  # times a message was cut from a batch to meet deadlines (it leads the next one)
+    received: int = 0  # messages the receivers took off the queue (updated with each batch and on stop)
+    returned: int = 0  # messages held on stop (buffered or deferred) handed back to the queue at once
+    receive_errors: int = 0  # failed receives (retried after a pause)
+    ack_errors: int = 0  # failed delete or release calls (their messages come back after the visibility timeout)
 
 
 class LongPollDriver:
+    """``receivers``: receives in flight at once; ``receive_max``: messages one receive asks for at most
+    (SQS's 10; None: as many as the buffer has room for, for a transport that returns a whole batch);
+    ``buffer_batches``: the buffer's bound in batches of the controller's current size (and at least
+    ``receivers`` x ``receive_max``, so each receiver can make a full receive); ``idle_wait_s``: the
+    receivers' long poll (a stop is seen within it) and how long ``collect`` waits for a first message;
+    ``ack_chunk``: receipt handles per delete call. ``clock`` (monotonic seconds) times the batch wait."""
+
     def __init__(
         self,
         reader: QueueReader,
         batcher: Batcher,
         controller: BatchSizeController,
         batch_wait_s: float = 0.001,
-        idle_wait_s: int = 1,
+        idle_wait_s: float = 1.0,
         max_backoff_s: int = 30,
         state_store: ControllerStateStore | None = None,
         state_key: tuple[str, str] | None = None,
         save_every_s: float = 5.0,
+        receivers: int = 1,
+        receive_max: int | None = 10,
+        buffer_batches: float = 2.0,
+        ack_chunk: int = 10,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if buffer_batches < 1:
+            raise ValueError("the receive buffer must hold at least one batch (buffer_batches >= 1)")
         self._reader = reader
         self._batcher = batcher
         self._controller = controller
@@ -63,9 +93,22 @@ class LongPollDriver:
         self._key = state_key
         self._save_every = save_every_s
         self._saved_at = time.monotonic()
+        self._buffer_batches = buffer_batches
+        self._receivers_floor = receivers * (receive_max or 1)
         self.stats = DriverStats()
         self._carry: list[ReceivedMessage] = []  # deferred by the last batch: they lead the next one
+        self._halt = threading.Event()  # ends the receivers
+        self._buffer = ReceiveBuffer(self._capacity(), clock=clock)
+        self._receivers = Receivers(reader, self._buffer, self._halt, receivers, idle_wait_s, receive_max)
+        self._acker = BackgroundAcker(reader, chunk=ack_chunk)
+        self._started = self._closed = False
         self._restore()
+
+    def _capacity(self) -> int:
+        """The buffer's bound: ``buffer_batches`` batches of the controller's current size, and at least a full
+        receive for each receiver (a receive costs a round trip whatever it asks for)."""
+        batches = math.ceil(self._buffer_batches * self._controller.max_batch_size())
+        return max(1, batches, self._receivers_floor)
 
     def _restore(self) -> None:
         if self._store is None or self._key is None:
@@ -88,31 +131,28 @@ class LongPollDriver:
             logger.warning("controller state not saved: %s", e)
         self._saved_at = time.monotonic()
 
+    @property
+    def buffered(self) -> int:
+        """Messages received and waiting for a batch."""
+        return len(self._buffer)
+
+    def start(self) -> None:
+        """Start the receivers and the acker (``collect`` and ``run`` do it when needed)."""
+        if self._closed:
+            raise RuntimeError("the driver was closed")
+        if not self._started:
+            self._started = True
+            self._buffer.set_capacity(self._capacity())
+            self._acker.start()
+            self._receivers.start()
+
     def collect(self, stop: threading.Event) -> list[ReceivedMessage]:
-        """Receive one batch: block (long poll) until a message arrives, then fill until full or late."""
-        batch, self._carry = self._carry, []
-        first_at = time.monotonic()
-        while not stop.is_set():
-            limit = self._controller.max_batch_size()
-            if len(batch) >= limit:
-                return batch
-            wait = 0 if batch else self._idle_wait
-            try:
-                got = self._reader.receive(limit - len(batch), wait)
-            except ClipperError as e:
-                logger.warning("receive failed: %s", e)
-                if batch:
-                    return batch
-                stop.wait(1.0)
-                continue
-            if not got and not batch:
-                return batch  # the long poll ended empty: let the caller check for a stop
-            if not batch:
-                first_at = time.monotonic()
-            batch.extend(got)
-            if batch and (len(batch) >= limit or not got or time.monotonic() - first_at >= self._batch_wait):
-                return batch
-        return batch
+        """The next batch: the messages the last batch deferred, then what the receivers delivered within the
+        batch wait (``ReceiveBuffer.take``); [] when no message came within ``idle_wait_s`` or on ``stop``."""
+        self.start()
+        lead, self._carry = self._carry, []
+        limit = self._controller.max_batch_size()
+        return lead + self._buffer.take(limit, self._batch_wait, self._idle_wait, stop, lead=len(lead))
 
     def handle(self, batch: list[ReceivedMessage]) -> BatchReport:
         started = time.monotonic()
@@ -120,18 +160,16 @@ class LongPollDriver:
         latency = time.monotonic() - started
         deferred = set(report.deferred)
         self._controller.observe(len(batch) - len(deferred), latency)
+        self._buffer.set_capacity(self._capacity())
         failed = set(report.failed)
         self._carry = [m for m in batch if m.message_id in deferred]
-        done = [m.receipt_handle for m in batch if m.message_id not in failed and m.message_id not in deferred]
-        try:
-            self._reader.delete(done)
-            for m in batch:
-                if m.message_id in failed:
-                    self._reader.release(m.receipt_handle, min(self._max_backoff, 2 ** (m.receive_count - 1)))
-        except ClipperError as e:
-            # Not deleting is safe: the message comes back after its visibility timeout and is answered
-            # once (the reply channel drops duplicate answers).
-            logger.warning("acknowledging failed: %s", e)
+        # Off the batch path: the acker deletes and releases while the next batch forms.
+        self._acker.delete(
+            [m.receipt_handle for m in batch if m.message_id not in failed and m.message_id not in deferred]
+        )
+        for m in batch:
+            if m.message_id in failed:
+                self._acker.release(m.receipt_handle, min(self._max_backoff, 2 ** (m.receive_count - 1)))
         s = self.stats
         s.batches += 1
         s.answered += report.answered
@@ -139,88 +177,60 @@ class LongPollDriver:
         s.duplicates += report.duplicates
         s.failed += len(failed)
         s.deferred += len(deferred)
+        self._update_io_stats()
         if time.monotonic() - self._saved_at >= self._save_every:
             self.save_state()
         return report
 
+    def flush_acks(self, timeout_s: float | None = None) -> bool:
+        """Wait until every delete and release asked for so far was done (or failed and was logged)."""
+        done = self._acker.flush(timeout_s)
+        self._update_io_stats()
+        return done
+
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            batch = self.collect(stop)
-            if batch:
-                self.handle(batch)
-        self.release_carried()
+        self.start()
+        try:
+            while not stop.is_set():
+                batch = self.collect(stop)
+                if batch:
+                    self.handle(batch)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop: end the receivers (within their long poll), hand every message still held back to the queue
+        at once, flush the acknowledgements, save the controller's state. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._halt.set()
+        self._buffer.wake()
+        if not self._receivers.join(self._idle_wait + JOIN_MARGIN_S):
+            logger.warning("a receive did not end in time: what it returns comes back after its visibility timeout")
+        self.release_held()
+        self._acker.close()
+        self._update_io_stats()
         self.save_state()
 
-    def release_carried(self) -> None:
-        """Hand the messages deferred by the last batch back to the queue at once (on stop), so another
-        batcher answers them within their deadlines instead of after their visibility timeout."""
-        carried, self._carry = self._carry, []
-        for m in carried:
-            try:
-                self._reader.release(m.receipt_handle, 0)
-            except ClipperError as e:
-                logger.warning("releasing a deferred message failed: %s", e)
+    def release_held(self) -> None:
+        """Hand the messages deferred by the last batch, and those received for no batch yet, back to the queue
+        at once, so another batcher answers them within their deadlines instead of after their visibility
+        timeout."""
+        held, self._carry = self._carry + self._buffer.drain(), []
+        for m in held:
+            self._acker.release(m.receipt_handle, 0)
+        self.stats.returned += len(held)
 
+    def _update_io_stats(self) -> None:
+        self.stats.received = self._buffer.received
+        self.stats.receive_errors = self._receivers.errors
+        self.stats.ack_errors = self._acker.errors
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="clipper-batcher", description=__doc__.split("\n\n")[0])
-    p.add_argument("--queue-url", required=True, help="the model's request queue")
-    p.add_argument("--endpoint-url", required=True, help="the model server, e.g. http://127.0.0.1:8080")
-    p.add_argument("--slo-ms", type=float, default=100.0, help="latency objective of a batch (AIMD)")
-    p.add_argument("--batch-size", type=int, default=0, help="fix the batch size (0: adapt)")
-    p.add_argument("--controller", choices=["aimd", "quantile"], default="aimd", help="how the size adapts")
-    p.add_argument("--model", default=os.environ.get("CLIPPER_MODEL_NAME", ""), help="model name (state key)")
-    p.add_argument("--version", default=os.environ.get("CLIPPER_MODEL_VERSION", ""), help="model version")
-    p.add_argument("--max-batch-size", type=int, default=256, help="upper bound of the adaptive size")
-    p.add_argument("--batch-wait-ms", type=float, default=1.0, help="how long a batch waits to fill")
-    p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    def __enter__(self) -> LongPollDriver:
+        return self
 
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    import urllib3
-
-    from clipper.adapters.endpoints import FixedEndpointResolver, HttpModelEndpoint
-    from clipper.settings import BatcherSettings
-    from clipper.wiring import aws_client, prediction_cache, reply_channel
-
-    settings = BatcherSettings()  # type: ignore[call-arg]
-    dynamodb = aws_client("dynamodb")
-    from clipper.adapters.clock import SystemClock
-    from clipper.adapters.s3_claims import S3ClaimStore
-
-    endpoint = HttpModelEndpoint(args.endpoint_url, urllib3.PoolManager(maxsize=2), settings.endpoint_timeout_s)
-    batcher = Batcher(
-        endpoints=FixedEndpointResolver(endpoint),
-        replies=reply_channel(settings, dynamodb),
-        clock=SystemClock(),
-        claims=S3ClaimStore(aws_client("s3"), settings.model_bucket) if settings.model_bucket else None,
-        cache=prediction_cache(settings, dynamodb),
-    )
-    controller = make_controller(args.controller, args.slo_ms / 1000, args.batch_size, args.max_batch_size)
-    from clipper.adapters.dynamodb_registry import DynamoDBControllerStore
-
-    store = DynamoDBControllerStore(dynamodb, settings.registry_table)
-    key = (args.model, args.version) if args.model and args.version else None
-    from clipper.wiring import queue_reader
-
-    reader = queue_reader(settings, aws_client("sqs", read_timeout=30), args.queue_url)
-    driver = LongPollDriver(
-        reader, batcher, controller, batch_wait_s=args.batch_wait_ms / 1000, state_store=store, state_key=key
-    )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    import gc
-
-    gc.freeze()  # start-up objects never need collecting: keeps full collections (tens of ms) off batches
-    logger.info("batcher polling %s for %s", args.queue_url, args.endpoint_url)
-    driver.run(stop)
-    logger.info("batcher stopped: %s", driver.stats)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,156 @@
+"""The long-poll batcher process (``clipper-batcher``, or ``python -m clipper.entrypoints.batcher``): it
+reads one model's request queue beside the model server and sends it batches (``clipper.batching.longpoll``).
+
+The queue's transport is the settings' (``CLIPPER_QUEUE_TRANSPORT``: ``sqs``, or ``redis`` for Redis Streams at
+``REDIS_URL``); replies, the cache and the controller's saved state come from the same settings as every
+function's (``BatcherSettings``). SIGTERM and SIGINT stop it within the long poll's wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from clipper.batching.longpoll import LongPollDriver
+
+logger = logging.getLogger("clipper.batcher")
+
+# Receives in flight at once, per transport: an SQS ReceiveMessage returns at most 10 messages (so a batch
+# of more than 10 needs several), a Redis Streams read returns a whole batch.
+RECEIVERS = {"sqs": 4, "redis": 1}
+RECEIVE_MAX = {"sqs": 10, "redis": None}  # messages one receive asks for (None: the buffer's room)
+ACK_CHUNK = {"sqs": 10, "redis": 100}  # receipt handles per delete call (SQS's DeleteMessageBatch takes 10)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="clipper-batcher", description="The long-poll batcher: batches one model queue's queries for its server."
+    )
+    p.add_argument("--queue-url", required=True, help="the model's request queue")
+    p.add_argument("--endpoint-url", required=True, help="the model server, e.g. http://127.0.0.1:8080")
+    p.add_argument("--slo-ms", type=float, default=100.0, help="latency objective of a batch (AIMD)")
+    p.add_argument("--batch-size", type=int, default=0, help="fix the batch size (0: adapt)")
+    p.add_argument("--controller", choices=["aimd", "quantile"], default="aimd", help="how the size adapts")
+    p.add_argument("--model", default=os.environ.get("CLIPPER_MODEL_NAME", ""), help="model name (state key)")
+    p.add_argument("--version", default=os.environ.get("CLIPPER_MODEL_VERSION", ""), help="model version")
+    p.add_argument("--max-batch-size", type=int, default=256, help="upper bound of the adaptive size")
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=1.0,
+        help="how long a batch waits for more queries after its first arrived (0: cut at once)",
+    )
+    p.add_argument(
+        "--receivers",
+        type=int,
+        default=0,
+        help="receives in flight at once (0: the transport's default, 4 on SQS, 1 on Redis Streams)",
+    )
+    p.add_argument(
+        "--buffer-batches",
+        type=float,
+        default=2.0,
+        help="messages received ahead, at most, in batches of the current size (>= 1)",
+    )
+    p.add_argument(
+        "--poll-wait-s",
+        type=float,
+        default=1.0,
+        help="a receive's long poll; a stop takes effect within it (SQS: whole seconds, 20 at most)",
+    )
+    p.add_argument(
+        "--visibility-timeout-s",
+        type=float,
+        default=180.0,
+        help="Redis Streams: when an unacknowledged message is delivered again (on SQS: the queue's attribute)",
+    )
+    p.add_argument(
+        "--max-receive-count",
+        type=int,
+        default=3,
+        help="Redis Streams: deliveries before the dead-letter stream (on SQS: the queue's redrive policy)",
+    )
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    if args.receivers < 0:
+        p.error("--receivers must be 0 (the transport's default) or more")
+    if args.buffer_batches < 1:
+        p.error("--buffer-batches must be at least 1")
+    if args.poll_wait_s < 0 or args.batch_wait_ms < 0:
+        p.error("--poll-wait-s and --batch-wait-ms must not be negative")
+    return args
+
+
+def build_driver(args: argparse.Namespace, settings: Any) -> LongPollDriver:
+    """The process's object graph (the composition root): the batcher core with its adapters, the controller
+    and the queue reader of ``args.queue_url`` on the settings' transport."""
+    import urllib3
+
+    from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_registry import DynamoDBControllerStore
+    from clipper.adapters.endpoints import FixedEndpointResolver, HttpModelEndpoint
+    from clipper.adapters.s3_claims import S3ClaimStore
+    from clipper.batching.controller import make_controller
+    from clipper.batching.core import Batcher
+    from clipper.wiring import aws_client, prediction_cache, queue_reader, reply_channel
+
+    dynamodb = aws_client("dynamodb")
+    endpoint = HttpModelEndpoint(args.endpoint_url, urllib3.PoolManager(maxsize=2), settings.endpoint_timeout_s)
+    batcher = Batcher(
+        endpoints=FixedEndpointResolver(endpoint),
+        replies=reply_channel(settings, dynamodb),
+        clock=SystemClock(),
+        claims=S3ClaimStore(aws_client("s3"), settings.model_bucket) if settings.model_bucket else None,
+        cache=prediction_cache(settings, dynamodb),
+    )
+    controller = make_controller(args.controller, args.slo_ms / 1000, args.batch_size, args.max_batch_size)
+    transport = settings.queue_transport
+    # the SQS client's read timeout outlasts a long poll (SQS's longest: 20 s)
+    sqs = aws_client("sqs", read_timeout=30) if transport == "sqs" else None
+    reader = queue_reader(
+        settings,
+        sqs,
+        args.queue_url,
+        visibility_timeout_s=args.visibility_timeout_s,
+        max_receive_count=args.max_receive_count,
+    )
+    return LongPollDriver(
+        reader,
+        batcher,
+        controller,
+        batch_wait_s=args.batch_wait_ms / 1000,
+        idle_wait_s=args.poll_wait_s,
+        state_store=DynamoDBControllerStore(dynamodb, settings.registry_table),
+        state_key=(args.model, args.version) if args.model and args.version else None,
+        receivers=args.receivers or RECEIVERS[transport],
+        receive_max=RECEIVE_MAX[transport],
+        buffer_batches=args.buffer_batches,
+        ack_chunk=ACK_CHUNK[transport],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from clipper.settings import BatcherSettings
+
+    settings = BatcherSettings()  # type: ignore[call-arg]
+    driver = build_driver(args, settings)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    gc.freeze()  # start-up objects never need collecting: keeps full collections (tens of ms) off batches
+    logger.info("batcher polling %s (%s) for %s", args.queue_url, settings.queue_transport, args.endpoint_url)
+    driver.run(stop)
+    logger.info("batcher stopped: %s", driver.stats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

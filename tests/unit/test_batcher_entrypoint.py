@@ -1,0 +1,72 @@
+"""The batcher process's own entry module (clipper.entrypoints.batcher): its options, the graph it builds
+per queue transport, and that the library module no longer imports the composition root."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from clipper.adapters.redis_streams import RedisStreamQueueReader
+from clipper.adapters.sqs import SqsQueueReader
+from clipper.entrypoints.batcher import build_driver, parse_args
+from clipper.settings import BatcherSettings
+
+pytestmark = pytest.mark.unit
+
+REQUIRED = ["--queue-url", "https://sqs.us-east-1.amazonaws.com/123456789012/q", "--endpoint-url", "http://e"]
+
+
+def test_options_and_their_defaults():
+    args = parse_args(REQUIRED)
+    assert (args.batch_wait_ms, args.receivers, args.buffer_batches, args.poll_wait_s) == (1.0, 0, 2.0, 1.0)
+    args = parse_args([*REQUIRED, "--receivers", "8", "--buffer-batches", "3", "--batch-wait-ms", "0"])
+    assert (args.receivers, args.buffer_batches, args.batch_wait_ms) == (8, 3.0, 0.0)
+
+
+@pytest.mark.parametrize("bad", [["--buffer-batches", "0.5"], ["--receivers", "-1"], ["--poll-wait-s", "-1"]])
+def test_bad_options_are_refused(bad, capsys):
+    with pytest.raises(SystemExit):
+        parse_args([*REQUIRED, *bad])
+    assert bad[0] in capsys.readouterr().err
+
+
+@pytest.fixture
+def settings(monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+    def make(**fields):
+        return BatcherSettings(registry_table="registry", replies_table="replies", cache_enabled=False, **fields)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("transport", "reader_type", "receivers", "receive_max"),
+    [("sqs", SqsQueueReader, 4, 10), ("redis", RedisStreamQueueReader, 1, None)],
+)
+def test_the_queue_reader_and_receivers_follow_the_transport(settings, transport, reader_type, receivers, receive_max):
+    # no connection is made: clients connect on their first call
+    chosen = settings(queue_transport=transport, redis_url="redis://127.0.0.1:9/0")
+    driver = build_driver(parse_args(REQUIRED), chosen)
+    assert isinstance(driver._reader, reader_type)
+    assert len(driver._receivers._threads) == receivers and driver._receivers._per_receive == receive_max
+    driver = build_driver(parse_args([*REQUIRED, "--receivers", "2"]), chosen)
+    assert len(driver._receivers._threads) == 2
+
+
+def run_python(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_entry_module_runs_and_lists_its_options():
+    out = run_python("-m", "clipper.entrypoints.batcher", "--help")
+    assert out.returncode == 0 and "clipper-batcher" in out.stdout
+    assert all(o in out.stdout for o in ("--receivers", "--buffer-batches", "--batch-wait-ms", "--poll-wait-s"))
+
+
+def test_the_driver_module_does_not_import_the_composition_root():
+    code = "import sys, clipper.batching.longpoll; print('clipper.wiring' in sys.modules)"
+    out = run_python("-c", code)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
