@@ -1,0 +1,129 @@
+"""Processes the benchmark starts: each in its own session (process group), pinned to a core with taskset
+(children inherit the affinity), its output in a log file, stopped as Ctrl-C stops it and checked gone."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.frontdoor.config import ROOT
+
+
+def can_pin() -> bool:
+    return hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
+
+
+def pin_self(core: int) -> None:
+    """Pin every thread of this process, and the threads and children it starts later, to ``core``."""
+    for tid in (int(t) for t in os.listdir("/proc/self/task")):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, {core})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[str], what: str, timeout_s: float = 60) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} while starting")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{what} did not listen on port {port} within {timeout_s:.0f} s")
+
+
+class Group:
+    """One command in its own process group; ``on_line`` sees each line of its output (also in ``log``)."""
+
+    def __init__(
+        self,
+        command: list[str],
+        log: Path,
+        core: int | None,
+        env: dict[str, str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        if core is not None:
+            command = ["taskset", "-c", str(core), *command]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log
+        self.on_line = on_line
+        self.proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self._pump = threading.Thread(target=self._read, name=f"pump-{self.proc.pid}", daemon=True)
+        self._pump.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with open(self.log, "w") as out:
+            for line in self.proc.stdout:
+                out.write(line)
+                out.flush()
+                if self.on_line is not None:
+                    self.on_line(line.rstrip("\n"))
+
+    def tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "".join(self.log.read_text().splitlines(keepends=True)[-lines:])
+        return ""
+
+    def stop(self) -> list[int]:
+        """SIGINT to the group (as Ctrl-C), then SIGTERM, then SIGKILL to whatever of it is left; returns the
+        pids that had to be killed."""
+        pgid = self.proc.pid
+        for sig, wait_s in ((signal.SIGINT, 30.0), (signal.SIGTERM, 5.0)):
+            if not group_members(pgid):
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=wait_s)
+            end = time.monotonic() + (5 if sig == signal.SIGINT else 2)
+            while group_members(pgid) and time.monotonic() < end:
+                time.sleep(0.1)
+        killed = []
+        for pid in group_members(pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        self._pump.join(5)
+        return killed
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes (not zombies) whose process group is ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry.name))
+    return found
