@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -29,6 +30,20 @@ def pin_self(core: int) -> None:
 
 
 def free_port() -> int:
+    """A free port below the kernel's ephemeral range where it can, so that no process of the system under
+    test, which takes its own ports with ``bind(0)`` from that range, can be handed the same one."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    candidates = random.sample(range(20_000, low), min(50, low - 20_000)) if low > 20_100 else []
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -85,6 +100,9 @@ class Group:
                     self.on_line(line.rstrip("\n"))
 
     def tail(self, lines: int = 30) -> str:
+        """The last lines of the output (all of it once the process has exited)."""
+        if self.proc.poll() is not None:
+            self._pump.join(5)
         with contextlib.suppress(OSError):
             return "".join(self.log.read_text().splitlines(keepends=True)[-lines:])
         return ""

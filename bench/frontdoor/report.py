@@ -170,16 +170,20 @@ def plot(searches: list[dict[str, Any]], raw: dict[str, dict[str, Any]], ceiling
             ax.plot(xs, p99, "o-", color=color, label=f"{name} p99 (max {s['max_rate']:,.0f} q/s)")
             ax.plot(xs, p50, "x--", color=color, alpha=0.7, label=f"{name} p50")
         ax.axhline(slo, color="k", linestyle=":", linewidth=1, label=f"SLO {slo:g} ms")
-        if raw.get(model, {}).get("rows_per_s"):
-            ax.axvline(raw[model]["rows_per_s"], color="C2", linestyle="-.", label="raw ORT limit (rows/s)")
-        if ceiling:
-            ax.axvline(ceiling, color="C7", linestyle=":", label="generator ceiling")
+        highest = max((t["offered_rate"] for s in mine for t in s["trials"]), default=1.0)
+        limits = []  # drawn where they do not stretch the axis far past the trials, named in the title always
+        raw_rate = raw.get(model, {}).get("rows_per_s")
+        for value, name, style in ((raw_rate, "raw ORT limit", "C2"), (ceiling, "generator ceiling", "C7")):
+            if value:
+                limits.append(f"{name} {value:,.0f}/s")
+                if value <= 4 * highest:
+                    ax.axvline(value, color=style, linestyle="-.", label=f"{name} ({value:,.0f}/s)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set(
             xlabel="offered rate (queries/s, Poisson)",
             ylabel=f"latency from the scheduled send (ms; {top:g} = more than 1 % misses)",
-            title=f"{model}: latency against offered rate, whole stack on one core",
+            title=f"{model}, SLO {slo:g} ms, each system alone on one core\n" + "; ".join(limits),
         )
         ax.legend(fontsize=7)
     fig.tight_layout()
