@@ -73,7 +73,7 @@ def readme_section(results: list[dict[str, Any]], meta: dict[str, Any], runs: li
         f"""**What this measures: a part of the system, not what a user meets.** The batcher core and the
         endpoint, with the model's queue replaced and no frontend (no HTTP front door, no cache, no reply
         channel: replies are recorded in memory). The whole stack at its front door is `make bench-frontdoor`'s
-        (below). Two queues stand in for SQS, side by side: {
+        (the section before). Two queues stand in for SQS, side by side: {
             "; ".join(f"`{q}`, {QUEUES[q]}" for q in meta["queues"])
         }; the latency per call of the queue with SQS's limits is {meta["sqs_call_latency"]}
         (`--sqs-call-ms MEDIAN,P99`), slept in the driver's thread as a network round trip would be."""

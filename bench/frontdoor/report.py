@@ -69,24 +69,25 @@ def summarize_run(searches: list[dict[str, Any]], raw: dict[str, dict[str, Any]]
 
 
 GENERATOR_BUSY = 0.8  # a failed trial in which the generator used more of its core than this may be its fault
+GENERATOR_LATE = 0.25  # ... or in which it sent its p99 later than this share of the SLO (a stalled machine)
 CEILING_SHARE = 0.5  # a highest rate above this share of the generator's ceiling is too close to it
 
 
 def flag_generator_bound(searches: list[dict[str, Any]], ceiling: float) -> list[dict[str, Any]]:
     """Mark (``generator_may_limit``) the searches whose highest rate the generator may have decided: a failed
-    trial above that rate with the generator's core busy, or a rate close to the generator's ceiling."""
+    trial above that rate with the generator's core busy or its sends late, or a rate close to its ceiling."""
     flagged = []
     for s in searches:
         if s["system"] == "trivial" or s.get("max_rate") is None:
             continue
         reasons = []
-        busy = [
-            t["offered_rate"]
-            for t in s["trials"]
-            if not t["ok"] and t["offered_rate"] > s["max_rate"] and (t["generator_cpu_fraction"] or 0) > GENERATOR_BUSY
-        ]
+        failed = [t for t in s["trials"] if not t["ok"] and t["offered_rate"] > s["max_rate"]]
+        busy = [t["offered_rate"] for t in failed if (t["generator_cpu_fraction"] or 0) > GENERATOR_BUSY]
         if busy:
             reasons.append(f"the generator used over {GENERATOR_BUSY:.0%} of its core in failed trials at {busy} q/s")
+        late = [t["offered_rate"] for t in failed if (t["generator_late_p99_ms"] or 0) > GENERATOR_LATE * s["slo_ms"]]
+        if late:
+            reasons.append(f"the generator sent late (p99 over {GENERATOR_LATE:.0%} of the SLO) at {late} q/s")
         if s.get("reached_rate_cap"):
             reasons.append("the search stopped at its cap")
         if ceiling and s["max_rate"] > CEILING_SHARE * ceiling:

@@ -196,8 +196,10 @@ def test_summary_ratios_and_targets_are_judged_on_redis():
 
 
 def test_generator_bound_searches_are_flagged():
-    trial = {"ok": False, "offered_rate": 4000.0, "generator_cpu_fraction": 0.95}
-    s = {"system": "plain", "transport": None, "app": "fd-mlp", "max_rate": 2000.0, "trials": [trial]}
+    trial = {"ok": False, "offered_rate": 4000.0, "generator_cpu_fraction": 0.95, "generator_late_p99_ms": 1.0}
+    s = {"system": "plain", "transport": None, "app": "fd-mlp", "slo_ms": 20.0, "max_rate": 2000.0, "trials": [trial]}
     quiet = {**s, "trials": [{**trial, "generator_cpu_fraction": 0.3}]}
-    flagged = flag_generator_bound([s, quiet], ceiling=30_000.0)
-    assert flagged == [s] and quiet["generator_may_limit"] is None
+    stalled = {**s, "trials": [{**trial, "generator_cpu_fraction": 0.3, "generator_late_p99_ms": 6.0}]}
+    flagged = flag_generator_bound([s, quiet, stalled], ceiling=30_000.0)
+    assert flagged == [s, stalled] and quiet["generator_may_limit"] is None
+    assert "late" in stalled["generator_may_limit"]
