@@ -36,6 +36,7 @@ import platform
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.frontdoor.config import (
@@ -47,7 +48,6 @@ from bench.frontdoor.config import (
     QUICK,
     RATE_CAP,
     RESULTS,
-    ROOT,
     SUT_CORE,
     TRANSPORTS,
     WORK_DIR,
@@ -106,8 +106,10 @@ def raw_limits(cases: list[ModelCase], core: int | None, plan: Plan) -> dict[str
         command = [sys.executable, "-m", "bench.frontdoor.raw", "--model", case.name]
         command += ["--budget-s", str(plan.raw_budget_s)]
         group = Group(command, WORK_DIR / f"raw-{case.name}.log", core, on_line=_echo_into(lines))
-        group.proc.wait()
-        group.stop()
+        try:
+            group.proc.wait()
+        finally:
+            group.stop()
         found = [json.loads(line) for line in lines if line.startswith("{")]
         if group.proc.returncode != 0 or not found:
             raise RuntimeError(f"the raw limit of {case.name} failed:\n{group.tail()}")
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mlp,cnn", help=f"comma-separated, of {sorted(CASES)}")
     parser.add_argument("--transports", default=",".join(TRANSPORTS), help="the stack's request-queue transports")
     parser.add_argument("--systems", default="plain,stack", help="which systems to measure: plain, stack")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the folder of the JSON and the PNG")
     args = parser.parse_args(argv)
     cases = [CASES[n.strip()] for n in args.models.split(",") if n.strip() in CASES]
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
@@ -245,12 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize_run(searches, raw)
     for s in flag_generator_bound(searches, ceiling["max_rate"]):
         log(f"warning: {s['system']} {s['transport'] or ''} {s['app']}: {s['generator_may_limit']}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     stem = "frontdoor_quick" if args.quick else "frontdoor"
-    out = RESULTS / f"{stem}.json"
+    out = args.out / f"{stem}.json"
     document = {"run": meta, "summary": summary, "generator_ceiling": ceiling, "raw": raw, "searches": searches}
     out.write_text(json.dumps(document, indent=1) + "\n")
-    plot(searches, raw, ceiling["max_rate"], RESULTS / f"{stem}.png")
+    plot(searches, raw, ceiling["max_rate"], args.out / f"{stem}.png")
     at = ceiling.get("at_max") or {}
     log(
         f"generator ceiling: {ceiling['max_rate']:,.0f} q/s against a server that answers at once (p99 "
@@ -259,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         + (" - the search's cap: it does more" if ceiling["reached_rate_cap"] else "")
     )
     print("\n" + table(summary, transports) + "\n", flush=True)
-    log(f"wrote {out.relative_to(ROOT)} and {stem}.png in {meta['seconds']:.0f} s")
+    log(f"wrote {out} and {stem}.png in {meta['seconds']:.0f} s")
     if args.quick:
         log("--quick: trials of a second or two and no bisection: a smoke run, not figures")
     return 0

@@ -84,7 +84,7 @@ def summarize(record: TrialRecord, slo_ms: float, rate: float) -> dict[str, Any]
     ordered = np.sort(latency_ms)
     real = int(real_mask.sum())
     within = int(np.sum(latency_ms <= slo_ms))
-    offsets = record.offsets[measured]
+    offsets = record.offsets[measured][sent]  # a trial stopped early: the window of what it sent
     window_s = float(offsets[-1] - offsets[0]) if len(offsets) > 1 else 0.0
     late = record.late_s[~np.isnan(record.late_s)]
     answered = np.sort(record.latency_s[measured][np.isin(outcome, (REAL, DEFAULT))] * 1000)

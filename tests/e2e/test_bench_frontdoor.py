@@ -86,3 +86,25 @@ def test_the_plain_server_answers_from_its_model(runner, demo_models):
     r = summarize(record, slo_ms=5000.0, rate=50.0)
     assert r["queries"] == len(record.offsets) > 20
     assert r["real"] == r["queries"] and r["errors"] == r["defaults"] == r["timeouts"] == 0
+
+
+def test_the_quick_run_writes_every_trial_and_the_summary(tmp_path):
+    """`python -m bench.frontdoor --quick` against the plain server and the limits (the stack is left out: it
+    takes a minute to start; `make bench-frontdoor BENCH_ARGS=--quick` runs it too)."""
+    import json
+    import subprocess
+
+    command = [sys.executable, "-m", "bench.frontdoor", "--quick", "--systems", "plain", "--models", "mlp"]
+    done = subprocess.run([*command, "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "frontdoor_quick.json").read_text())
+    assert (tmp_path / "frontdoor_quick.png").stat().st_size > 0
+    (search,) = result["searches"]
+    assert (search["system"], search["app"], search["slo_ms"]) == ("plain", "fd-mlp", 20.0)
+    assert search["trials"] and search["max_rate"] in [0.0, *(t["offered_rate"] for t in search["trials"] if t["ok"])]
+    fields = {"offered_rate", "achieved_rate", "p50_ms", "p90_ms", "p99_ms", "max_ms", "real", "defaults", "errors"}
+    assert all(fields <= set(t) for t in search["trials"])
+    assert result["raw"]["mlp"]["rows_per_s"] > 0 and result["generator_ceiling"]["trials"]
+    (row,) = result["summary"]
+    assert row["model"] == "mlp" and row["plain_max_rate"] == search["max_rate"]
+    assert "| mlp | 20 ms |" in done.stdout
