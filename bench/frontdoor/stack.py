@@ -14,6 +14,7 @@ CLIPPER_ADMIN_TOKEN=...`` line, the benchmark registers, as README's "A model's 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -60,6 +61,19 @@ class LocalStack:
             time.sleep(0.2)
         self.ready_at = time.monotonic() - started
         log(f"local stack ready in {self.ready_at:.0f} s at {self.url}")
+        self.check_transport()
+
+    def check_transport(self) -> None:
+        """The stack's processes take the transport from the environment it records in .local-stack/env.json:
+        make sure it is the one asked for (a run.py that set it some other way would otherwise measure the
+        wrong transport under the right name)."""
+        try:
+            env = json.loads((ROOT / ".local-stack" / "env.json").read_text())
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"the stack's environment (.local-stack/env.json) is unreadable: {e}") from e
+        used = env.get("CLIPPER_QUEUE_TRANSPORT", "sqs")  # clipper.settings' default
+        if used != self.transport:
+            raise RuntimeError(f"asked for the {self.transport} transport, the stack runs {used}")
 
     def register(self, cases: list[ModelCase]) -> None:
         """Register each case's application and link its model; deploy the CNN as a model version."""
