@@ -188,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="plain,stack", help="which systems to measure: plain, stack")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the folder of the JSON and the PNG")
     args = parser.parse_args(argv)
-    cases = [CASES[n.strip()] for n in args.models.split(",") if n.strip() in CASES]
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     systems = {s.strip() for s in args.systems.split(",")}
-    if not cases or any(t not in TRANSPORTS for t in transports) or not systems <= {"plain", "stack"}:
+    known = set(names) <= set(CASES) and set(transports) <= set(TRANSPORTS) and systems <= {"plain", "stack"}
+    if not names or not known:
         parser.error(f"models of {sorted(CASES)}, transports of {list(TRANSPORTS)}, systems of plain, stack")
+    cases = [CASES[n] for n in names]
     plan = QUICK if args.quick else FULL
 
     def interrupted(signum: int, frame: Any) -> None:
