@@ -1,5 +1,6 @@
-"""Processes the benchmark starts: each in its own session (process group), pinned to a core with taskset
-(children inherit the affinity), its output in a log file, stopped as Ctrl-C stops it and checked gone."""
+"""Processes the benchmark starts: each in its own session, pinned to a core with taskset (children inherit
+the affinity), its output in a log file, stopped as Ctrl-C stops it, and every process of its session (its
+children too, in whatever process group they put themselves) checked gone."""
 
 from __future__ import annotations
 
@@ -108,32 +109,34 @@ class Group:
         return ""
 
     def stop(self) -> list[int]:
-        """SIGINT to the group (as Ctrl-C), then SIGTERM, then SIGKILL to whatever of it is left; returns the
-        pids that had to be killed."""
-        pgid = self.proc.pid
-        for sig, wait_s in ((signal.SIGINT, 30.0), (signal.SIGTERM, 5.0)):
-            if not group_members(pgid):
-                break
+        """SIGINT to the command (as Ctrl-C: it stops what it started, in its order), then SIGTERM and at last
+        SIGKILL to whatever of its session is left; returns the pids that had to be signalled so."""
+        sid = self.proc.pid  # the session leader's pid is the session id
+        if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
+                os.kill(self.proc.pid, signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=wait_s)
-            end = time.monotonic() + (5 if sig == signal.SIGINT else 2)
-            while group_members(pgid) and time.monotonic() < end:
-                time.sleep(0.1)
-        killed = []
-        for pid in group_members(pgid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+                self.proc.wait(timeout=60)
+        forced: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            end = time.monotonic() + 5.0
+            while session_members(sid) and time.monotonic() < end:
+                time.sleep(0.1)  # children that stop after their parent
+            left = session_members(sid)
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            forced += [pid for pid in left if pid not in forced]
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
         self._pump.join(5)
-        return killed
+        return forced
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes (not zombies) whose process group is ``pgid``."""
+def session_members(sid: int) -> list[int]:
+    """Live processes (not zombies) of session ``sid``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -142,6 +145,6 @@ def group_members(pgid: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
+        if fields[0] != "Z" and int(fields[3]) == sid:
             found.append(int(entry.name))
     return found

@@ -1,9 +1,10 @@
 """The whole local stack as a user runs it (``infra/local/run.py``, what ``make run`` starts), pinned to one
 core, and the two applications the benchmark registers through its admin API.
 
-The stack starts on a free port in its own process group with ``taskset -c <core>`` (moto, redis-server, the
-model servers, the batchers, the frontend: every process it starts inherits the affinity), with
-``CLIPPER_QUEUE_TRANSPORT`` naming the request-queue transport. When it prints its ``export CLIPPER_URL=...
+The stack starts on a free port in its own session with ``taskset -c <core>`` (moto, redis-server, the model
+servers, the batchers, the frontend: every process it starts inherits the affinity), with ``--queue`` (and
+``CLIPPER_QUEUE_TRANSPORT``) naming the request-queue transport, in a state folder of its own
+(``build/bench-frontdoor/state-<transport>``, emptied first: ``--fresh``). When it prints its ``export CLIPPER_URL=...
 CLIPPER_ADMIN_TOKEN=...`` line, the benchmark registers, as README's "A model's lifecycle" does:
 
 - ``fd-mlp``: floats of shape [64], SLO 20 ms, linked to ``mlp`` (the demo MLP the stack already serves);
@@ -36,6 +37,7 @@ class LocalStack:
         self.token = ""
         self.ready_at = 0.0
         self.group: Group | None = None
+        self.state_dir = WORK_DIR / f"state-{transport}"
         self._ready = False
 
     def _line(self, line: str) -> None:
@@ -49,6 +51,8 @@ class LocalStack:
     def start(self) -> None:
         started = time.monotonic()
         command = [sys.executable, str(ROOT / "infra" / "local" / "run.py"), "--port", str(self.port)]
+        # Its own state folder, emptied first: nothing from a user's `make run` or an earlier run comes back.
+        command += ["--queue", self.transport, "--state-dir", str(self.state_dir), "--fresh"]
         env = {"CLIPPER_QUEUE_TRANSPORT": self.transport, "CLIPPER_DEMO_SLO_MS": str(DEMO_SLO_MS)}
         log(f"starting the local stack (transport {self.transport}, port {self.port}, core {self.core})")
         self.group = Group(command, WORK_DIR / f"stack-{self.transport}.log", self.core, env, self._line)
@@ -64,13 +68,13 @@ class LocalStack:
         self.check_transport()
 
     def check_transport(self) -> None:
-        """The stack's processes take the transport from the environment it records in .local-stack/env.json:
-        make sure it is the one asked for (a run.py that set it some other way would otherwise measure the
-        wrong transport under the right name)."""
+        """The stack's processes take the transport from the environment it records in its state folder's
+        env.json: make sure it is the one asked for (else the wrong transport would be measured under the right
+        name)."""
         try:
-            env = json.loads((ROOT / ".local-stack" / "env.json").read_text())
+            env = json.loads((self.state_dir / "env.json").read_text())
         except (OSError, ValueError) as e:
-            raise RuntimeError(f"the stack's environment (.local-stack/env.json) is unreadable: {e}") from e
+            raise RuntimeError(f"the stack's environment ({self.state_dir}/env.json) is unreadable: {e}") from e
         used = env.get("CLIPPER_QUEUE_TRANSPORT", "sqs")  # clipper.settings' default
         if used != self.transport:
             raise RuntimeError(f"asked for the {self.transport} transport, the stack runs {used}")
