@@ -11,7 +11,7 @@ QUEUE ?= redis
 FRESH ?=
 
 .PHONY: help venv models run run-port clean-state test test-unit test-integration test-iac test-e2e lint redis clean \
-	bench-batching bench-cache bench-selection bench-coldstart bench-latency sam-venv sam-build
+	bench-batching bench-frontdoor bench-cache bench-selection bench-coldstart bench-latency sam-venv sam-build
 
 help:
 	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT)); state in .local-stack/"
@@ -73,8 +73,13 @@ lint: venv
 	$(VENV)/bin/mypy
 
 # Benchmarks: each prints its figures, writes bench/results/<name>.json and a PNG plot.
+# The batcher core and the endpoint, the queue replaced (an in-memory pipe, or one with SQS's limits), no frontend.
 bench-batching: venv models
 	$(PY) -m bench.batching $(BENCH_ARGS)
+
+# The whole local stack on one core at its HTTP front door, beside a plain FastAPI server and the raw limit.
+bench-frontdoor: venv models redis
+	$(PY) -m bench.frontdoor $(BENCH_ARGS)
 
 bench-cache: venv models redis
 	$(PY) bench/cache.py $(BENCH_ARGS)

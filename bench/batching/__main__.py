@@ -1,4 +1,7 @@
-"""Adaptive batching benchmark: the batcher core and the real endpoint server under open-loop load.
+"""Adaptive batching benchmark of a part of the system (harness: batcher core + endpoint, queue replaced, no
+frontend): the batcher core and the real endpoint server under open-loop load, with the model's queue replaced
+by an in-memory pipe or by a queue with SQS's limits. The whole stack at its front door is
+``bench.frontdoor``'s to measure.
 
 For each model and latency objective (SLO) it finds the highest Poisson arrival rate the system sustains
 (p99 of arrival -> reply within the SLO and at least 99 % of the queries answered within it) with
@@ -21,19 +24,28 @@ What runs where (2 cores)::
             which records the time); the endpoint server (python -m clipper_endpoint, one ORT thread,
             taskset -c 1); and, between trials, the raw ONNX Runtime measurement
 
+What replaces the model's SQS queue (``--queues``, both by default, reported side by side):
+
+- ``pipe``: the generator's pipe read inside ``QueueReader.receive`` (``PipeQueue``): any number of messages
+  per receive, no cost per call;
+- ``sqs-limits``: the same pipe with SQS's limits (``SqsLimitedQueue``): at most 10 messages per receive, and
+  each call (receive, delete of up to 10, release) sleeps a latency drawn from ``--sqs-call-ms MEDIAN,P99``
+  (log-normal; 18,50 by default, a mean of ~20 ms).
+
 Latency is measured from each query's scheduled arrival time (so a late generator counts against the system,
 never for it) to the moment its reply is published. Queries the batcher drops as expired, or that are not
-answered by the end of a trial, count as outside the SLO. In the full run a failed trial with at least 90 %
-of its queries within the SLO is run once more (the machine is shared; stalls of tens of ms happen).
+answered by the end of a trial, count as outside the SLO. Each rate is tried once: a near miss is a miss.
 
-The package: ``config`` (cases, plans), ``load`` (the generator process and CPU pinning), ``ports`` (the
-in-memory queue, reply channel, timed endpoint and driver), ``sut`` (the endpoint server, one trial, the
-rate search), ``raw`` (the raw ONNX Runtime limit), ``report`` (plot, README section, run history).
+The package: ``config`` (cases, queues, plans), ``load`` (the generator process and CPU pinning), ``ports``
+(the in-memory queue, reply channel, timed endpoint and driver), ``sqs_limits`` (the queue with SQS's
+limits), ``sut`` (the endpoint server, one trial, the rate search), ``raw`` (the raw ONNX Runtime limit),
+``report`` (plot, README section, run history).
 
-Run ``python -m bench.batching [--quick] [--models mlp,cnn] [--controller aimd|quantile]`` from the repository root
-(``make bench-batching``); the full run takes about 4 minutes, ``--quick`` under one. It prints its progress
+Run ``python -m bench.batching [--quick] [--models mlp,cnn] [--queues pipe,sqs-limits] [--sqs-call-ms 18,50]
+[--controller aimd|quantile]`` from the repository root (``make bench-batching``); the full run takes about 8
+minutes with both queues, ``--quick`` about one. It prints its progress
 and figures and writes ``bench/results/batching.json``, ``bench/results/batching.png``, adds the run's
-headline figures to ``bench/results/batching_runs.json`` and rewrites the ``## Batching`` section of
+headline figures to ``bench/results/batching_runs.json`` and rewrites the ``## Batching ...`` section of
 ``bench/README.md`` (``--quick`` writes ``batching_quick.*`` only).
 """
 
@@ -54,8 +66,11 @@ import numpy as np
 
 from bench.batching.config import (
     CASES,
+    DEFAULT_SQS_CALL_MS,
     FULL,
+    HARNESS,
     MODELS_DIR,
+    QUEUES,
     QUICK,
     README,
     RESULTS,
@@ -66,9 +81,11 @@ from bench.batching.config import (
     Plan,
     log,
 )
+from bench.batching.history import record_run
 from bench.batching.load import can_pin, generator_main, pin_process
 from bench.batching.raw import raw_limit
-from bench.batching.report import plot, readme_section, record_run, update_readme
+from bench.batching.report import plot, readme_section, update_readme
+from bench.batching.sqs_limits import CallLatency
 from bench.batching.sut import Harness, endpoint_server, search
 
 
@@ -86,7 +103,15 @@ def model_inputs(name: str) -> tuple[Path, np.ndarray]:
     return path, images
 
 
-def bench_model(case: ModelCase, plan: Plan, pin: bool, controller: str) -> dict[str, Any]:
+def bench_model(
+    case: ModelCase,
+    plan: Plan,
+    pin: bool,
+    controller: str,
+    queue: str,
+    call_latency: CallLatency,
+    raw_found: tuple[float, int, list[dict[str, Any]]],
+) -> dict[str, Any]:
     import multiprocessing
 
     import urllib3
@@ -95,8 +120,7 @@ def bench_model(case: ModelCase, plan: Plan, pin: bool, controller: str) -> dict
 
     started = time.monotonic()
     model_path, rows = model_inputs(case.name)
-    log(f"{case.name}: SLO {case.slo_ms:g} ms; raw ONNX Runtime limit (in process, one thread, core {SUT_CORE})")
-    raw, raw_batch, raw_table = raw_limit(model_path, rows, case.slo_ms, plan.raw_budget_s)
+    raw, raw_batch, raw_table = raw_found
     ctx = multiprocessing.get_context("spawn")
     commands_in, commands = ctx.Pipe(duplex=False)  # (read end, write end)
     data, data_out = ctx.Pipe(duplex=False)
@@ -105,13 +129,23 @@ def bench_model(case: ModelCase, plan: Plan, pin: bool, controller: str) -> dict
     try:
         with endpoint_server(model_path, pin) as url:
             pool = urllib3.PoolManager(maxsize=2)
-            h = Harness(case, plan, commands=commands, data=data, url=url, pool=pool, controller=controller)
+            h = Harness(
+                case,
+                plan,
+                commands=commands,
+                data=data,
+                url=url,
+                pool=pool,
+                controller=controller,
+                queue=queue,
+                call_latency=call_latency,
+            )
             warm = HttpModelEndpoint(url, h.pool, timeout_s=30.0)
             for n in (1, 8, 64, 1, 1):  # the HTTP connection, and the session's first runs of each size
                 warm.predict(np.resize(rows, (n, *rows.shape[1:])))
             results = {}
             for mode in ("adaptive", "unbatched"):
-                log(f"{case.name}: searching the highest sustained rate, {mode}")
+                log(f"{case.name}, queue {queue}: searching the highest sustained rate, {mode} ({HARNESS})")
                 results[mode] = search(h, mode)
     finally:
         with contextlib.suppress(OSError):
@@ -130,6 +164,9 @@ def bench_model(case: ModelCase, plan: Plan, pin: bool, controller: str) -> dict
         met = bool(ratio_raw is not None and ratio_raw >= 0.8 and at_a.get("ok"))
     result = {
         "model": case.name,
+        "harness": HARNESS,
+        "queue": queue,
+        "queue_is": QUEUES[queue] + (f"; latency per call {call_latency.describe()}" if queue == "sqs-limits" else ""),
         "slo_ms": case.slo_ms,
         "throughput_adaptive": round(rate_a, 1),
         "throughput_unbatched": round(rate_u, 1),
@@ -152,10 +189,10 @@ def bench_model(case: ModelCase, plan: Plan, pin: bool, controller: str) -> dict
         "seconds": round(time.monotonic() - started, 1),
     }
     log(
-        f"{case.name}: adaptive {rate_a:.0f} q/s (p50 {result['p50_ms_adaptive']} ms, p99 {result['p99_ms_adaptive']} "
-        f"ms, within SLO {result['within_slo_fraction']}, mean batch {result['mean_batch_size']}), unbatched "
-        f"{rate_u:.0f} q/s, raw limit {raw:.0f} rows/s (batch {raw_batch}); target {case.target}: "
-        f"{'met' if met else 'missed'}"
+        f"{case.name}, queue {queue}: adaptive {rate_a:.0f} q/s (p50 {result['p50_ms_adaptive']} ms, "
+        f"p99 {result['p99_ms_adaptive']} ms, within SLO {result['within_slo_fraction']}, mean batch "
+        f"{result['mean_batch_size']}), unbatched {rate_u:.0f} q/s, raw limit {raw:.0f} rows/s (batch "
+        f"{raw_batch}); target {case.target}: {'met' if met else 'missed'}"
     )
     return result
 
@@ -164,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (under a minute)")
     parser.add_argument("--models", default="mlp,cnn", help=f"comma-separated, of {sorted(CASES)}")
+    parser.add_argument("--queues", default=",".join(QUEUES), help=f"what replaces SQS, of {list(QUEUES)}")
+    parser.add_argument(
+        "--sqs-call-ms",
+        default=DEFAULT_SQS_CALL_MS,
+        help="the sqs-limits queue's latency per call: MEDIAN,P99 of a log-normal, in ms (default %(default)s)",
+    )
     parser.add_argument(
         "--controller",
         choices=["aimd", "quantile"],
@@ -175,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown or not names:
         parser.error(f"unknown models {unknown}; choose from {sorted(CASES)}")
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    if not queues or any(q not in QUEUES for q in queues):
+        parser.error(f"queues of {list(QUEUES)}")
+    try:
+        call_latency = CallLatency.parse(args.sqs_call_ms)
+    except ValueError as e:
+        parser.error(f"--sqs-call-ms: {e}")
     plan = QUICK if args.quick else FULL
 
     def interrupted(signum: int, frame: Any) -> None:
@@ -195,11 +245,22 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg": " ".join(f"{v:.2f}" for v in os.getloadavg()),
         "onnxruntime": _version("onnxruntime"),
         "quick": args.quick,
+        "harness": HARNESS,
+        "queues": queues,
+        "sqs_call_latency": call_latency.describe(),
         "controller": args.controller,
         **{k: getattr(plan, k) for k in ("warmup_s", "refine_steps", "min_trial_s", "max_trial_s")},
     }
+    log(f"harness: {HARNESS}; queues: " + "; ".join(f"{q}: {QUEUES[q]}" for q in queues))
     try:
-        results = [bench_model(CASES[n], plan, pin, args.controller) for n in names]
+        results = []
+        for name in names:
+            case = CASES[name]
+            model_path, rows = model_inputs(name)
+            log(f"{name}: SLO {case.slo_ms:g} ms; raw ONNX Runtime limit (in process, one thread, core {SUT_CORE})")
+            raw_found = raw_limit(model_path, rows, case.slo_ms, plan.raw_budget_s)
+            for queue in queues:
+                results.append(bench_model(case, plan, pin, args.controller, queue, call_latency, raw_found))
     except KeyboardInterrupt:
         log("interrupted: every process this benchmark started is stopped; nothing written")
         return 130
@@ -213,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         log("--quick: trials of about a second, too short for a backlog to build; a smoke test, not figures")
     if not args.quick:
-        runs = record_run(results, args.controller)
+        runs = record_run(results, args.controller, call_latency.describe())
         update_readme(readme_section(results, meta, runs))
         log(f"updated the ## Batching section of {README.relative_to(ROOT)}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from bench.batching.sut import nearest_rank
 
 
 def raw_limit(
-    model_path: Path, rows: np.ndarray, slo_ms: float, budget_s: float
+    model_path: Path, rows: np.ndarray, slo_ms: float, budget_s: float, batches: Sequence[int] = RAW_BATCHES
 ) -> tuple[float, int, list[dict[str, Any]]]:
     """Best rows/s of fixed batches called in process whose p99 call latency is within the SLO."""
     import onnxruntime as ort
@@ -26,7 +27,7 @@ def raw_limit(
     name = session.get_inputs()[0].name
     table: list[dict[str, Any]] = []
     best, best_batch = 0.0, 0
-    for batch in RAW_BATCHES:
+    for batch in batches:
         x = np.ascontiguousarray(np.resize(rows, (batch, *rows.shape[1:])), dtype=np.float32)
         session.run(None, {name: x})
         times: list[float] = []

@@ -1,15 +1,16 @@
-"""The benchmark's outputs: the plot, the Markdown section of bench/README.md and the history of runs."""
+"""The benchmark's outputs: the plot and the Markdown section of bench/README.md (the history of runs is
+``history``'s)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.batching.config import GENERATOR_CORE, HISTORY, NEAR_MISS, README, ROOT, SUT_CORE, WITHIN_SLO_REQUIRED
+from bench.batching.config import GENERATOR_CORE, HARNESS, QUEUES, README, SUT_CORE, WITHIN_SLO_REQUIRED
+from bench.batching.history import result_key, spread_text
+
+SECTION = "## Batching"  # the README section this benchmark rewrites (its heading starts with this)
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -29,7 +30,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             a.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=9)
         if max(values) > 20 * max(min(values), 1):
             a.set_yscale("log")
-        a.set(ylabel="queries/s (rows/s)", title=f"{r['model']}: highest sustained rate, SLO {r['slo_ms']:g} ms")
+        a.set(ylabel="queries/s (rows/s)", title=f"{result_key(r)}: highest sustained rate, SLO {r['slo_ms']:g} ms")
         a = ax[1, col]
         ceiling = 10 * r["slo_ms"]
         for mode, color in (("adaptive", "C0"), ("unbatched", "C1")):
@@ -44,9 +45,10 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         a.set(
             xlabel="offered rate (queries/s, Poisson)",
             ylabel=f"latency (ms, log; {ceiling:g} = more than 1 % unanswered)",
-            title=f"{r['model']}: latency vs offered rate (every trial)",
+            title=f"{result_key(r)}: latency vs offered rate (every trial)",
         )
         a.legend(fontsize=8)
+    fig.suptitle(f"harness: {HARNESS} (queue: the name in brackets, else an in-memory pipe)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -58,25 +60,34 @@ def _para(text: str) -> list[str]:
 
 def readme_section(results: list[dict[str, Any]], meta: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     lines = [
-        "## Batching",
+        f"{SECTION} (harness: {HARNESS})",
         "",
         "```bash",
-        "make bench-batching        # BENCH_ARGS=--quick: a smoke run under a minute (writes batching_quick.*)",
+        "make bench-batching        # BENCH_ARGS=--quick: a smoke run (writes batching_quick.*)",
+        "make bench-batching BENCH_ARGS='--queues pipe'          # the in-memory pipe only",
+        "make bench-batching BENCH_ARGS='--sqs-call-ms 10,30'    # SQS's limits with another latency per call",
         "```",
         "",
     ]
     lines += _para(
+        f"""**What this measures: a part of the system, not what a user meets.** The batcher core and the
+        endpoint, with the model's queue replaced and no frontend (no HTTP front door, no cache, no reply
+        channel: replies are recorded in memory). The whole stack at its front door is `make bench-frontdoor`'s
+        (the section before). Two queues stand in for SQS, side by side: {
+            "; ".join(f"`{q}`, {QUEUES[q]}" for q in meta["queues"])
+        }; the latency per call of the queue with SQS's limits is {meta["sqs_call_latency"]}
+        (`--sqs-call-ms MEDIAN,P99`), slept in the driver's thread as a network round trip would be."""
+    )
+    lines += _para(
         f"""It drives the batcher core (`Batcher` run by `LongPollDriver`) and the real endpoint server
         (`python -m clipper_endpoint`, one ONNX Runtime thread) with open-loop Poisson arrivals, and searches
-        for each model the highest rate that is *sustained*: p99 latency within the SLO and at least
+        for each model and queue the highest rate that is *sustained*: p99 latency within the SLO and at least
         {WITHIN_SLO_REQUIRED:.0%} of the queries answered within it, counted after a {meta["warmup_s"]:g} s
         warm-up. Latency runs from each query's scheduled arrival to the publication of its reply; queries
         dropped as expired, or not answered, count as outside the SLO. The search doubles the rate until a
         trial fails, then bisects ({meta["refine_steps"]} steps); a trial lasts {meta["min_trial_s"]:g} to
-        {meta["max_trial_s"]:g} s (at least ~1,000 queries where that fits). The machine is a shared virtual
-        one, where a stall of a few tens of ms now and then expires a handful of queries, so a near miss (at
-        least {NEAR_MISS:.0%} within the SLO) is run once more and counts when the second run passes; both
-        runs are in the JSON."""
+        {meta["max_trial_s"]:g} s (at least ~1,000 queries where that fits). Each rate is tried once: a near
+        miss is a miss."""
     )
     lines += _para(
         f"""Adaptive batching is {CONTROLLER_TEXT[meta["controller"]]}, a fresh controller for every trial,
@@ -100,24 +111,28 @@ def readme_section(results: list[dict[str, Any]], meta: dict[str, Any], runs: li
     if not meta["pinned"]:
         lines += _para("**This run was not pinned** (fewer than 2 cores, or no `taskset`).")
     lines += [
-        "| model | SLO | adaptive q/s | batch size 1 q/s | raw ORT limit rows/s (batch) | adaptive p50 / p99 "
+        "| model | queue | SLO | adaptive q/s | batch size 1 q/s | raw ORT limit rows/s (batch) | adaptive p50 / p99 "
         "| within SLO | mean batch | target | met |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         lines.append(
-            f"| {r['model']} | {r['slo_ms']:g} ms | {r['throughput_adaptive']:,.0f} | {r['throughput_unbatched']:,.0f} "
+            f"| {r['model']} | {r.get('queue', 'pipe')} | {r['slo_ms']:g} ms "
+            f"| {r['throughput_adaptive']:,.0f} | {r['throughput_unbatched']:,.0f} "
             f"| {r['throughput_raw_limit']:,.0f} ({r['raw_limit_batch']}) | {_num(r['p50_ms_adaptive'])} / "
             f"{_num(r['p99_ms_adaptive'])} ms | {_pct(r['within_slo_fraction'])} | {_num(r['mean_batch_size'])} "
             f"| {r['target']} | {'yes' if r['target_met'] else '**no**'} |"
         )
     lines += [""]
-    lines += spread_lines(results, runs)
+    spread = spread_text(results, runs)
+    lines += _para(spread) if spread else []
     lines += ["![batching benchmark](results/batching.png)", "", "Reading the figures:", ""]
     lines += findings(results)
     lines += _para(WHERE_THE_TIME_GOES)
-    if any(r["model"] == "cnn" and not r["target_met"] for r in results):
+    if any(r["model"] == "cnn" and r.get("queue", "pipe") == "pipe" and not r["target_met"] for r in results):
         lines += _para(WHY_THE_CNN_MISSES)
+    if any(r.get("queue") == "sqs-limits" for r in results):
+        lines += _para(WITH_SQS_LIMITS)
     lines += _para(
         f"""Run on {meta["machine"]}, {meta["cpus"]} cores, ONNX Runtime {meta["onnxruntime"]}, load average
         {meta["loadavg"]} at the start, {meta["seconds"]:.0f} s in all. `bench/results/batching.json` holds,
@@ -160,6 +175,15 @@ WHY_THE_CNN_MISSES = """**Why the CNN misses.**
     room."""
 
 
+WITH_SQS_LIMITS = """**With SQS's limits.**
+    A receive hands the driver at most 10 messages and every call is a round trip it waits for: the receive
+    that starts a batch, each further receive that fills it (the driver receives again while messages come,
+    up to the batch wait), and after the batch one delete per 10 messages. Unless receives run ahead of the
+    batcher and acknowledgements leave the critical path, each batch pays those round trips in its latency,
+    and the endpoint idles while they run. `queue_calls` and `queue_call_ms_mean` in each trial of the JSON
+    count them."""
+
+
 CONTROLLER_TEXT = {
     "aimd": "Clipper's AIMD (`AimdController` with the SLO as its latency objective, up to 256 rows)",
     "quantile": "the quantile-regression controller (`QuantileController` with the SLO, up to 256 rows)",
@@ -184,7 +208,7 @@ def findings(results: list[dict[str, Any]]) -> list[str]:
         top: dict[str, Any] = max(
             (t for t in r["ladder_adaptive"] if t["served_ms_per_message"]), key=lambda t: t["rate"], default={}
         )
-        text = f"""**{r["model"]}** (SLO {r["slo_ms"]:g} ms; target: {r["target"]}: {
+        text = f"""**{result_key(r)}** (SLO {r["slo_ms"]:g} ms; target: {r["target"]}: {
             "met" if r["target_met"] else "missed"
         }). Adaptive batching sustains {r["throughput_adaptive"]:,.0f} q/s,
             {r["adaptive_over_unbatched"]}x batch size 1 ({r["throughput_unbatched"]:,.0f} q/s) and
@@ -204,10 +228,10 @@ def findings(results: list[dict[str, Any]]) -> list[str]:
 
 
 def update_readme(section: str) -> None:
-    """Replace (or append) the ``## Batching`` section of bench/README.md, leaving every other section alone."""
+    """Replace (or append) the ``## Batching...`` section of bench/README.md, leaving every other section alone."""
     text = README.read_text() if README.exists() else "# Benchmarks\n"
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == "## Batching"), None)
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith(SECTION)), None)
     if start is None:
         new = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
     else:
@@ -216,82 +240,3 @@ def update_readme(section: str) -> None:
         tail = "\n".join(lines[end:])
         new = head + "\n\n" + section.rstrip("\n") + "\n" + ("\n" + tail.rstrip("\n") + "\n" if tail else "")
     README.write_text(new)
-
-
-# The files whose code decides the figures: runs are compared only with runs of the same code.
-SUT_FILES = (
-    "shared/clipper/batching",
-    "shared/clipper/core/messages.py",
-    "shared/clipper/core/tensors.py",
-    "shared/clipper/adapters/endpoints.py",
-    "model-images/onnx-runtime/clipper_endpoint",
-    "infra/demo/cnn_model.py",
-)
-# Change this when the way this benchmark measures changes, so that older runs are no longer compared.
-METHOD_REVISION = 1
-HEADLINE = (
-    "throughput_adaptive",
-    "throughput_unbatched",
-    "throughput_raw_limit",
-    "adaptive_over_unbatched",
-    "adaptive_over_raw_limit",
-    "target_met",
-)
-MAX_HISTORY = 30
-
-
-def code_fingerprint(controller: str) -> str:
-    """A hash of the code under test, the measuring method's revision and the controller."""
-    digest = hashlib.sha256(f"{METHOD_REVISION}:{controller}".encode())
-    for rel in SUT_FILES:
-        path = ROOT / rel
-        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            if f.is_file():
-                digest.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def record_run(results: list[dict[str, Any]], controller: str) -> list[dict[str, Any]]:
-    """Add this full run's headline figures to ``batching_runs.json``; return the runs of the same code."""
-    try:
-        runs: list[dict[str, Any]] = json.loads(HISTORY.read_text()) if HISTORY.exists() else []
-    except ValueError:
-        runs = []
-    code = code_fingerprint(controller)
-    entry: dict[str, Any] = {"code": code, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "models": {}}
-    for r in results:
-        figures = {k: r[k] for k in HEADLINE}
-        entry["models"][r["model"]] = figures
-    runs = [*runs, entry][-MAX_HISTORY:]
-    HISTORY.write_text(json.dumps(runs, indent=1) + "\n")
-    return [run for run in runs if run["code"] == code]
-
-
-def spread_lines(results: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[str]:
-    """One sentence per model: the range of each headline figure over the full runs of this code."""
-    if len(runs) < 2:
-        return []
-
-    def span(model: str, key: str, unit: str = "") -> str:
-        values = [run["models"][model][key] for run in runs if run["models"].get(model, {}).get(key) is not None]
-        if not values:
-            return "-"
-        lo, hi = min(values), max(values)
-
-        def fmt(v: float) -> str:
-            return f"{v:,.0f}" if lo >= 10 else f"{v:.3g}"
-
-        return f"{fmt(lo)}{unit}" if lo == hi else f"{fmt(lo)}-{fmt(hi)}{unit}"
-
-    text = f"""The rates move from run to run on this shared virtual machine. Over the {len(runs)} full runs of this
-        code so far (`results/batching_runs.json`):"""
-    for r in results:
-        m = r["model"]
-        met = sum(1 for run in runs if run["models"].get(m, {}).get("target_met"))
-        count = sum(1 for run in runs if m in run["models"])
-        text += f""" {m}: adaptive {span(m, "throughput_adaptive")} q/s, batch size 1
-            {span(m, "throughput_unbatched")} q/s, raw {span(m, "throughput_raw_limit")} rows/s, adaptive over
-            batch size 1 {span(m, "adaptive_over_unbatched", "x")}, over raw {span(m, "adaptive_over_raw_limit", "x")},
-            target met in {met} of {count} runs"""
-        text += ";"
-    return _para(text.rstrip(";") + ".")

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -25,7 +25,6 @@ from bench.batching.config import (
     ENDPOINT_PATH,
     MAX_BATCH,
     MAX_QUERIES_PER_TRIAL,
-    NEAR_MISS,
     RATE_CAP,
     SEED,
     SUT_CORE,
@@ -36,6 +35,7 @@ from bench.batching.config import (
 )
 from bench.batching.load import settle_gc
 from bench.batching.ports import PipeQueue, RecordingReplies, TimedDriver, TimedEndpoint
+from bench.batching.sqs_limits import CallLatency, SqsLimitedQueue
 from clipper.batching.controller import BatchSizeController, FixedController, make_controller
 from clipper.batching.core import Batcher
 
@@ -98,6 +98,8 @@ class Harness:
     url: str
     pool: Any
     controller: str = "aimd"  # the adaptive controller (make_controller's kind)
+    queue: str = "pipe"  # what replaces SQS: "pipe" or "sqs-limits" (config.QUEUES)
+    call_latency: CallLatency | None = None  # the sqs-limits queue's latency per call
     next_id: int = 1
     trials: int = 0
 
@@ -112,7 +114,12 @@ def run_trial(h: Harness, mode: str, rate: float) -> dict[str, Any]:
     first_id = h.next_id
     h.next_id += count
     h.trials += 1
-    reader, replies = PipeQueue(h.data, first_id), RecordingReplies()
+    reader = (
+        SqsLimitedQueue(h.data, first_id, h.call_latency or CallLatency(0, 0), SEED + h.trials)
+        if h.queue == "sqs-limits"
+        else PipeQueue(h.data, first_id)
+    )
+    replies = RecordingReplies()
     endpoint = TimedEndpoint(HttpModelEndpoint(h.url, h.pool, timeout_s=10.0))
     batcher = Batcher(endpoints=endpoint, replies=replies, clock=SystemClock())
     controller: BatchSizeController = (
@@ -146,8 +153,15 @@ def run_trial(h: Harness, mode: str, rate: float) -> dict[str, Any]:
         raise RuntimeError("the load generator did not finish its trial")
     _, _, arrivals, lateness = reader.end
     elapsed = time.monotonic() - started
-    result = summarize(h, mode, rate, arrivals, lateness, first_id, replies, endpoint, driver, elapsed)
+    ack_s = reader.ack_s if isinstance(reader, SqsLimitedQueue) else 0.0
+    result = summarize(h, mode, rate, arrivals, lateness, first_id, replies, endpoint, driver, elapsed, ack_s)
     result["controller_limit_end"] = controller.max_batch_size()
+    result["queue"] = h.queue
+    if isinstance(reader, SqsLimitedQueue):
+        result["queue_calls"] = reader.calls
+        result["queue_call_ms_mean"] = round(1000 * reader.call_s / reader.calls, 3) if reader.calls else None
+        handled = driver.stats.answered + driver.stats.expired + driver.stats.duplicates + driver.stats.failed
+        result["ack_ms_per_message"] = round(1000 * reader.ack_s / handled, 3) if handled else None
     return result
 
 
@@ -168,6 +182,7 @@ def summarize(
     endpoint: TimedEndpoint,
     driver: TimedDriver,
     elapsed: float,
+    ack_s: float = 0.0,
 ) -> dict[str, Any]:
     slo_ms = h.case.slo_ms
     done = np.array([replies.done_at.get(str(first_id + k), math.inf) for k in range(len(arrivals))])
@@ -202,8 +217,9 @@ def summarize(
         "generator_late_ms_p99": round(late_p99, 3),
         "generator_late": generator_late,
         "driver_busy_fraction": round(driver.busy_s / elapsed, 3),
-        # Batcher time per message outside the endpoint call: decode, expiry and duplicate checks, replies.
-        "batcher_us_per_message": round(1e6 * (driver.busy_s - sum(c[2] for c in endpoint.calls)) / handled, 1)
+        # Batcher time per message outside the endpoint call (and the queue's acknowledgements, with SQS's
+        # limits): decode, expiry and duplicate checks, replies.
+        "batcher_us_per_message": round(1e6 * (driver.busy_s - ack_s - sum(c[2] for c in endpoint.calls)) / handled, 1)
         if handled
         else None,
         # Driver time (batcher + endpoint call) per message: 1000 / this is the rate at 100 % busy.
@@ -211,7 +227,7 @@ def summarize(
     }
     flag = "ok  " if result["ok"] else "FAIL"
     log(
-        f"  {h.case.name} {mode:>9} {rate:8.0f} q/s: {flag} p50 {result['p50_ms']:7.2f} ms, "
+        f"  {h.case.name} {h.queue} {mode:>9} {rate:8.0f} q/s: {flag} p50 {result['p50_ms']:7.2f} ms, "
         f"p99 {_ms(result['p99_ms'])}, within SLO {within:7.2%}, mean batch {result['mean_batch_size']:6.1f}, "
         f"batcher {result['batcher_us_per_message']} us/msg, driver busy {result['driver_busy_fraction']:.0%}"
         + (f" (generator p99 {late_p99:.1f} ms late)" if generator_late else "")
@@ -223,21 +239,16 @@ def _ms(value: float | None) -> str:
     return f"{value:8.2f} ms" if value is not None else "     inf   "
 
 
-def search(h: Harness, mode: str) -> tuple[float, dict[str, Any] | None, list[dict[str, Any]]]:
-    """The highest sustained rate: double from the start rate until a trial fails, then bisect.
-
-    The machine is shared and a virtual one: a stall of a few tens of ms now and then expires a handful of
-    queries. So a near miss (at least ``NEAR_MISS`` within the SLO) is run once more, and the rate counts as
-    sustained when the second run passes; both runs are kept in the ladder."""
+def search(
+    h: Harness, mode: str, run: Callable[[Harness, str, float], dict[str, Any]] = run_trial
+) -> tuple[float, dict[str, Any] | None, list[dict[str, Any]]]:
+    """The highest sustained rate: double from the start rate until a trial fails, then bisect. Each rate is
+    tried once: a near miss is a miss."""
     ladder: list[dict[str, Any]] = []
 
     def attempt(rate: float) -> dict[str, Any]:
-        trial = run_trial(h, mode, rate)
+        trial = run(h, mode, rate)
         ladder.append(trial)
-        if not trial["ok"] and h.plan.retry_near_miss and trial["within_slo_fraction"] >= NEAR_MISS:
-            trial = run_trial(h, mode, rate)
-            trial["repeat_of_near_miss"] = True
-            ladder.append(trial)
         return trial
 
     best: dict[str, Any] | None = None

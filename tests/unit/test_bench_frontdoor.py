@@ -1,0 +1,205 @@
+"""The pure parts of `make bench-frontdoor`: the Poisson schedule, the verdict of a trial (a default is a miss,
+a near miss is a miss), the early stop, the counting of a trial's outcomes and the rate search."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from bench.frontdoor.inputs import Bodies
+from bench.frontdoor.report import flag_generator_bound, summarize_run
+from bench.frontdoor.search import find_max_rate
+from bench.frontdoor.stats import (
+    DEFAULT,
+    ERROR,
+    REAL,
+    TIMEOUT,
+    UNSENT,
+    TrialRecord,
+    certainly_fails,
+    poisson_offsets,
+    summarize,
+    verdict,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_poisson_schedule_has_the_rate_and_exponential_gaps():
+    offsets = poisson_offsets(2000.0, 10.0, np.random.default_rng(1))
+    assert np.all(np.diff(offsets) > 0) and offsets[0] >= 0 and offsets[-1] < 10.0
+    assert len(offsets) == pytest.approx(20_000, rel=0.03)
+    gaps = np.diff(offsets)
+    assert gaps.mean() == pytest.approx(1 / 2000, rel=0.03)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)  # exponential: coefficient of variation 1
+    assert np.mean(gaps > 3 / 2000) == pytest.approx(math.exp(-3), abs=0.01)
+
+
+def test_poisson_schedule_of_a_long_trial_is_not_cut_short():
+    offsets = poisson_offsets(1.0, 400.0, np.random.default_rng(3))  # more arrivals than the first chunk may hold
+    assert offsets[-1] > 380.0
+
+
+def test_verdict_needs_p99_within_the_slo_and_999_real_in_1000():
+    assert verdict(1000, within_slo=990, real=999)
+    assert not verdict(1000, within_slo=989, real=1000)  # 11 over the SLO: the nearest-rank p99 is over it
+    assert not verdict(1000, within_slo=1000, real=998)  # 2 misses in 1,000: under 99.9 % real
+    assert not verdict(0, 0, 0)
+    assert verdict(100, within_slo=99, real=100)
+    assert not verdict(100, within_slo=99, real=99)  # 1 miss in 100 is 1 %
+
+
+def test_certain_failure_is_called_exactly_when_the_verdict_is_lost():
+    assert not certainly_fails(1000, not_within=1, misses=1)
+    assert certainly_fails(1000, not_within=2, misses=2)
+    assert not certainly_fails(1000, not_within=10, misses=0)
+    assert certainly_fails(1000, not_within=11, misses=0)
+
+
+def record(latency_ms, outcome, offsets=None, warmup_s=0.0, stopped=False):
+    n = len(outcome)
+    offsets = np.arange(n, dtype=float) / n if offsets is None else np.asarray(offsets, dtype=float)
+    latency = np.asarray(latency_ms, dtype=float) / 1000
+    return TrialRecord(
+        offsets=offsets,
+        latency_s=latency,
+        outcome=np.asarray(outcome, dtype=np.int8),
+        late_s=np.zeros(n),
+        warmup_s=warmup_s,
+        wall_s=1.0,
+        cpu_s=0.5,
+        stopped_early=stopped,
+    )
+
+
+def test_defaults_are_misses_even_when_fast():
+    outcome = [REAL] * 998 + [DEFAULT] * 2
+    r = summarize(record([5.0] * 1000, outcome), slo_ms=20.0, rate=1000.0)
+    assert (r["real"], r["defaults"], r["ok"]) == (998, 2, False)
+    assert r["within_slo"] == 998
+    one = summarize(record([5.0] * 1000, [REAL] * 999 + [DEFAULT]), slo_ms=20.0, rate=1000.0)
+    assert one["ok"] and one["defaults"] == 1
+
+
+def test_errors_and_timeouts_are_misses_and_have_no_latency():
+    outcome = [REAL] * 97 + [ERROR, TIMEOUT, DEFAULT]
+    r = summarize(record([1.0] * 97 + [np.nan, np.nan, 3.0], outcome), slo_ms=20.0, rate=100.0)
+    assert (r["errors"], r["timeouts"], r["defaults"], r["real"]) == (1, 1, 1, 97)
+    assert r["p99_ms"] is None and r["max_ms"] is None and r["p50_ms"] == 1.0
+    assert not r["ok"]
+
+
+def test_late_real_answers_count_against_the_p99():
+    latencies = [5.0] * 989 + [25.0] * 11
+    r = summarize(record(latencies, [REAL] * 1000), slo_ms=20.0, rate=1000.0)
+    assert r["real"] == 1000 and not r["ok"] and r["p99_ms"] == 25.0
+    r = summarize(record([5.0] * 990 + [25.0] * 10, [REAL] * 1000), slo_ms=20.0, rate=1000.0)
+    assert r["ok"] and r["p99_ms"] == 5.0
+
+
+def test_warmup_and_unsent_queries_are_not_counted():
+    offsets = [0.1, 0.2, 1.1, 1.2, 1.3, 1.4]
+    outcome = [DEFAULT, DEFAULT, REAL, REAL, REAL, UNSENT]
+    r = summarize(record([5.0] * 6, outcome, offsets=offsets, warmup_s=1.0), slo_ms=20.0, rate=5.0)
+    assert (r["queries"], r["real"], r["defaults"], r["ok"]) == (3, 3, 0, True)
+
+
+def test_a_trial_stopped_early_fails():
+    r = summarize(record([5.0] * 10, [REAL] * 10, stopped=True), slo_ms=20.0, rate=10.0)
+    assert not r["ok"]
+
+
+def fake(limit: float):
+    """A system that passes every trial up to ``limit`` q/s."""
+    seen: list[float] = []
+
+    def measure(rate: float) -> dict:
+        seen.append(rate)
+        return {"offered_rate": rate, "ok": rate <= limit}
+
+    return measure, seen
+
+
+def test_search_doubles_then_bisects():
+    measure, seen = fake(1234.0)
+    result = find_max_rate(measure, 250.0, floor=10.0, cap=64_000.0, refine_steps=3)
+    assert seen == [250.0, 500.0, 1000.0, 2000.0, 1500.0, 1250.0, 1125.0]
+    assert result.rate == 1125.0 and result.at_rate == {"offered_rate": 1125.0, "ok": True}
+    assert len(result.trials) == 7 and not result.capped
+
+
+def test_search_halves_when_the_start_fails_and_gives_up_below_the_floor():
+    measure, seen = fake(70.0)
+    result = find_max_rate(measure, 250.0, floor=10.0, cap=64_000.0, refine_steps=1)
+    assert seen == [250.0, 125.0, 62.5, 93.75]
+    assert result.rate == 62.5
+    measure, seen = fake(0.0)
+    result = find_max_rate(measure, 250.0, floor=250 / 16, cap=64_000.0, refine_steps=3)
+    assert seen == [250.0, 125.0, 62.5, 31.25, 15.625] and result.rate == 0.0 and result.at_rate is None
+
+
+def test_search_stops_at_its_cap():
+    measure, seen = fake(math.inf)
+    result = find_max_rate(measure, 2000.0, floor=100.0, cap=10_000.0, refine_steps=3)
+    assert seen == [2000.0, 4000.0, 8000.0, 10_000.0] and result.rate == 10_000.0 and result.capped
+
+
+def test_a_near_miss_is_not_retried():
+    calls: list[float] = []
+
+    def flaky(rate: float) -> dict:
+        calls.append(rate)
+        return {"offered_rate": rate, "ok": rate != 1000.0 or calls.count(1000.0) > 1}
+
+    result = find_max_rate(flaky, 500.0, floor=10.0, cap=64_000.0, refine_steps=0)
+    assert calls == [500.0, 1000.0] and result.rate == 500.0
+
+
+def test_bodies_are_distinct_and_keep_the_row():
+    import json
+
+    rows = np.arange(2 * 64, dtype=np.float32).reshape(2, 64)
+    bodies = Bodies(rows, "fd-mlp")
+    seen = {bodies.body(n) for n in range(1, 2001)}
+    assert len(seen) == 2000
+    first = json.loads(bodies.body(3))["input"]
+    assert first[1:] == [float(v) for v in rows[1][1:]] and first[0] == 3 * 2.0**-20
+    request = bodies.request(3)
+    head, _, body = request.partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /fd-mlp/predict HTTP/1.1") and f"Content-Length: {len(body)}".encode() in head
+
+
+def test_summary_ratios_and_targets_are_judged_on_redis():
+    def search(system, transport, model, rate):
+        return {
+            "system": system,
+            "transport": transport,
+            "model": model,
+            "slo_ms": 20.0,
+            "max_rate": rate,
+            "at_max": {"p99_ms": 10.0},
+            "trials": [],
+        }
+
+    searches = [
+        search("plain", None, "mlp", 2000.0),
+        search("stack", "redis", "mlp", 999.0),
+        search("stack", "sqs", "mlp", 1500.0),
+    ]
+    summary = summarize_run(searches, {"mlp": {"rows_per_s": 100_000.0, "batch": 256}})
+    row = summary[0]
+    assert row["stack"]["redis"]["over_plain"] == pytest.approx(0.4995, abs=1e-4)
+    assert row["targets"][0]["met"] is False  # 0.4995x is under 0.5x: a near miss is a miss
+    assert row["stack"]["sqs"]["over_plain"] == 0.75
+
+
+def test_generator_bound_searches_are_flagged():
+    trial = {"ok": False, "offered_rate": 4000.0, "generator_cpu_fraction": 0.95, "generator_late_p99_ms": 1.0}
+    s = {"system": "plain", "transport": None, "app": "fd-mlp", "slo_ms": 20.0, "max_rate": 2000.0, "trials": [trial]}
+    quiet = {**s, "trials": [{**trial, "generator_cpu_fraction": 0.3}]}
+    stalled = {**s, "trials": [{**trial, "generator_cpu_fraction": 0.3, "generator_late_p99_ms": 6.0}]}
+    flagged = flag_generator_bound([s, quiet, stalled], ceiling=30_000.0)
+    assert flagged == [s, stalled] and quiet["generator_may_limit"] is None
+    assert "late" in stalled["generator_may_limit"]
