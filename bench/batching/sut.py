@@ -125,7 +125,17 @@ def run_trial(h: Harness, mode: str, rate: float) -> dict[str, Any]:
     controller: BatchSizeController = (
         make_controller(h.controller, slo_s, 0, MAX_BATCH) if mode.startswith("adaptive") else FixedController(1)
     )
-    driver = TimedDriver(reader, batcher, controller, batch_wait_s=BATCH_WAIT_S)
+    # as the batcher runs on each: the pipe hands out a whole batch per receive (like Redis Streams, one receiver);
+    # a queue with SQS's limits gets at most 10 per receive, so four receives run ahead (the SQS default)
+    sqs_like = h.queue == "sqs-limits"
+    driver = TimedDriver(
+        reader,
+        batcher,
+        controller,
+        batch_wait_s=BATCH_WAIT_S,
+        receivers=4 if sqs_like else 1,
+        receive_max=10 if sqs_like else None,
+    )
     settle_gc()
     stop = threading.Event()
     worker = threading.Thread(target=driver.run, args=(stop,), name=f"driver-{mode}", daemon=True)
