@@ -99,7 +99,10 @@ class Stack:
         self.output: list[str] = []
 
     def start(self) -> None:
+        # a state folder of its own, fresh: the benchmark neither reads nor changes a user's .local-stack
+        state = ROOT / "build" / "bench-latency" / "state"
         cmd = [sys.executable, str(ROOT / "infra" / "local" / "run.py"), "--port", str(self.port)]
+        cmd += ["--state-dir", str(state), "--fresh"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             cmd,
@@ -138,8 +141,8 @@ class Stack:
         return any("redis-server on" in line for line in self.output)
 
     def stop(self) -> list[int]:
-        """SIGINT to the process group (as Ctrl-C), wait, then make sure no process of the group is left;
-        returns the pids that had to be killed."""
+        """SIGINT to the stack (as Ctrl-C), wait, then make sure no process of its session is left; returns the
+        pids that had to be killed."""
         if self.proc is None:
             return []
         pgid = self.proc.pid  # the session leader's pid is the group id
@@ -170,8 +173,9 @@ class Stack:
         return killed
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes (not zombies) whose process group is ``pgid``."""
+def group_members(sid: int) -> list[int]:
+    """Live processes (not zombies) of session ``sid`` (the supervised children have process groups of their
+    own inside the stack's session)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -181,7 +185,7 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
+        if fields[0] != "Z" and int(fields[3]) == sid:
             found.append(int(entry.name))
     return found
 
