@@ -59,7 +59,7 @@ def inbox_of(address: str) -> str:
 class _Waiter:
     """The replies of one query so far: at most one per model, a success winning over an error."""
 
-    __slots__ = ("_lock", "done", "future", "loop", "models", "replies")
+    __slots__ = ("_lock", "done", "future", "loop", "loop_thread", "models", "replies")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -67,6 +67,7 @@ class _Waiter:
         self.models: frozenset[str] | None = None
         self.replies: dict[str, Reply] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread = 0  # the thread that runs ``loop``
         self.future: asyncio.Future[None] | None = None
 
     def add(self, reply: Reply) -> None:
@@ -85,7 +86,7 @@ class _Waiter:
         if self.models is not None and self.models <= self.replies.keys() and not self.done.is_set():
             self.done.set()
             if self.loop is not None and self.future is not None:
-                if _running_loop() is self.loop:
+                if threading.get_ident() == self.loop_thread:  # on the waiter's loop (its listener's)
                     _resolve(self.future)
                 else:
                     self.loop.call_soon_threadsafe(_resolve, self.future)
@@ -114,6 +115,7 @@ class RedisReplyChannel:
         self._waiters: dict[str, _Waiter] = {}
         self._listener: threading.Thread | None = None
         self._loop_listener: asyncio.Task[None] | None = None
+        self._loop_thread = 0
         self._generation = 0
         self._error: str | None = None
         self.dropped = 0  # replies that found no query waiting (late ones)
@@ -162,7 +164,19 @@ class RedisReplyChannel:
                 self._inbox = uuid.uuid4().hex
             return f"{self._inbox}.{uuid.uuid4().hex}"
 
+    def _loop_listener_here(self) -> asyncio.AbstractEventLoop | None:
+        """The loop listener's loop when this thread runs it (no asyncio lookup: that costs a getpid call)."""
+        task = self._loop_listener
+        if task is not None and self._loop_thread == threading.get_ident() and not task.done():
+            loop = task.get_loop()
+            if loop.is_running():
+                return loop
+        return None
+
     def expect(self, reply_to: str) -> None:
+        if self._loop_listener_here() is not None:
+            self._waiters.setdefault(reply_to, _Waiter())
+            return  # the event loop's listener serves every waiter of the process
         loop = _running_loop()
         with self._lock:
             self._waiters.setdefault(reply_to, _Waiter())
@@ -188,12 +202,15 @@ class RedisReplyChannel:
     async def wait_async(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
         """``wait`` for a query on an event loop: no thread is held while it waits, and the replies are read
         by a listener on the same loop (its own connection), so no thread is woken for them either."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            waiter = self._waiters.setdefault(reply_to, _Waiter())
-            if self._loop_listener is None or self._loop_listener.done() or self._loop_listener.get_loop() is not loop:
-                self._start_loop_listener(loop)
-        waiter.loop = loop
+        loop = self._loop_listener_here()
+        if loop is None:
+            loop = asyncio.get_running_loop()
+            with self._lock:
+                listener = self._loop_listener
+                if listener is None or listener.done() or listener.get_loop() is not loop:
+                    self._start_loop_listener(loop)
+        waiter = self._waiters.setdefault(reply_to, _Waiter())
+        waiter.loop, waiter.loop_thread = loop, threading.get_ident()
         waiter.future = loop.create_future()
         waiter.expect(models)  # resolves the future at once when every model replied already
         expire = loop.call_later(max(0.0, timeout_s), _resolve, waiter.future)
@@ -285,6 +302,7 @@ class RedisReplyChannel:
         from clipper.adapters.resp_async import AsyncRespClient
 
         connection = AsyncRespClient(self._client)  # its own connection: the blocking pops would hold a shared one
+        self._loop_thread = threading.get_ident()
         self._loop_listener = loop.create_task(
             self._listen_on_loop(connection, self._inbox_key(self._inbox), self._generation),
             name="clipper-reply-listener",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -45,9 +46,11 @@ class _Protocol(asyncio.Protocol):
         self.calls: collections.deque[_Call] = collections.deque()
         self.closed = False
         self.outgoing: list[bytes] = []
+        self.loop: asyncio.AbstractEventLoop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -88,7 +91,7 @@ class _Protocol(asyncio.Protocol):
         call = _Call(future, len(commands))
         self.calls.append(call)
         if not self.outgoing:
-            future.get_loop().call_soon(self._flush)
+            self.loop.call_soon(self._flush)
         self.outgoing.append(pack(commands))
         return call
 
@@ -110,11 +113,19 @@ class AsyncRespClient:
         self._connecting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
+        self._by_thread: dict[int, _Protocol] = {}
 
     async def _connection(self, deadline: float) -> _Protocol:
+        # The connection of the loop this thread runs, found without asking asyncio for the running loop (which
+        # costs a getpid system call in CPython 3.11): a thread runs one loop at a time, so the thread's last
+        # connection is this loop's while its loop is running and not closed.
+        fast = self._by_thread.get(threading.get_ident())
+        if fast is not None and not fast.closed and fast.loop.is_running():
+            return fast
         loop = asyncio.get_running_loop()
         known = self._connections.get(loop)
         if known is not None and not known.closed:
+            self._by_thread[threading.get_ident()] = known
             return known
         lock = self._connecting.setdefault(loop, asyncio.Lock())
         async with lock:
@@ -142,6 +153,7 @@ class AsyncRespClient:
                         conn.fail(ConnectionError(str(reply)))
                         raise reply
             self._connections[loop] = conn
+            self._by_thread[threading.get_ident()] = conn
             return conn
 
     async def execute(self, commands: Sequence[Command], timeout: float | None = None) -> list[Any]:
@@ -164,7 +176,7 @@ class AsyncRespClient:
         where = f"redis {self._client.host}:{self._client.port}"
         try:
             conn = await self._connection(deadline)
-            loop = asyncio.get_running_loop()
+            loop = conn.loop
             future: asyncio.Future[list[Any]] = loop.create_future()
             conn.send(commands, future)
             expire = loop.call_later(max(0.0005, deadline - time.monotonic()), _expire, future)
@@ -182,7 +194,7 @@ class AsyncRespClient:
 
     def _check_hung(self) -> None:
         """Close this loop's connection when its oldest call has waited longer than the client's timeout."""
-        conn = self._connections.get(asyncio.get_running_loop())
+        conn = self._by_thread.get(threading.get_ident())
         if conn is not None and conn.calls and time.monotonic() - conn.calls[0].started > self._client.timeout:
             conn.fail(ConnectionError("no answer within the client's timeout: connection dropped"))
 
@@ -190,3 +202,4 @@ class AsyncRespClient:
         for conn in list(self._connections.values()):
             conn.fail(ConnectionError("client closed"))
         self._connections.clear()
+        self._by_thread.clear()

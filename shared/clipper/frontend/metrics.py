@@ -35,12 +35,13 @@ class EmfQueryMetrics:
 
     The lines are built here rather than through Powertools' metrics (whose validation per metric cost the
     query path ~12% of the frontend's CPU): one orjson dump per dimension set. ``POWERTOOLS_METRICS_DISABLED``
-    (the local stack) turns them off, as it does Powertools'."""
+    (the local stack) turns them off, as it does Powertools', read when the metrics are made."""
 
     def __init__(self, namespace: str = "Clipper", service: str = "clipper-frontend", out: Any = None) -> None:
         self._namespace = namespace
         self._service = service
         self._out = out
+        self.enabled = os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() not in ("1", "true")
 
     def _line(self, dimension: tuple[str, str], values: list[tuple[str, str, float]], now_ms: int) -> bytes:
         """One EMF line: every metric in ``values`` under one dimension."""
@@ -62,7 +63,7 @@ class EmfQueryMetrics:
         return orjson.dumps(body) + b"\n"
 
     def __call__(self, app: str, result: QueryResult, seconds: float) -> None:
-        if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() in ("1", "true"):
+        if not self.enabled:  # read once: a lookup in os.environ costs every query
             return
         ms, count = "Milliseconds", "Count"
         now_ms = int(time.time() * 1000)
