@@ -46,3 +46,58 @@ def test_a_failed_send_is_logged_not_raised(caplog):
     counters = CloudWatchCounters(Down(), "Clipper", {"queue": "q"}, 0.0)
     counters.add("EndpointErrors", 1)
     assert "metrics not sent" in caplog.text
+
+
+def test_the_batcher_process_counts_its_endpoint_errors_in_cloudwatch(aws, monkeypatch):
+    """The long-poll batcher with CLIPPER_CLOUDWATCH_METRICS (as in the SageMaker container): a batch its
+    endpoint fails shows in EndpointErrors by queue name, the metric EndpointFailuresAlarm watches."""
+    import datetime as dt
+    import threading
+    import time
+
+    import boto3
+
+    from clipper.entrypoints.batcher import build_driver, endpoint_error_counters, parse_args
+    from clipper.settings import BatcherSettings
+    from tests.unit.test_batcher_core import message, one_hot
+
+    class WallClock:
+        def now(self) -> float:
+            return time.time()
+
+    settings = BatcherSettings(
+        registry_table=aws.registry_table,
+        replies_table=aws.replies_table,
+        cache_enabled=False,
+        queue_transport="sqs",
+        cloudwatch_metrics=True,
+    )
+    # nothing listens on port 9: every batch is an endpoint error
+    args = parse_args(["--queue-url", aws.queue_url, "--endpoint-url", "http://127.0.0.1:9", "--poll-wait-s", "0"])
+    counters = endpoint_error_counters(settings, args.queue_url)
+    assert counters is not None
+    assert endpoint_error_counters(settings.model_copy(update={"cloudwatch_metrics": False}), aws.queue_url) is None
+    driver = build_driver(args, settings, counters)
+    for qid in (1, 2):
+        aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody=message(qid, one_hot(qid), WallClock(), 30).body)
+    stop = threading.Event()
+    failed = 0
+    for _ in range(20):
+        batch = driver.collect(stop)
+        failed += len(driver.handle(batch).failed) if batch else 0
+        if failed >= 2:
+            break
+    driver.close()
+    counters.flush()
+    assert failed == 2
+    cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
+    stats = cloudwatch.get_metric_statistics(
+        Namespace="Clipper",
+        MetricName="EndpointErrors",
+        Dimensions=[{"Name": "queue", "Value": "clipper-model-mlp"}],
+        StartTime=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5),
+        EndTime=dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5),
+        Period=60,
+        Statistics=["Sum"],
+    )
+    assert sum(p["Sum"] for p in stats["Datapoints"]) == 2

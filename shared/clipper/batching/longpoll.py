@@ -62,7 +62,8 @@ class LongPollDriver:
     ``buffer_batches``: the buffer's bound in batches of the controller's current size (and at least
     ``receivers`` x ``receive_max``, so each receiver can make a full receive); ``idle_wait_s``: the
     receivers' long poll (a stop is seen within it) and how long ``collect`` waits for a first message;
-    ``ack_chunk``: receipt handles per delete call. ``clock`` (monotonic seconds) times the batch wait."""
+    ``ack_chunk``: receipt handles per delete call. ``clock`` (monotonic seconds) times the batch wait.
+    ``on_report`` sees every batch's report (the process's counters: EndpointErrors to CloudWatch)."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class LongPollDriver:
         buffer_batches: float = 2.0,
         ack_chunk: int = 10,
         clock: Callable[[], float] = time.monotonic,
+        on_report: Callable[[BatchReport], None] | None = None,
     ) -> None:
         if buffer_batches < 1:
             raise ValueError("the receive buffer must hold at least one batch (buffer_batches >= 1)")
@@ -92,6 +94,7 @@ class LongPollDriver:
         self._store = state_store if state_key else None
         self._key = state_key
         self._save_every = save_every_s
+        self._on_report = on_report
         self._saved_at = time.monotonic()
         self._buffer_batches = buffer_batches
         self._receivers_floor = receivers * (receive_max or 1)
@@ -178,6 +181,8 @@ class LongPollDriver:
         s.failed += len(failed)
         s.deferred += len(deferred)
         self._update_io_stats()
+        if self._on_report is not None:
+            self._on_report(report)
         if time.monotonic() - self._saved_at >= self._save_every:
             self.save_state()
         return report

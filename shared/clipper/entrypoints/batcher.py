@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import Any
 
+from clipper.adapters.cloudwatch_metrics import CloudWatchCounters
 from clipper.batching.longpoll import LongPollDriver
 
 logger = logging.getLogger("clipper.batcher")
@@ -87,9 +88,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def build_driver(args: argparse.Namespace, settings: Any) -> LongPollDriver:
+def endpoint_error_counters(settings: Any, queue_url: str) -> CloudWatchCounters | None:
+    """With ``CLIPPER_CLOUDWATCH_METRICS`` (on in the SageMaker container): ``EndpointErrors`` by queue name, the
+    metric of infra/model-stack.yaml's EndpointFailuresAlarm, sent with PutMetricData once a minute (zero
+    included, so a healthy endpoint shows 0 rather than no data)."""
+    if not settings.cloudwatch_metrics:
+        return None
+    from clipper.wiring import aws_client
+
+    queue = queue_url.rstrip("/").rsplit("/", 1)[-1]
+    return CloudWatchCounters(aws_client("cloudwatch"), "Clipper", {"queue": queue})
+
+
+def build_driver(args: argparse.Namespace, settings: Any, counters: CloudWatchCounters | None = None) -> LongPollDriver:
     """The process's object graph (the composition root): the batcher core with its adapters, the controller
-    and the queue reader of ``args.queue_url`` on the settings' transport."""
+    and the queue reader of ``args.queue_url`` on the settings' transport; ``counters`` count each batch's
+    endpoint errors."""
     import urllib3
 
     from clipper.adapters.clock import SystemClock
@@ -132,6 +146,7 @@ def build_driver(args: argparse.Namespace, settings: Any) -> LongPollDriver:
         receive_max=RECEIVE_MAX[transport],
         buffer_batches=args.buffer_batches,
         ack_chunk=ACK_CHUNK[transport],
+        on_report=None if counters is None else lambda report: counters.add("EndpointErrors", report.endpoint_errors),
     )
 
 
@@ -141,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     from clipper.settings import BatcherSettings
 
     settings = BatcherSettings()  # type: ignore[call-arg]
-    driver = build_driver(args, settings)
+    counters = endpoint_error_counters(settings, args.queue_url)
+    driver = build_driver(args, settings, counters)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     gc.freeze()  # start-up objects never need collecting: keeps full collections (tens of ms) off batches
     logger.info("batcher polling %s (%s) for %s", args.queue_url, settings.queue_transport, args.endpoint_url)
     driver.run(stop)
+    if counters is not None:
+        counters.flush()
     logger.info("batcher stopped: %s", driver.stats)
     return 0
 
