@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo ">> creating $(VENV) and installing the project with its dev tools"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -101,7 +101,7 @@ $(SAM_VENV)/.installed:
 	@echo ">> creating $(SAM_VENV) with $(SAM_CLI)"
 	$(PYTHON) -m venv $(SAM_VENV)
 	$(SAM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(SAM_VENV)/bin/python -m pip install -q '$(SAM_CLI)'
+	$(SAM_VENV)/bin/python -m pip install --progress-bar on '$(SAM_CLI)'
 	@touch $@
 
 sam-venv: $(SAM_VENV)/.installed
