@@ -164,12 +164,18 @@ def test_lambda_batcher_mapping_reports_item_failures(
         assert listed["EventSourceMappings"] == []
 
 
-def test_sagemaker_endpoint_container_knows_its_queue_and_tables(session: Any, service: dict[str, str]) -> None:
+def test_sagemaker_container_knows_its_model_version_queue_and_tables(session: Any, service: dict[str, str]) -> None:
     outputs = cfn.deploy_model_stack(
         session.client("cloudformation"),
         STACK,
-        "cnn",
-        {"SageMakerEndpoint": "true", "ImageUri": ECR_IMAGE, "ExecutionRoleArn": SAGEMAKER_ROLE},
+        "cnn-v3",
+        {
+            "SageMakerEndpoint": "true",
+            "ImageUri": ECR_IMAGE,
+            "ExecutionRoleArn": SAGEMAKER_ROLE,
+            "RegistryModelName": "cnn",
+            "RegistryModelVersion": "3",
+        },
     )
     sagemaker = session.client("sagemaker")
 
@@ -182,7 +188,8 @@ def test_sagemaker_endpoint_container_knows_its_queue_and_tables(session: Any, s
     assert container["Image"] == ECR_IMAGE
     assert "ModelDataUrl" not in container
     assert container["Environment"] == {
-        "CLIPPER_MODEL_NAME": "cnn",
+        "CLIPPER_MODEL_NAME": "cnn",  # the registry's names: the batcher reads its settings and SLO with them
+        "CLIPPER_MODEL_VERSION": "3",
         "CLIPPER_QUEUE_URL": outputs["QueueUrl"],
         "CLIPPER_CLOUDWATCH_METRICS": "true",
         "CLIPPER_REGISTRY_TABLE": service["RegistryTableName"],

@@ -68,3 +68,21 @@ def test_cached_registry_refreshes_after_its_ttl(registry):
         cached.get_app("digits")  # the miss is cached too
     clock.advance(2.1)
     assert cached.get_app("digits").name == "digits"
+
+
+def test_a_models_batching_settings_round_trip_and_reach_its_batcher(registry):
+    from clipper.batching.model_config import RegistryBatcherConfig
+    from clipper.core.domain import BatchingSettings
+
+    registry.put_app(digits_app())  # SLO 100 ms
+    registry.link("digits", "mlp")
+    registry.put_version(model_version("mlp", "1"), activate=True)
+    assert registry.model_record("mlp").batching == BatchingSettings()  # never set: the defaults
+    chosen = BatchingSettings(controller="fixed", batch_size=16, max_batch_size=64, batch_wait_ms=2.5)
+    registry.set_model_settings("mlp", batching=chosen)
+    assert registry.model_record("mlp").batching == chosen
+    config = RegistryBatcherConfig(registry, "mlp", 0.5, fallback_slo_s=1.0).load()
+    assert (config.batching, config.apps) == (chosen, ("digits",))
+    assert config.slo_s == pytest.approx(digits_app().slo_seconds / 2)
+    with pytest.raises(NotFound):
+        registry.set_model_settings("nope", batching=chosen)

@@ -70,3 +70,14 @@ def test_the_driver_module_does_not_import_the_composition_root():
     code = "import sys, clipper.batching.longpoll; print('clipper.wiring' in sys.modules)"
     out = run_python("-c", code)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_the_registry_is_the_source_of_a_named_models_settings_unless_ignored(settings):
+    from clipper.entrypoints.batcher import args_config, config_source
+
+    chosen = settings(queue_transport="sqs")
+    assert config_source(parse_args([*REQUIRED, "--model", "mlp"]), chosen) is not None
+    assert config_source(parse_args([*REQUIRED, "--model", "mlp", "--ignore-registry"]), chosen) is None
+    assert config_source(parse_args([*REQUIRED, "--model", ""]), chosen) is None
+    fixed = args_config(parse_args([*REQUIRED, "--batch-size", "8", "--slo-ms", "40"]))
+    assert (fixed.batching.controller, fixed.batching.batch_size, fixed.slo_s) == ("fixed", 8, 0.04)

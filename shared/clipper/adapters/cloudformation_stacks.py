@@ -88,6 +88,8 @@ class CloudFormationModelStacks:
             **self._parameters,
             "ServiceStackName": self._service,
             "ModelName": stack_model_name(model, version),
+            "RegistryModelName": model,
+            "RegistryModelVersion": version,
             **_scale_parameters(replicas),
         }
         if self._parameters.get("SageMakerEndpoint") == "true":

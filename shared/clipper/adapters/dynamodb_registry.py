@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
-from clipper.core.domain import Application, InputType, Model, ModelRecord, ModelVersion
+from clipper.core.domain import Application, BatchingSettings, InputType, Model, ModelRecord, ModelVersion
 from clipper.errors import Conflict, NotFound
 
 if TYPE_CHECKING:
@@ -55,6 +55,30 @@ def _plain(attr: dict[str, Any]) -> Any:
 
 _ARTIFACT_ATTRS = ("status", "artifact", "artifact_version_id", "sha256", "etag", "size", "created_at", "promoted_at")
 _REJECTED_ATTRS = ("status", "reasons", "rejected_at", "artifact", "artifact_version_id", "sha256", "etag", "size")
+
+
+def _batching_attr(b: BatchingSettings) -> dict[str, Any]:
+    return {
+        "M": {
+            "controller": {"S": b.controller},
+            "batch_size": {"N": str(b.batch_size)},
+            "max_batch_size": {"N": str(b.max_batch_size)},
+            "batch_wait_ms": {"N": repr(float(b.batch_wait_ms))},
+        }
+    }
+
+
+def _batching_of(attr: dict[str, Any] | None) -> BatchingSettings:
+    """A model's stored batching settings; the defaults for a model that never set them."""
+    if not attr:
+        return BatchingSettings()
+    m = attr["M"]
+    return BatchingSettings(
+        controller=m["controller"]["S"],
+        batch_size=int(m["batch_size"]["N"]),
+        max_batch_size=int(m["max_batch_size"]["N"]),
+        batch_wait_ms=float(m["batch_wait_ms"]["N"]),
+    )
 
 
 class DynamoDBRegistry:
@@ -140,6 +164,7 @@ class DynamoDBRegistry:
             artifacts=artifacts,
             rejected=rejected,
             linked_apps=apps,
+            batching=_batching_of(head.get("batching")),
         )
 
     def apps_linked_to(self, model: str) -> list[str]:
@@ -240,10 +265,19 @@ class DynamoDBRegistry:
                 ExpressionAttributeValues={":v": {"S": version}},
             )
 
-    def set_model_settings(self, model: str, auto_promote: bool | None = None, replicas: int | None = None) -> None:
+    def set_model_settings(
+        self,
+        model: str,
+        auto_promote: bool | None = None,
+        replicas: int | None = None,
+        batching: BatchingSettings | None = None,
+    ) -> None:
         """Change a model's settings; ``NotFound`` when the model does not exist."""
         sets: list[str] = []
         values: dict[str, Any] = {}
+        if batching is not None:
+            sets.append("batching = :b")
+            values[":b"] = _batching_attr(batching)
         if auto_promote is not None:
             sets.append("auto_promote = :a")
             values[":a"] = {"BOOL": auto_promote}

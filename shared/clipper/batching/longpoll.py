@@ -95,6 +95,8 @@ class LongPollDriver:
         self._key = state_key
         self._save_every = save_every_s
         self._on_report = on_report
+        self._pending: tuple[BatchSizeController, float] | None = None  # reconfigure(): applied between batches
+        self._pending_lock = threading.Lock()
         self._saved_at = time.monotonic()
         self._buffer_batches = buffer_batches
         self._receivers_floor = receivers * (receive_max or 1)
@@ -149,10 +151,35 @@ class LongPollDriver:
             self._acker.start()
             self._receivers.start()
 
+    def reconfigure(self, controller: BatchSizeController, batch_wait_s: float) -> None:
+        """A new controller and batch wait (from any thread), applied before the next batch forms. The new
+        controller starts from the old one's learned size when both adapt."""
+        with self._pending_lock:
+            self._pending = (controller, batch_wait_s)
+
+    def _apply_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        controller, self._batch_wait = pending
+        controller.restore(self._controller.state())
+        self._controller = controller
+        self._buffer.set_capacity(self._capacity())
+
+    @property
+    def controller(self) -> BatchSizeController:
+        return self._controller
+
+    @property
+    def batch_wait_s(self) -> float:
+        return self._batch_wait
+
     def collect(self, stop: threading.Event) -> list[ReceivedMessage]:
         """The next batch: the messages the last batch deferred, then what the receivers delivered within the
         batch wait (``ReceiveBuffer.take``); [] when no message came within ``idle_wait_s`` or on ``stop``."""
         self.start()
+        self._apply_pending()
         lead, self._carry = self._carry, []
         limit = self._controller.max_batch_size()
         return lead + self._buffer.take(limit, self._batch_wait, self._idle_wait, stop, lead=len(lead))

@@ -70,6 +70,44 @@ class Model:
     active_version: str
 
 
+CONTROLLERS = ("aimd", "quantile", "fixed")
+
+
+@dataclass(frozen=True)
+class BatchingSettings:
+    """How a model's batcher cuts batches (``set_model_batching``): the controller (Clipper's AIMD, the quantile
+    regression of p99 latency on batch size, or a fixed size), the fixed size, the adaptive size's upper bound,
+    and the batch wait T (how long a batch waits for more queries after its first)."""
+
+    controller: str = "aimd"
+    batch_size: int = 0  # the fixed controller's size
+    max_batch_size: int = 256
+    batch_wait_ms: float = 1.0
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, one line per field (empty when they are valid)."""
+        out = []
+        if self.controller not in CONTROLLERS:
+            out.append(f"controller: one of {', '.join(CONTROLLERS)}, got {self.controller!r}")
+        if self.controller == "fixed" and not 1 <= self.batch_size <= self.max_batch_size:
+            out.append(f"batch_size: 1 to max_batch_size ({self.max_batch_size}) with the fixed controller")
+        if self.controller != "fixed" and self.batch_size != 0:
+            out.append("batch_size: only with the fixed controller (0 otherwise)")
+        if not 1 <= self.max_batch_size <= 10_000:
+            out.append(f"max_batch_size: 1 to 10000, got {self.max_batch_size}")
+        if not 0 <= self.batch_wait_ms <= 1_000:
+            out.append(f"batch_wait_ms: 0 to 1000, got {self.batch_wait_ms}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "controller": self.controller,
+            "batch_size": self.batch_size,
+            "max_batch_size": self.max_batch_size,
+            "batch_wait_ms": self.batch_wait_ms,
+        }
+
+
 @dataclass(frozen=True)
 class ModelRecord:
     """Everything the registry holds about one model, for the management API."""
@@ -82,3 +120,4 @@ class ModelRecord:
     artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
     rejected: dict[str, dict[str, Any]] = field(default_factory=dict)
     linked_apps: list[str] = field(default_factory=list)
+    batching: BatchingSettings = field(default_factory=BatchingSettings)

@@ -19,6 +19,9 @@ from typing import Any
 
 from clipper.adapters.cloudwatch_metrics import CloudWatchCounters
 from clipper.batching.longpoll import LongPollDriver
+from clipper.batching.model_config import BatcherConfig, ConfigFollower, RegistryBatcherConfig
+from clipper.core.domain import BatchingSettings
+from clipper.errors import ClipperError
 
 logger = logging.getLogger("clipper.batcher")
 
@@ -77,12 +80,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=3,
         help="Redis Streams: deliveries before the dead-letter stream (on SQS: the queue's redrive policy)",
     )
+    p.add_argument(
+        "--slo-fraction",
+        type=float,
+        default=0.5,
+        help="the batch latency objective as a fraction of the strictest linked application's SLO (registry)",
+    )
+    p.add_argument(
+        "--ignore-registry",
+        action="store_true",
+        help="batch by these options only; by default, with --model, the model's batching settings "
+        "(set_model_batching) and its applications' SLOs are read from the registry and followed",
+    )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.receivers < 0:
         p.error("--receivers must be 0 (the transport's default) or more")
     if args.buffer_batches < 1:
         p.error("--buffer-batches must be at least 1")
+    if not 0 < args.slo_fraction <= 1:
+        p.error("--slo-fraction must be in (0, 1]")
     if args.poll_wait_s < 0 or args.batch_wait_ms < 0:
         p.error("--poll-wait-s and --batch-wait-ms must not be negative")
     return args
@@ -100,17 +117,45 @@ def endpoint_error_counters(settings: Any, queue_url: str) -> CloudWatchCounters
     return CloudWatchCounters(aws_client("cloudwatch"), "Clipper", {"queue": queue})
 
 
-def build_driver(args: argparse.Namespace, settings: Any, counters: CloudWatchCounters | None = None) -> LongPollDriver:
+def config_source(args: argparse.Namespace, settings: Any) -> RegistryBatcherConfig | None:
+    """Where the batching configuration comes from: the registry, for a named model (unless
+    ``--ignore-registry``); None: the command line's options alone."""
+    if args.ignore_registry or not args.model or not settings.registry_table:
+        return None
+    from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+    from clipper.wiring import aws_client
+
+    registry = DynamoDBRegistry(aws_client("dynamodb"), settings.registry_table)
+    return RegistryBatcherConfig(registry, args.model, args.slo_fraction, args.slo_ms / 1000)
+
+
+def args_config(args: argparse.Namespace) -> BatcherConfig:
+    """The configuration the command line's options describe."""
+    fixed = args.batch_size > 0
+    batching = BatchingSettings(
+        controller="fixed" if fixed else args.controller,
+        batch_size=args.batch_size,
+        max_batch_size=max(args.max_batch_size, args.batch_size),
+        batch_wait_ms=args.batch_wait_ms,
+    )
+    return BatcherConfig(args.slo_ms / 1000, batching)
+
+
+def build_driver(
+    args: argparse.Namespace,
+    settings: Any,
+    counters: CloudWatchCounters | None = None,
+    config: BatcherConfig | None = None,
+) -> LongPollDriver:
     """The process's object graph (the composition root): the batcher core with its adapters, the controller
     and the queue reader of ``args.queue_url`` on the settings' transport; ``counters`` count each batch's
-    endpoint errors."""
+    endpoint errors; ``config`` (default: the options') sets the controller and the batch wait."""
     import urllib3
 
     from clipper.adapters.clock import SystemClock
     from clipper.adapters.dynamodb_registry import DynamoDBControllerStore
     from clipper.adapters.endpoints import FixedEndpointResolver, HttpModelEndpoint
     from clipper.adapters.s3_claims import S3ClaimStore
-    from clipper.batching.controller import make_controller
     from clipper.batching.core import Batcher
     from clipper.wiring import aws_client, prediction_cache, queue_reader, reply_channel
 
@@ -123,7 +168,7 @@ def build_driver(args: argparse.Namespace, settings: Any, counters: CloudWatchCo
         claims=S3ClaimStore(aws_client("s3"), settings.model_bucket) if settings.model_bucket else None,
         cache=prediction_cache(settings, dynamodb),
     )
-    controller = make_controller(args.controller, args.slo_ms / 1000, args.batch_size, args.max_batch_size)
+    config = config or args_config(args)
     transport = settings.queue_transport
     # the SQS client's read timeout outlasts a long poll (SQS's longest: 20 s)
     sqs = aws_client("sqs", read_timeout=30) if transport == "sqs" else None
@@ -137,8 +182,8 @@ def build_driver(args: argparse.Namespace, settings: Any, counters: CloudWatchCo
     return LongPollDriver(
         reader,
         batcher,
-        controller,
-        batch_wait_s=args.batch_wait_ms / 1000,
+        config.controller(),
+        batch_wait_s=config.batching.batch_wait_ms / 1000,
         idle_wait_s=args.poll_wait_s,
         state_store=DynamoDBControllerStore(dynamodb, settings.registry_table),
         state_key=(args.model, args.version) if args.model and args.version else None,
@@ -157,13 +202,27 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = BatcherSettings()  # type: ignore[call-arg]
     counters = endpoint_error_counters(settings, args.queue_url)
-    driver = build_driver(args, settings, counters)
+    source = config_source(args, settings)
+    config = args_config(args)
+    if source is not None:
+        try:
+            config = source.load()
+        except ClipperError as e:
+            logger.warning("batching settings of %s not read (by the options until they are): %s", args.model, e)
+    driver = build_driver(args, settings, counters, config)
+    logger.info("batching: %s", config.describe())
+    follower = None
+    if source is not None:
+        follower = ConfigFollower(source, driver, settings.config_ttl_s or 10.0, current=config)
+        follower.start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     gc.freeze()  # start-up objects never need collecting: keeps full collections (tens of ms) off batches
     logger.info("batcher polling %s (%s) for %s", args.queue_url, settings.queue_transport, args.endpoint_url)
     driver.run(stop)
+    if follower is not None:
+        follower.stop()
     if counters is not None:
         counters.flush()
     logger.info("batcher stopped: %s", driver.stats)

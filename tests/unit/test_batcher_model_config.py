@@ -1,0 +1,112 @@
+"""A model's batching configuration as the long-poll batcher reads it from the registry: its settings, the
+strictest linked application's SLO, and the driver reconfigured between batches when they change."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from clipper.batching.controller import AimdController, FixedController, QuantileController
+from clipper.batching.longpoll import LongPollDriver
+from clipper.batching.model_config import BatcherConfig, ConfigFollower, RegistryBatcherConfig
+from clipper.core.domain import Application, BatchingSettings, InputType, Model, ModelRecord
+from clipper.errors import NotFound, Unavailable
+from clipper.ports import ReceivedMessage
+
+pytestmark = pytest.mark.unit
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.apps: dict[str, int] = {"fast": 20_000, "slow": 200_000}
+        self.links = ["fast", "slow"]
+        self.batching = BatchingSettings()
+        self.down = False
+
+    def model_record(self, name: str) -> ModelRecord:
+        if self.down:
+            raise Unavailable("registry down")
+        if name != "mlp":
+            raise NotFound("model", name)
+        return ModelRecord(Model("mlp", "1"), {}, linked_apps=list(self.links), batching=self.batching)
+
+    def get_app(self, name: str) -> Application:
+        if name not in self.apps:
+            raise NotFound("application", name)
+        return Application(name, InputType.FLOATS, "-1", self.apps[name])
+
+
+def test_the_objective_is_a_fraction_of_the_strictest_linked_slo():
+    registry = Registry()
+    config = RegistryBatcherConfig(registry, "mlp", 0.5, fallback_slo_s=0.1).load()
+    assert config.slo_s == pytest.approx(0.010)  # half of fast's 20 ms
+    assert config.apps == ("fast",)
+    registry.apps["slow"] = 8_000  # an SLO made stricter
+    assert RegistryBatcherConfig(registry, "mlp", 0.5, 0.1).load().slo_s == pytest.approx(0.004)
+    registry.links = ["gone"]  # a link to an app deleted meanwhile, and no other: the fallback
+    assert RegistryBatcherConfig(registry, "mlp", 0.5, 0.1).load() == BatcherConfig(0.1, BatchingSettings())
+    with pytest.raises(NotFound):
+        RegistryBatcherConfig(registry, "nope", 0.5, 0.1).load()
+
+
+@pytest.mark.parametrize(
+    ("settings", "kind", "size"),
+    [
+        (BatchingSettings(), AimdController, 256),
+        (BatchingSettings(controller="quantile", max_batch_size=64), QuantileController, 64),
+        (BatchingSettings(controller="fixed", batch_size=8), FixedController, 8),
+    ],
+)
+def test_the_settings_choose_the_controller(settings, kind, size):
+    controller = BatcherConfig(0.01, settings).controller()
+    assert isinstance(controller, kind)
+    if kind is FixedController:
+        assert controller.max_batch_size() == size
+    else:
+        assert controller.upper == size
+        assert controller.slo_s == 0.01
+
+
+def test_bad_settings_name_their_fields():
+    assert BatchingSettings().problems() == []
+    problems = BatchingSettings(controller="magic", max_batch_size=0, batch_wait_ms=-1).problems()
+    assert [p.split(":")[0] for p in problems] == ["controller", "max_batch_size", "batch_wait_ms"]
+    assert BatchingSettings(controller="fixed").problems()[0].startswith("batch_size")
+    assert BatchingSettings(batch_size=4).problems()[0].startswith("batch_size")
+
+
+class Reader:
+    def receive(self, max_messages: int, wait_s: float) -> list[ReceivedMessage]:
+        return []
+
+    def delete(self, receipt_handles: list[str]) -> None:
+        return None
+
+    def release(self, receipt_handle: str, delay_s: int) -> None:
+        return None
+
+
+def test_a_changed_configuration_reaches_the_driver_before_its_next_batch():
+    registry = Registry()
+    source = RegistryBatcherConfig(registry, "mlp", 0.5, 0.1)
+    first = source.load()
+    driver = LongPollDriver(Reader(), batcher=None, controller=first.controller(), batch_wait_s=0.001, idle_wait_s=0)  # type: ignore[arg-type]
+    driver.controller.size = 40.0  # learned while running
+    follower = ConfigFollower(source, driver, every_s=60, current=first)
+    assert follower.refresh() is False  # nothing changed: nothing handed over
+
+    registry.batching = BatchingSettings(controller="quantile", max_batch_size=128, batch_wait_ms=4)
+    registry.apps["fast"] = 10_000
+    assert follower.refresh() is True
+    assert isinstance(driver.controller, AimdController)  # not yet: applied between batches
+    driver.collect(threading.Event())
+    assert isinstance(driver.controller, QuantileController)
+    assert driver.controller.slo_s == pytest.approx(0.005) and driver.controller.upper == 128
+    assert driver.controller.max_batch_size() == 40  # it starts from the size learned so far
+    assert driver.batch_wait_s == pytest.approx(0.004)
+
+    registry.down = True  # a registry that cannot be read keeps the last configuration
+    assert follower.refresh() is False
+    assert follower.current is not None and follower.current.batching.controller == "quantile"
+    driver.close()
