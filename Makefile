@@ -11,7 +11,7 @@ QUEUE ?= redis
 FRESH ?=
 
 .PHONY: help venv models run run-port clean-state test test-unit test-integration test-iac test-e2e lint redis clean \
-	bench-batching bench-frontdoor bench-cache bench-selection bench-coldstart bench-latency sam-venv sam-build
+	bench-batching bench-frontdoor bench-cache bench-selection bench-coldstart bench-latency bench-cost sam-venv sam-build
 
 help:
 	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT)); state in .local-stack/"
@@ -92,6 +92,11 @@ bench-coldstart: venv models
 
 bench-latency: venv models redis
 	$(PY) bench/latency.py $(BENCH_ARGS)
+
+# cost per million predictions on AWS from the local stack's measured figures and clipper/cost/prices.json
+bench-cost: venv models redis
+	$(PY) -m bench.cost
+
 
 # aws-sam-cli in its own venv: it pins boto3 and click below what moto and the dev tools use.
 SAM_VENV ?= .venv-sam

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from clipper.client import AdminError, ClipperConnection
+from clipper.cost import cli as cost_cli
 from clipper.errors import ClipperError
 
 
@@ -83,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("linked", help="models linked to an application").add_argument("app")
     sub.add_parser("inspect", help="applications, models, versions and links")
     sub.add_parser("metrics", help="the frontend's counters, meters and histograms, as a table")
+    cost_cli.add_parser(sub)
     return p
 
 
@@ -182,6 +184,8 @@ def metrics_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "cost":  # local: no API call
+        return cost_cli.run(args)
     conn = ClipperConnection(args.url, args.token)
     try:
         result = run(args, conn)

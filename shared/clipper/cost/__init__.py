@@ -1,0 +1,1 @@
+"""What a prediction costs on AWS (``clipper cost``, ``make bench-cost``)."""

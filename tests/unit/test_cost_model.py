@@ -1,0 +1,104 @@
+"""The cost model of a prediction on AWS: each line follows the code's requests and the price file, fixed costs
+spread over the rate, and the always-on endpoint and the per-request services cross."""
+
+from __future__ import annotations
+
+import pytest
+
+from clipper.cost.model import Deployment, Measured, Prices, compare, crossings, realtime_cost, stack_cost
+
+pytestmark = pytest.mark.unit
+
+FIGURES = Measured(
+    frontend_hit_ms=0.6,
+    frontend_miss_ms=3.2,
+    batch_rows=8.0,
+    instance_rows_per_s=400_000.0,
+    unbatched_per_s=5_000.0,
+    inference_ms=0.05,
+    request_bytes=400,
+    message_bytes=500,
+    response_bytes=80,
+    log_bytes_per_query=900,
+)
+
+
+def test_the_price_file_says_where_and_when_its_prices_come_from():
+    prices = Prices.load()
+    assert prices["region"] and prices["as_of"] and prices["sources"]
+    assert "us-east-1" in prices.label
+
+
+def test_a_miss_pays_the_lambda_for_its_wait_and_sqs_per_model():
+    prices = Prices.load()
+    one = stack_cost(prices, FIGURES, Deployment(), rate_qps=100).per_query
+    # billed ms: ceil(3.2 + 40 ms of SQS) = 44 ms at 1 GB, plus the invocation
+    assert one["frontend Lambda"] == pytest.approx(0.2e-6 + 44 / 1000 * 0.0000166667)
+    # one send, and the receive and delete shared by 8 messages
+    assert one["SQS"] == pytest.approx((1 + 2 / 8) * 0.4e-6)
+    four = stack_cost(prices, FIGURES, Deployment(models_per_query=4), rate_qps=100).per_query
+    assert four["SQS"] == pytest.approx(4 * one["SQS"])
+    hits = stack_cost(prices, FIGURES, Deployment(cache_hit_ratio=1.0), rate_qps=100).per_query
+    assert hits["SQS"] == 0
+    assert hits["frontend Lambda"] == pytest.approx(0.2e-6 + 1 / 1000 * 0.0000166667)
+
+
+def test_dynamodb_replaces_the_cache_node_with_requests():
+    prices = Prices.load()
+    redis = stack_cost(prices, FIGURES, Deployment(store="redis"), rate_qps=10)
+    dynamo = stack_cost(prices, FIGURES, Deployment(store="dynamodb"), rate_qps=10)
+    assert "ElastiCache" in redis.per_hour and "ElastiCache" not in dynamo.per_hour
+    # 3 writes (claim, result, reply); 1 lookup + (3.2 + 40) / 10 reply polls
+    assert dynamo.per_query["DynamoDB (cache, replies)"] == pytest.approx((3 * 0.625 + (1 + 4.32) * 0.125) / 1e6)
+
+
+def test_fixed_costs_are_spread_over_the_rate_and_instances_follow_it():
+    prices = Prices.load()
+    slow, fast = (stack_cost(prices, FIGURES, Deployment(), r) for r in (1, 1000))
+    assert slow.per_hour == fast.per_hour and fast.instances == 1
+    fixed = sum(slow.per_hour.values())  # the same per hour, over 1,000 times fewer queries
+    assert slow.per_million - fast.per_million == pytest.approx(fixed / 3600 * 1e6 * (1 - 1 / 1000))
+    busy = stack_cost(prices, FIGURES, Deployment(), rate_qps=2_000_000)
+    assert busy.instances == 3  # 2 M rows/s over 2 vCPUs x 400 k rows/s
+    direct = realtime_cost(prices, FIGURES, Deployment(), rate_qps=25_000)
+    assert direct.instances == 3  # one request per call: 10 k/s per instance
+
+
+def test_serverless_is_cheapest_at_low_rates_and_the_endpoint_at_high_ones():
+    prices = Prices.load()
+    rates = [0.1, 1, 10, 100, 1000, 10_000]
+    costs = compare(prices, FIGURES, Deployment(), rates)
+    assert costs["serverless"][0].per_million < costs["realtime"][0].per_million
+    assert costs["realtime"][-1].per_million < costs["serverless"][-1].per_million
+    assert len(crossings(costs, "serverless", "realtime")) == 1
+    for c in costs["stack"]:
+        assert c.per_million == pytest.approx(sum(c.lines.values()))
+        assert c.per_month == pytest.approx(c.per_million * c.rate_qps * 3600 * 730 / 1e6)
+
+
+def test_clipper_cost_prints_the_model_for_the_figures_given(tmp_path, capsys):
+    import dataclasses
+    import json
+
+    from clipper.cli import main
+
+    figures = tmp_path / "cost.json"
+    figures.write_text(json.dumps({"measured": dataclasses.asdict(FIGURES)}))
+    assert main(["cost", "--rate", "200", "--figures", str(figures), "--store", "dynamodb", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = stack_cost(Prices.load(), FIGURES, Deployment(store="dynamodb"), 200)
+    assert out["cost"]["stack"]["per_million"] == pytest.approx(expected.per_million)
+    assert set(out["cost"]) == {"stack", "realtime", "serverless"}
+    with pytest.raises(SystemExit, match="make bench-cost"):
+        main(["cost", "--rate", "1", "--figures", str(tmp_path / "none.json")])
+    with pytest.raises(SystemExit, match="no price for instance type"):
+        main(["cost", "--rate", "1", "--figures", str(figures), "--instance-type", "ml.nope"])
+
+
+def test_the_benchmark_table_has_a_row_per_system_and_a_cell_per_rate():
+    from bench.cost.report import breakdown, table
+
+    costs = compare(Prices.load(), FIGURES, Deployment(), [1.0, 100.0])
+    text = table(costs, [1.0, 100.0]).splitlines()
+    assert len(text) == 2 + 3 and all(line.count("|") == 4 for line in text)
+    assert breakdown(costs["stack"][1]).splitlines()[-1].startswith("| total |")
