@@ -27,7 +27,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	@touch $@
 
-venv: $(VENV)/.installed
+# Clipper's own client for the compatibility test: its metadata pins cloudpickle==0.5.3 (no longer runs), so
+# without its dependencies; pyproject's dev extra has the ones it imports.
+CLIPPER_ADMIN := clipper_admin==0.4.1
+$(VENV)/.clipper-admin: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps '$(CLIPPER_ADMIN)'
+	@touch $@
+
+venv: $(VENV)/.installed $(VENV)/.clipper-admin
 
 $(MODELS)/manifest.json: $(VENV)/.installed infra/demo/train_models.py
 	$(PY) infra/demo/train_models.py --out $(MODELS)

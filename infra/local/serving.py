@@ -125,6 +125,10 @@ class LocalModelServing:
             if served is not None:
                 self._scale_processes(model, version, served, replicas)
 
+    def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
+        # the local stack runs long-poll batchers, which read the model's settings from the registry themselves
+        return self._stacks.set_batching(model, version, batch_size, window_s)
+
     def delete(self, model: str, version: str) -> None:
         with self._lock:
             self._stacks.delete(model, version)

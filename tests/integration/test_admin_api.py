@@ -118,8 +118,30 @@ def test_incompatible_links_and_unknown_names_are_refused(admin):
     assert ok(admin.post("/admin/get_linked_models", json={"app_name": "digits"})) == []  # nothing changed
     assert admin.post("/admin/add_model_links", json={"app_name": "nope", "model_names": ["mlp"]}).status_code == 404
     assert admin.post("/admin/add_model_links", json={"app_name": "digits", "model_names": ["x"]}).status_code == 404
-    first = {"model_name": "new", "model_version": "1", "input_type": "floats"}
-    assert admin.post("/admin/add_model", json=first).json()["cause"].startswith("queue_url")
+    half = {"model_name": "new", "model_version": "1", "input_type": "floats", "queue_url": "https://q"}
+    assert admin.post("/admin/add_model", json=half).json()["cause"].startswith("queue_url")
+
+
+def test_a_first_version_without_serving_resources_is_registered_as_clippers_register_model_does(admin, aws):
+    """Clipper's add_model body (container_name, model_data_path, batch_size) on a new model: registered, with no
+    replica, and a query to it answers the default naming why."""
+    body = {
+        "model_name": "described",
+        "model_version": "1",
+        "input_type": "floats",
+        "labels": ["DEFAULT"],
+        "container_name": "NO_CONTAINER",
+        "model_data_path": "DEPRECATED",
+        "batch_size": 8,
+    }
+    info = ok(admin.post("/admin/add_model", json=body))
+    assert (info["model_name"], info["model_version"], info["is_current_version"]) == ("described", "1", True)
+    assert (info["container_name"], info["batch_size"], info["queue_url"]) == ("NO_CONTAINER", 8, "")
+    batching = ok(admin.post("/admin/get_model_batching", json={"model_name": "described"}))["batching"]
+    assert (batching["controller"], batching["batch_size"]) == ("fixed", 8)
+    assert ok(admin.post("/admin/get_all_containers", json={"verbose": False})) == []
+    extra = admin.post("/admin/add_model", json={**body, "model_version": "2", "gpu": True})
+    assert extra.status_code == 400 and extra.json()["cause"].startswith("gpu")  # other unknown fields: refused
 
 
 def test_openapi_documents_every_operation(admin):
@@ -165,3 +187,45 @@ def test_state_shows_queue_depths_and_endpoint_health(aws):
     state = ok(client.post("/admin/get_state", json={}))["models"]["mlp"]
     assert state["queue"] == {"waiting": 1, "in_flight": 0}
     assert state["endpoint_health"].startswith("unreachable")
+
+
+def test_a_models_batching_settings_are_stored_and_mapped_onto_its_lambda_batchers(aws):
+    class LambdaStacks:
+        """Versions "1" has a Lambda batcher (the event source mapping's parameters are recorded), "2" has none."""
+
+        def __init__(self) -> None:
+            self.mapping: dict[str, tuple[int, int]] = {}
+
+        def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
+            if version != "1":
+                return False
+            self.mapping[version] = (batch_size, window_s)
+            return True
+
+    from tests.fakes import model_version
+
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_version(model_version("mlp", "1"), activate=True)
+    registry.put_version(model_version("mlp", "2"))
+    stacks = LambdaStacks()
+    client = TestClient(create_admin_app(AdminService(registry, stacks=stacks), "token", TOKEN))  # type: ignore[arg-type]
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+
+    body = {"model_name": "mlp", "controller": "quantile", "max_batch_size": 64, "batch_wait_ms": 2}
+    done = ok(client.post("/admin/set_model_batching", json=body))
+    assert done["batching"] == {"controller": "quantile", "batch_size": 0, "max_batch_size": 64, "batch_wait_ms": 2.0}
+    lam = done["lambda_batcher"]
+    assert (lam["versions"], lam["BatchSize"], lam["MaximumBatchingWindowInSeconds"]) == (["1"], 10, 0)
+    assert [n.split(":")[0] for n in lam["not_applied"]] == ["controller quantile", "batch_wait_ms"]
+    assert done["versions_without_lambda_batcher"] == ["2"] and stacks.mapping == {"1": (10, 0)}
+    stored = ok(client.post("/admin/get_model_batching", json={"model_name": "mlp"}))["batching"]
+    assert stored["controller"] == "quantile"
+    assert ok(client.post("/admin/get_state", json={}))["models"]["mlp"]["batching"]["max_batch_size"] == 64
+
+    fixed = {"model_name": "mlp", "controller": "fixed", "batch_size": 32, "batch_wait_ms": 1000}
+    done = ok(client.post("/admin/set_model_batching", json=fixed))
+    assert stacks.mapping["1"] == (32, 1) and done["lambda_batcher"]["not_applied"] == []  # a 1 s window: > 10
+
+    refused = client.post("/admin/set_model_batching", json={"model_name": "mlp", "controller": "fixed"})
+    assert refused.status_code == 400 and refused.json()["cause"].startswith("batch_size")
+    assert client.post("/admin/set_model_batching", json={"model_name": "nope"}).status_code == 404

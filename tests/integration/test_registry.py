@@ -45,8 +45,10 @@ def test_unshaped_app_and_not_found(registry):
 
 def test_duplicate_app_is_a_conflict(registry):
     registry.put_app(digits_app())
-    with pytest.raises(Conflict):
+    with pytest.raises(Conflict) as refused:
         registry.put_app(digits_app(latency_slo_micros=5))
+    assert str(refused.value).endswith("application digits already exists")  # not the internal key APP#digits
+    assert "APP#" not in str(refused.value)
     registry.put_app(digits_app(latency_slo_micros=5), overwrite=True)
     assert registry.get_app("digits").latency_slo_micros == 5
 

@@ -115,6 +115,14 @@ def test_queue_unavailable_gives_default(world):
     assert body["default"] and "queue unavailable" in body["default_explanation"]
 
 
+def test_a_version_registered_without_serving_resources_gives_default_naming_it(world):
+    processor, registry, queue, _, _ = world
+    registry.versions[("mlp", "1")] = model_version(queue_url="", endpoint="")
+    body = processor.predict("digits", {"input": one_hot(1)}).as_dict()
+    assert body["default"] and "registered without serving resources" in body["default_explanation"]
+    assert queue.sent == []
+
+
 def test_app_without_linked_model_gives_default(world):
     processor, registry, _, _, _ = world
     registry.links["digits"] = []

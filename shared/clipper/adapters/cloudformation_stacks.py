@@ -141,15 +141,31 @@ class CloudFormationModelStacks:
         return int(values.get("InitialInstanceCount", "1"))
 
     def scale(self, model: str, version: str, replicas: int) -> None:
+        self._update(model, version, _scale_parameters(replicas))
+
+    def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
+        """The Lambda batcher's event source mapping (BatchSize, MaximumBatchingWindowInSeconds) of a version;
+        False when the version has no Lambda batcher (nothing changed)."""
+        stack = self._describe(self.stack_name(model, version))
+        values = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+        if values.get("LambdaBatcher") != "true":
+            return False
+        self._update(
+            model,
+            version,
+            {"BatchSize": str(batch_size), "MaximumBatchingWindowInSeconds": str(window_s)},
+        )
+        return True
+
+    def _update(self, model: str, version: str, wanted: dict[str, str]) -> None:
         name = self.stack_name(model, version)
         stack = self._describe(name)
         if stack["StackStatus"].endswith("_IN_PROGRESS"):  # an update takes minutes; CloudFormation queues none
-            raise Conflict(f"model stack {name} is {stack['StackStatus']}; scale it again when that ends")
+            raise Conflict(f"model stack {name} is {stack['StackStatus']}; try again when that ends")
         current = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
-        wanted = _scale_parameters(replicas)
         if all(current.get(k) == v for k, v in wanted.items()):
             return  # nothing to update (CloudFormation refuses an update that changes nothing)
-        # only the replica parameters change: the version keeps the image, instance type and the rest it has
+        # only these parameters change: the version keeps the image, instance type and the rest it has
         # (given back as values: moto's UsePreviousValue knows only the parameters passed at creation)
         parameters = [{"ParameterKey": k, "ParameterValue": v} for k, v in {**current, **wanted}.items()]
         request: dict[str, Any] = {

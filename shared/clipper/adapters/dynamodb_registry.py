@@ -57,6 +57,17 @@ _ARTIFACT_ATTRS = ("status", "artifact", "artifact_version_id", "sha256", "etag"
 _REJECTED_ATTRS = ("status", "reasons", "rejected_at", "artifact", "artifact_version_id", "sha256", "etag", "size")
 
 
+def _describe(item: dict[str, Any]) -> str:
+    """What an item is, in the API's words (never its internal key)."""
+    pk, sk = item["pk"]["S"], item["sk"]["S"]
+    kind, _, name = pk.partition("#")
+    if kind == "APP" and sk == "APP":
+        return f"application {name}"
+    if kind == "MODEL" and sk.startswith("VERSION#"):
+        return f"model version {name}:{sk.removeprefix('VERSION#')}"
+    return f"{kind.lower()} {name}"
+
+
 def _batching_attr(b: BatchingSettings) -> dict[str, Any]:
     return {
         "M": {
@@ -204,7 +215,7 @@ class DynamoDBRegistry:
             self._client.put_item(**kwargs)
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
-                raise Conflict(f"{item['pk']['S']} {item['sk']['S']} already exists") from e
+                raise Conflict(_describe(item) + " already exists") from e
             raise translate(e, "dynamodb.PutItem(registry)") from e
         except BotoCoreError as e:
             raise translate(e, "dynamodb.PutItem(registry)") from e

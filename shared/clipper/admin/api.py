@@ -1,6 +1,8 @@
 """The management API over HTTP: ``POST /admin/<operation>`` with Clipper's operation names and JSON
-bodies. Locally it requires ``Authorization: Bearer <token>`` (``CLIPPER_ADMIN_TOKEN``); on AWS the
-routes are IAM-authorised by API Gateway (``CLIPPER_ADMIN_AUTH=iam``)."""
+bodies. Locally it requires ``Authorization: Bearer <token>`` (``CLIPPER_ADMIN_TOKEN``), or the same token as
+the password of HTTP Basic credentials (any user name: what clipper_admin sends when its admin address carries
+them, ``clipper.compat.clipper_admin``); on AWS the routes are IAM-authorised by API Gateway
+(``CLIPPER_ADMIN_AUTH=iam``)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
 
 from clipper.admin import schemas
 from clipper.admin.service import AdminService
@@ -40,14 +42,19 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
         redoc_url=None,
     )
     bearer = HTTPBearer(auto_error=False)
+    basic = HTTPBasic(auto_error=False)
 
-    def authorise(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
+    def authorise(
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+        user: HTTPBasicCredentials | None = Depends(basic),  # noqa: B008
+    ) -> None:
         if auth == "iam":
             return  # API Gateway checked the caller's IAM signature before the request got here
-        if credentials is None:
+        given = credentials.credentials if credentials is not None else user.password if user is not None else None
+        if given is None:
             raise _Refused(401, "missing credentials: send Authorization: Bearer <CLIPPER_ADMIN_TOKEN>")
-        if not token or not secrets.compare_digest(credentials.credentials, token):
-            raise _Refused(403, "the bearer token is not the admin token")
+        if not token or not secrets.compare_digest(given.encode(), token.encode()):
+            raise _Refused(403, "the credentials are not the admin token")
 
     @app.exception_handler(_Refused)
     async def refused(_: Request, e: _Refused) -> JSONResponse:
@@ -68,10 +75,20 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
 
     guard = [Depends(authorise)]
 
-    def op(name: str, summary: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        return app.post(f"/admin/{name}", dependencies=guard, summary=summary, tags=["admin"])
+    # every operation may answer these, with Clipper's error body
+    errors: dict[int | str, dict[str, Any]] = {
+        400: {"model": schemas.ErrorBody, "description": "invalid input (the cause names the field)"},
+        401: {"model": schemas.ErrorBody, "description": "no credentials"},
+        403: {"model": schemas.ErrorBody, "description": "not the admin token"},
+        404: {"model": schemas.ErrorBody, "description": "unknown application, model, version or replica"},
+        409: {"model": schemas.ErrorBody, "description": "conflict (a duplicate, or a stack being updated)"},
+        503: {"model": schemas.ErrorBody, "description": "a dependency (registry, stacks, bucket) is unavailable"},
+    }
 
-    @app.get("/admin/ping", dependencies=guard, tags=["admin"], summary="Is the management API up")
+    def op(name: str, summary: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        return app.post(f"/admin/{name}", dependencies=guard, summary=summary, tags=["admin"], responses=errors)
+
+    @app.get("/admin/ping", dependencies=guard, tags=["admin"], summary="Is the management API up", responses=errors)
     def ping() -> dict[str, str]:
         return {"status": "pong"}
 
@@ -150,6 +167,22 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
     @op("get_linked_models", "The models linked to an application")
     def get_linked_models(body: schemas.AppName) -> list[str]:
         return service.get_linked_models(body.app_name)
+
+    @op("get_all_containers", "Clipper's model containers: one per replica of each served version")
+    def get_all_containers(body: schemas.Verbose) -> list[Any]:
+        return service.get_all_containers(body.verbose)
+
+    @op("get_container", "One model replica (Clipper's container)")
+    def get_container(body: schemas.Replica) -> dict[str, Any]:
+        return service.get_container(body.model_name, body.model_version, body.replica_id)
+
+    @op("set_model_batching", "How a model's batcher cuts batches (controller, sizes, batch wait)")
+    def set_model_batching(body: schemas.ModelBatching) -> dict[str, Any]:
+        return service.set_model_batching(body)
+
+    @op("get_model_batching", "A model's batching settings")
+    def get_model_batching(body: schemas.ModelName) -> dict[str, Any]:
+        return service.get_model_batching(body.model_name)
 
     @op("get_state", "Applications, models, versions and links")
     def get_state(body: schemas.Verbose) -> dict[str, Any]:

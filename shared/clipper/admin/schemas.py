@@ -14,6 +14,13 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ErrorBody(BaseModel):
+    """Every refusal: what kind, and the cause naming the field or the thing."""
+
+    error: str
+    cause: str
+
+
 class AddApp(Body):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     input_type: InputTypeName
@@ -66,6 +73,11 @@ class AddModel(Body):
     auto_promote: bool | None = Field(
         None, description="make each version registered from an upload active (unset: leave the setting as is)"
     )
+    # Clipper's add_model fields (clipper_admin's register_model sends them): accepted; container_name is answered
+    # back, batch_size > 0 fixes the model's batch size (set_model_batching), -1 leaves batching adaptive.
+    container_name: str | None = Field(None, description="Clipper's model container image (recorded, not run)")
+    model_data_path: str | None = Field(None, description="Clipper's (deprecated there too): ignored")
+    batch_size: int | None = Field(None, ge=-1, description="Clipper's: > 0 fixes the batch size, -1 adapts")
 
 
 class AutoPromote(Body):
@@ -85,3 +97,17 @@ class UploadTarget(Body):
 
 class Verbose(Body):
     verbose: bool = False
+
+
+class Replica(Body):
+    model_name: str
+    model_version: str
+    replica_id: int = Field(ge=0)
+
+
+class ModelBatching(Body):
+    model_name: str
+    controller: Literal["aimd", "quantile", "fixed"] = "aimd"
+    batch_size: int = Field(0, ge=0, description="the fixed controller's size (0 otherwise)")
+    max_batch_size: int = Field(256, ge=1, le=10_000, description="the adaptive size's upper bound")
+    batch_wait_ms: float = Field(1.0, ge=0, le=1_000, description="how long a batch waits for more after its first")

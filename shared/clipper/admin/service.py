@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from clipper.admin import schemas
-from clipper.core.domain import Application, InputType, Model, ModelRecord, ModelVersion
+from clipper.admin.batching import set_model_batching
+from clipper.admin.views import app_info, rejection, replicas, version_info
+from clipper.core.domain import Application, BatchingSettings, InputType, Model, ModelRecord, ModelVersion
 from clipper.errors import ClipperError, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import ServingStacks
 
@@ -19,7 +21,13 @@ class AdminRegistry(Protocol):
     def app_and_links(self, name: str) -> tuple[Application, list[str]]: ...
     def model_and_versions(self, name: str) -> tuple[Model, dict[str, ModelVersion]]: ...
     def model_record(self, name: str) -> ModelRecord: ...
-    def set_model_settings(self, model: str, auto_promote: bool | None = None, replicas: int | None = None) -> None: ...
+    def set_model_settings(
+        self,
+        model: str,
+        auto_promote: bool | None = None,
+        replicas: int | None = None,
+        batching: BatchingSettings | None = None,
+    ) -> None: ...
     def put_app(self, app: Application, overwrite: bool = False) -> None: ...
     def link(self, app: str, model: str) -> None: ...
     def unlink(self, app: str, model: str) -> None: ...
@@ -30,23 +38,6 @@ class AdminRegistry(Protocol):
     def model_names(self) -> list[str]: ...
     def delete_app(self, name: str) -> None: ...
     def delete_version(self, model: str, version: str) -> None: ...
-
-
-def app_info(app: Application, links: list[str]) -> dict[str, Any]:
-    info = asdict(app)
-    info["input_type"] = app.input_type.value
-    info["input_shape"] = list(app.input_shape) if app.input_shape else None
-    info["linked_models"] = links
-    return info
-
-
-def version_info(mv: ModelVersion, active: str) -> dict[str, Any]:
-    info = asdict(mv)
-    info["input_type"] = mv.input_type.value
-    info["input_shape"] = list(mv.input_shape) if mv.input_shape else None
-    info["labels"] = list(mv.labels)
-    info["is_current_version"] = mv.version == active
-    return info
 
 
 class ServingProbe(Protocol):
@@ -130,10 +121,12 @@ class AdminService:
         if req.model_version in versions:
             raise InvalidInput("model_version", f"a new version of {req.model_name}", f"{req.model_version} exists")
         current = versions.get(head.active_version) if head else None
-        queue_url = req.queue_url or (current.queue_url if current else None)
-        endpoint = req.endpoint or (current.endpoint if current else None)
-        if not queue_url or not endpoint:
-            raise InvalidInput("queue_url", "the serving resources of the first version (queue_url and endpoint)")
+        queue_url = req.queue_url or (current.queue_url if current else "")
+        endpoint = req.endpoint or (current.endpoint if current else "")
+        if bool(queue_url) != bool(endpoint):
+            raise InvalidInput("queue_url", "both queue_url and endpoint, or neither", "one of them")
+        # Neither, for a new model: registered without serving resources, as Clipper's register_model does
+        # (queries answer the default with that cause until a model file is deployed for it).
         mv = ModelVersion(
             req.model_name,
             req.model_version,
@@ -145,10 +138,14 @@ class AdminService:
         )
         for app in self._apps_linked_to(req.model_name):
             self._check_compatible(app, mv, "input_type")
+        fixed = req.batch_size or 0  # Clipper's batch_size: > 0 fixes it, -1 adapts
+        batching = BatchingSettings("fixed", fixed, max(fixed, 256)) if fixed > 0 else None
+        if batching is not None and batching.problems():
+            raise InvalidInput("batch_size", "at most 10000 (or -1: adaptive)", str(fixed))
         self._registry.put_version(mv, activate=req.activate or head is None)
-        if req.auto_promote is not None:
-            self._registry.set_model_settings(req.model_name, auto_promote=req.auto_promote)
-        return version_info(mv, mv.version if (req.activate or head is None) else head.active_version)
+        if req.auto_promote is not None or batching is not None:
+            self._registry.set_model_settings(req.model_name, auto_promote=req.auto_promote, batching=batching)
+        return version_info(mv, mv.version if (req.activate or head is None) else head.active_version, batching)
 
     def get_model(self, model: str, version: str) -> dict[str, Any]:
         """A registered version (with its artifact, and the rejection of a later upload of it, if any); a
@@ -160,12 +157,12 @@ class AdminService:
         rejected = record.rejected.get(version) if record else None
         if record is None or version not in record.versions:
             if rejected is not None:
-                return {"model_name": model, "model_version": version, "status": "rejected", **_rejection(rejected)}
+                return {"model_name": model, "model_version": version, "status": "rejected", **rejection(rejected)}
             raise NotFound("model version", f"{model}:{version}")
-        info = version_info(record.versions[version], record.head.active_version)
+        info = version_info(record.versions[version], record.head.active_version, record.batching)
         info |= {"status": "registered", **record.artifacts.get(version, {})}
         if rejected is not None:
-            info["rejected_upload"] = _rejection(rejected)
+            info["rejected_upload"] = rejection(rejected)
         return info
 
     def set_auto_promote(self, model: str, on: bool) -> dict[str, Any]:
@@ -215,12 +212,36 @@ class AdminService:
     def get_all_models(self, verbose: bool = False) -> list[Any]:
         out: list[Any] = []
         for name in self._registry.model_names():
-            head, versions = self._registry.model_and_versions(name)
+            record = self._registry.model_record(name)
             if verbose:
-                out.extend(version_info(v, head.active_version) for v in versions.values())
+                out.extend(
+                    version_info(v, record.head.active_version, record.batching) for v in record.versions.values()
+                )
             else:
-                out.extend(f"{name}:{v}" for v in versions)
+                out.extend(f"{name}:{v}" for v in record.versions)
         return out
+
+    # -- replicas, as Clipper lists its model containers -------------------------------------------------
+    def get_all_containers(self, verbose: bool = False) -> list[Any]:
+        """Clipper's model containers: one per replica of each served version (``name:version:replica``)."""
+        out: list[Any] = []
+        for name in self._registry.model_names():
+            listed = replicas(self._registry.model_record(name))
+            out.extend(r if verbose else f"{r['model_id']}:{r['model_replica_id']}" for r in listed)
+        return out
+
+    def get_container(self, model: str, version: str, replica_id: int) -> dict[str, Any]:
+        for r in replicas(self._registry.model_record(model)):  # NotFound
+            if r["model_version"] == version and r["model_replica_id"] == replica_id:
+                return r
+        raise NotFound("model replica", f"{model}:{version}:{replica_id}")
+
+    # -- batching --------------------------------------------------------------------------------------
+    def set_model_batching(self, req: schemas.ModelBatching) -> dict[str, Any]:
+        return set_model_batching(self._registry, self._stacks, req)
+
+    def get_model_batching(self, model: str) -> dict[str, Any]:
+        return {"model_name": model, "batching": self._registry.model_record(model).batching.to_dict()}
 
     def set_model_version(self, model: str, version: str) -> dict[str, Any]:
         head, versions = self._registry.model_and_versions(model)
@@ -292,11 +313,12 @@ class AdminService:
                 "active_version": head.active_version,
                 "auto_promote": record.auto_promote,
                 "num_replicas": record.replicas,
+                "batching": record.batching.to_dict(),
                 "linked_apps": record.linked_apps,
                 "versions": {
                     v: version_info(mv, head.active_version) | record.artifacts.get(v, {}) for v, mv in versions.items()
                 },
-                "rejected": {v: _rejection(r) for v, r in record.rejected.items()},
+                "rejected": {v: rejection(r) for v, r in record.rejected.items()},
             }
             active = versions.get(head.active_version)
             if self._probe is not None and active is not None:
@@ -339,7 +361,3 @@ class AdminService:
                 f"a model of input shape {list(app.input_shape)} like application {app.name}",
                 f"{mv.name}:{mv.version} has {list(mv.input_shape)}",
             )
-
-
-def _rejection(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: item[k] for k in ("reasons", "rejected_at", "artifact", "sha256", "etag") if k in item}

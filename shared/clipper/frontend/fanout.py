@@ -214,6 +214,9 @@ class Gatherer:
         messages: list[tuple[ModelAnswer, list[int], str]] = []
         for a, rows in outgoing:
             m = a.model
+            if not m.queue_url:
+                a.problem = f"model {m.name}:{m.version}: registered without serving resources (deploy a model file)"
+                continue
             try:
                 body, a.sent_ms = self._message(app, m, _take(query.rows, rows), query_id, fan)
             except Unavailable as e:

@@ -34,6 +34,10 @@ class ServingStacks(Protocol):
         """Set the number of serving instances of a version."""
         ...
 
+    def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
+        """Set a version's Lambda batcher's batch size and batching window; False when it has none."""
+        ...
+
     def delete(self, model: str, version: str) -> None: ...
 
 

@@ -1,0 +1,61 @@
+"""``set_model_batching``: a model's batching settings, stored for its long-poll batchers (they follow the registry)
+and mapped onto each version's Lambda batcher (its SQS event source mapping), saying what the mapping cannot take."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from clipper.admin import schemas
+from clipper.core.domain import BatchingSettings, ModelRecord
+from clipper.errors import InvalidInput, NotFound
+from clipper.models.serving import ServingStacks
+
+
+class BatchingRegistry(Protocol):
+    def model_record(self, name: str) -> ModelRecord: ...
+
+    def set_model_settings(self, model: str, *, batching: BatchingSettings | None = None) -> None: ...
+
+
+def set_model_batching(
+    registry: BatchingRegistry, stacks: ServingStacks | None, req: schemas.ModelBatching
+) -> dict[str, Any]:
+    """Store a model's batching settings (its long-poll batchers follow them within their refresh), and map
+    what the Lambda batcher can take onto each version's event source mapping."""
+    settings = BatchingSettings(req.controller, req.batch_size, req.max_batch_size, req.batch_wait_ms)
+    problems = settings.problems()
+    if problems:
+        field, _, why = problems[0].partition(": ")
+        raise InvalidInput(field, why)
+    record = registry.model_record(req.model_name)  # NotFound
+    registry.set_model_settings(req.model_name, batching=settings)
+    size = settings.batch_size if settings.controller == "fixed" else settings.max_batch_size
+    window = 1 if settings.batch_wait_ms >= 1000 else 0
+    size = min(size, 10_000 if window else 10)  # SQS: a BatchSize over 10 needs a window of 1 s or more
+    applied: list[str] = []
+    without: list[str] = []
+    for version in record.versions:
+        try:
+            changed = stacks is not None and stacks.set_batching(req.model_name, version, size, window)
+        except NotFound:
+            changed = False
+        (applied if changed else without).append(version)
+    not_applied = []
+    if applied:
+        if settings.controller != "fixed":
+            not_applied.append(
+                f"controller {settings.controller}: the mapping delivers what is queued, up to BatchSize"
+            )
+        if 0 < settings.batch_wait_ms < 1000:
+            not_applied.append("batch_wait_ms: the mapping's batching window is whole seconds (0 here)")
+    return {
+        "model_name": req.model_name,
+        "batching": settings.to_dict(),
+        "lambda_batcher": {
+            "versions": applied,
+            "BatchSize": size,
+            "MaximumBatchingWindowInSeconds": window,
+            "not_applied": not_applied,
+        },
+        "versions_without_lambda_batcher": without,
+    }

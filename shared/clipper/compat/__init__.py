@@ -1,0 +1,1 @@
+"""Clipper compatibility: the real clipper_admin client against this stack."""
