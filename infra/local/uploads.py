@@ -68,9 +68,9 @@ class UploadDispatcher(threading.Thread):
 
 
 def connect_uploads(stack: str, bucket: str) -> str:
-    """Make the model bucket emit EventBridge events (moto's CloudFormation drops the template's
-    EventBridgeConfiguration) and add a local SQS queue as a target of template.yaml's ModelUpload rule;
-    return the queue's URL. Run again after moto restarted."""
+    """Make the model bucket emit EventBridge events and keep versions (moto's CloudFormation drops the template's
+    EventBridgeConfiguration and VersioningConfiguration) and add a local SQS queue as a target of template.yaml's
+    ModelUpload rule; return the queue's URL. Run again after moto restarted."""
     import boto3
 
     from infra.local.cfn import stack_resources
@@ -78,6 +78,9 @@ def connect_uploads(stack: str, bucket: str) -> str:
     cfn, s3, sqs, events = (boto3.client(s) for s in ("cloudformation", "s3", "sqs", "events"))
     rule = stack_resources(cfn, stack)["ModelUpdaterFunctionModelUpload"]
     s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={"EventBridgeConfiguration": {}})
+    # ... and its VersioningConfiguration: with it, each upload's event names its version id, which the updater
+    # reads the object by and records (artifact_version_id), as on AWS
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     queue_url: str = sqs.create_queue(QueueName=f"{stack}-local-model-uploads")["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     # moto delivers to a rule's targets in order and stops at the first it cannot serve (a Lambda function),

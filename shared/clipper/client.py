@@ -211,8 +211,13 @@ class ClipperConnection:
         """Whether a version registered from an upload becomes the active version at once."""
         return self._call("set_auto_promote", {"model_name": name, "auto_promote": auto_promote})
 
-    def get_upload_url(self, name: str, version: str) -> Any:
-        return self._call("get_upload_url", {"model_name": name, "model_version": version})
+    def get_upload_url(self, name: str, version: str, promote: bool | None = None) -> Any:
+        """A presigned PUT of the version's model file; ``promote`` (sent as the object's metadata: the PUT must
+        send the answer's ``headers``) wins over the model's auto_promote."""
+        body: dict[str, Any] = {"model_name": name, "model_version": version}
+        if promote is not None:
+            body["promote"] = promote
+        return self._call("get_upload_url", body)
 
     # -- deployers -------------------------------------------------------------------------------------
     def deploy_sklearn_model(
@@ -289,10 +294,12 @@ class ClipperConnection:
 
         checked = check_on_sample(data, sample)
         _say(progress, f"checked on {checked.rows} sample rows: {checked.outputs[:5]}")
-        target = self.get_upload_url(name, version)
+        target = self.get_upload_url(name, version, promote)
         _say(progress, f"uploading {len(data)} bytes to s3://{target['bucket']}/{target['key']}")
         req = urllib.request.Request(target["url"], data=data, method="PUT")
         req.add_header("Content-Type", "application/octet-stream")
+        for header, value in target.get("headers", {}).items():
+            req.add_header(header, value)
         try:
             with urllib.request.urlopen(req, timeout=max(self._timeout, 120)) as resp:
                 etag = resp.headers.get("ETag", "").strip('"')

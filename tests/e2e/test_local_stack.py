@@ -185,6 +185,7 @@ def register_and_upload(url: str, token: str, model: Any, x: np.ndarray) -> None
     conn.register_application("persist", "floats", "-1", 2_000_000, input_shape=[64])
     info = conn.deploy_sklearn_model("persist-lr", "1", model, "floats", x[:2])
     assert info["is_current_version"] and info["artifact"].startswith("s3://")
+    assert info["artifact_version_id"]  # the bucket keeps versions, as template.yaml declares
     conn.link_model_to_app("persist", "persist-lr")
     rows = x[:4]
     assert [post(f"{url}/persist/predict", {"input": r.tolist()})[1]["output"] for r in rows] == model.predict(

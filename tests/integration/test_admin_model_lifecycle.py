@@ -233,3 +233,28 @@ def test_upload_urls_without_a_model_bucket_are_unavailable_not_a_bad_request(wo
     resp = admin.post("/admin/get_upload_url", json={"model_name": "mlp", "model_version": "7"})
 
     assert resp.status_code == 503 and "CLIPPER_MODEL_BUCKET" in resp.text
+
+
+def test_an_explicit_promote_of_the_uploader_wins_over_auto_promote(world):
+    """deploy --no-promote / promote=False: the upload URL signs the wish in as object metadata, and the updater
+    follows it over the model's auto_promote (and promote=True activates without auto_promote)."""
+    demo, admin, aws = world["demo"], world["admin"], world["aws"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    ok(admin.post("/admin/set_auto_promote", json={"model_name": "mlp", "auto_promote": True}))
+    target = ok(admin.post("/admin/get_upload_url", json={"model_name": "mlp", "model_version": "2", "promote": False}))
+    assert target["headers"] == {"x-amz-meta-clipper-promote": "false"}
+    assert "x-amz-meta-clipper-promote" in target["url"]  # signed in: a PUT without the header is refused by S3
+
+    def put(version: str, wish: str, source: str) -> Any:
+        key = f"models/mlp/{version}/model.onnx"
+        data = (demo / source / "1" / "model.onnx").read_bytes()
+        done = aws.s3.put_object(Bucket=aws.bucket, Key=key, Body=data, Metadata={"clipper-promote": wish})
+        return world["updater"].handle_object(aws.bucket, key, len(data), done["ETag"], done.get("VersionId"))
+
+    assert put("2", "false", "logreg").promoted is False
+    assert world["registry"].model_and_versions("mlp")[0].active_version == "1"
+    ok(admin.post("/admin/set_auto_promote", json={"model_name": "mlp", "auto_promote": False}))
+    assert put("3", "true", "logreg").promoted is True
+    assert world["registry"].model_and_versions("mlp")[0].active_version == "3"
+    plain = ok(admin.post("/admin/get_upload_url", json={"model_name": "mlp", "model_version": "4"}))
+    assert plain["headers"] == {}

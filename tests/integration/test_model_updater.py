@@ -16,7 +16,14 @@ import pytest
 from clipper.adapters.clock import SystemClock
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.errors import NotFound, Unavailable
-from clipper.models.updater import DynamoDBUpdaterRegistry, ModelUpdater, ModelView, S3ArtifactStore, Upload
+from clipper.models.updater import (
+    Artifact,
+    DynamoDBUpdaterRegistry,
+    ModelUpdater,
+    ModelView,
+    S3ArtifactStore,
+    Upload,
+)
 from tests.events import EVENTS, LambdaContext
 from tests.fakes import digits_app, model_version
 from tests.integration.conftest import AwsWorld
@@ -312,7 +319,7 @@ class FlakyStore:
     def __init__(self, inner: S3ArtifactStore, failing_key: str, error: Exception) -> None:
         self.inner, self.failing_key, self.error = inner, failing_key, error
 
-    def read(self, upload: Upload) -> bytes:
+    def read(self, upload: Upload) -> Artifact:
         if upload.key == self.failing_key:
             raise self.error
         return self.inner.read(upload)

@@ -19,9 +19,11 @@ class S3ModelUploads:
         self._client = client
         self.bucket = bucket
 
-    def upload_url(self, key: str, expires_s: int) -> str:
+    def upload_url(self, key: str, expires_s: int, metadata: dict[str, str] | None = None) -> str:
+        """``metadata`` is signed into the URL: the PUT must send each as an ``x-amz-meta-<key>`` header."""
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if metadata:
+            params["Metadata"] = metadata
         with aws_call("s3.PresignPutObject(model)"):
-            url: str = self._client.generate_presigned_url(
-                "put_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s
-            )
+            url: str = self._client.generate_presigned_url("put_object", Params=params, ExpiresIn=expires_s)
         return url

@@ -154,7 +154,7 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
 
     @op("get_upload_url", "A presigned URL to PUT models/<name>/<version>/model.onnx (the deployers' upload)")
     def get_upload_url(body: schemas.UploadTarget) -> dict[str, Any]:
-        return service.get_upload_url(body.model_name, body.model_version)
+        return service.get_upload_url(body.model_name, body.model_version, promote=body.promote)
 
     @op("add_model_links", "Link models to an application")
     def add_model_links(body: schemas.Links) -> dict[str, Any]:

@@ -93,6 +93,11 @@ class Replicas(Body):
 class UploadTarget(Body):
     model_name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")
     model_version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    promote: bool | None = Field(
+        None,
+        description="false: register the upload without making it active, whatever the model's auto_promote; "
+        "true: make it active; unset: the model's auto_promote decides. The PUT must send the answer's headers",
+    )
 
 
 class Verbose(Body):

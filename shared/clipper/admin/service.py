@@ -14,7 +14,7 @@ from clipper.admin.batching import set_model_batching
 from clipper.admin.views import app_info, rejection, replicas, version_info
 from clipper.core.domain import Application, BatchingSettings, InputType, Model, ModelRecord, ModelVersion
 from clipper.errors import ClipperError, InvalidInput, NotFound, Unavailable
-from clipper.models.serving import ServingStacks
+from clipper.models.serving import PROMOTE_METADATA, ServingStacks
 
 
 class AdminRegistry(Protocol):
@@ -53,7 +53,7 @@ class ModelUploads(Protocol):
 
     bucket: str
 
-    def upload_url(self, key: str, expires_s: int) -> str: ...
+    def upload_url(self, key: str, expires_s: int, metadata: dict[str, str] | None = None) -> str: ...
 
 
 class AdminService:
@@ -202,12 +202,26 @@ class AdminService:
         with contextlib.suppress(NotFound):
             self._stacks.delete(model, gone.version)
 
-    def get_upload_url(self, model: str, version: str, expires_s: int = 900) -> dict[str, Any]:
+    def get_upload_url(
+        self, model: str, version: str, expires_s: int = 900, promote: bool | None = None
+    ) -> dict[str, Any]:
+        """A presigned PUT of the version's model file; with ``promote``, the object carries the wish as metadata
+        (signed into the URL: the PUT must send ``headers``), which the model updater follows over the model's
+        auto_promote."""
         if self._uploads is None:
             raise Unavailable("model uploads: this deployment has no model bucket (CLIPPER_MODEL_BUCKET is not set)")
         key = f"models/{model}/{version}/model.onnx"
-        url = self._uploads.upload_url(key, expires_s)
-        return {"url": url, "method": "PUT", "bucket": self._uploads.bucket, "key": key, "expires_s": expires_s}
+        metadata = None if promote is None else {PROMOTE_METADATA: "true" if promote else "false"}
+        url = self._uploads.upload_url(key, expires_s, metadata)
+        headers = {f"x-amz-meta-{k}": v for k, v in (metadata or {}).items()}
+        return {
+            "url": url,
+            "method": "PUT",
+            "headers": headers,
+            "bucket": self._uploads.bucket,
+            "key": key,
+            "expires_s": expires_s,
+        }
 
     def get_all_models(self, verbose: bool = False) -> list[Any]:
         out: list[Any] = []

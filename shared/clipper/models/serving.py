@@ -25,6 +25,11 @@ class Serving:
     endpoint: str  # URL or sagemaker:<endpoint name>
 
 
+# An uploaded model file's S3 metadata key: "false" registers it inactive, "true" activates it (get_upload_url's
+# promote), over the model's auto_promote.
+PROMOTE_METADATA = "clipper-promote"
+
+
 class ServingStacks(Protocol):
     def create(self, model: str, version: str, artifact: str, replicas: int) -> Serving:
         """Create (or find, when it exists already) the version's serving resources; return their addresses."""

@@ -48,7 +48,7 @@ from clipper.adapters.aws_errors import aws_call, error_code, translate
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.core.domain import Application, ModelVersion
 from clipper.errors import Conflict, NotFound, Throttled, Unavailable
-from clipper.models.serving import ServingStacks
+from clipper.models.serving import PROMOTE_METADATA, ServingStacks
 from clipper.models.validation import Signature, validate_model
 from clipper.ports import Clock
 
@@ -145,8 +145,14 @@ class UpdaterRegistry(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Artifact:
+    data: bytes
+    promote: bool | None = None  # the uploader's wish (the object's clipper-promote metadata), over auto_promote
+
+
 class ArtifactStore(Protocol):
-    def read(self, upload: Upload) -> bytes:
+    def read(self, upload: Upload) -> Artifact:
         """Exactly the uploaded bytes; ``NotFound`` when that object is gone or was replaced."""
         ...
 
@@ -177,7 +183,8 @@ class ModelUpdater:
         if size > self._max_bytes:
             return self._reject(up, "", None, f"the file has {size} bytes, over the limit of {self._max_bytes}")
         try:
-            data = self._store.read(up)
+            artifact = self._store.read(up)
+            data = artifact.data
         except NotFound:
             return _outcome(up, "ignored", ("the object is gone or was replaced since the event",))
         digest = hashlib.sha256(data).hexdigest()
@@ -192,14 +199,20 @@ class ModelUpdater:
                 return self._reject(up, digest, result.signature, why)
             if not result.ok or result.signature is None:
                 return self._reject(up, digest, result.signature, *result.reasons)
-            outcome = self._register(up, view, digest, result.signature, apps)
+            outcome = self._register(up, view, digest, result.signature, apps, artifact.promote)
             if outcome is not None:
                 return outcome
             view = self._registry.model_view(up.model, up.version)
         raise Conflict(f"{up.model}:{up.version}: the registry kept changing during the update")
 
     def _register(
-        self, up: Upload, view: ModelView, digest: str, sig: Signature, apps: list[Application]
+        self,
+        up: Upload,
+        view: ModelView,
+        digest: str,
+        sig: Signature,
+        apps: list[Application],
+        wish: bool | None = None,
     ) -> Outcome | None:
         current = view.active
         input_type = sig.input_type([current.input_type] if current else [a.input_type for a in apps])
@@ -217,7 +230,8 @@ class ModelUpdater:
         shape = sig.fixed_row_shape or next((a.input_shape for a in apps if a.input_shape), None)
         labels = current.labels if current else ()
         mv = ModelVersion(up.model, up.version, input_type, queue_url, endpoint, shape, labels)
-        promote = view.exists and view.auto_promote
+        # an explicit wish of the uploader wins over the model's setting; a new model's first version is active
+        promote = view.exists and (view.auto_promote if wish is None else wish)
         record = ArtifactRecord(up, digest, sig, int(self._clock.now()), promoted=promote)
         try:
             self._registry.register(mv, record, create_model=not view.exists)
@@ -259,17 +273,19 @@ class S3ArtifactStore:
     def __init__(self, client: S3Client) -> None:
         self._client = client
 
-    def read(self, upload: Upload) -> bytes:
+    def read(self, upload: Upload) -> Artifact:
         pin = {"VersionId": upload.version_id} if upload.version_id else {"IfMatch": f'"{upload.etag}"'}
         try:
-            data: bytes = self._client.get_object(Bucket=upload.bucket, Key=upload.key, **pin)["Body"].read()
+            got = self._client.get_object(Bucket=upload.bucket, Key=upload.key, **pin)
+            data: bytes = got["Body"].read()
+            wish = got.get("Metadata", {}).get(PROMOTE_METADATA)
         except ClientError as e:
             if error_code(e) in {"NoSuchKey", "NoSuchVersion", "PreconditionFailed", "404", "412"}:
                 raise NotFound("model artifact", f"s3://{upload.bucket}/{upload.key}") from e
             raise translate(e, "s3.GetObject(model)") from e
         except BotoCoreError as e:
             raise translate(e, "s3.GetObject(model)") from e
-        return data
+        return Artifact(data, None if wish not in ("true", "false") else wish == "true")
 
 
 def _record_attrs(r: ArtifactRecord) -> dict[str, Any]:
