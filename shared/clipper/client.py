@@ -37,7 +37,7 @@ class AdminError(ClipperError):
     """The management API refused a call; ``status`` is the HTTP status, ``cause`` names the problem."""
 
     def __init__(self, status: int, error: str, cause: str) -> None:
-        super().__init__(f"{status} {error}: {cause}")
+        super().__init__(cause if status == 0 else f"{status} {error}: {cause}")
         self.status = status
         self.cause = cause
 
@@ -75,7 +75,7 @@ class ClipperConnection:
                 detail = {"error": e.reason, "cause": ""}
             raise AdminError(e.code, detail.get("error", ""), detail.get("cause", "")) from e
         except urllib.error.URLError as e:
-            raise AdminError(0, "unreachable", f"{self.url}: {e.reason}") from e
+            raise AdminError(0, "unreachable", f"no Clipper API answers at {self.url} ({e.reason})") from e
 
     # -- Clipper's names -------------------------------------------------------------------------------
     def get_query_addr(self) -> str:
@@ -210,6 +210,42 @@ class ClipperConnection:
     def set_auto_promote(self, name: str, auto_promote: bool = True) -> Any:
         """Whether a version registered from an upload becomes the active version at once."""
         return self._call("set_auto_promote", {"model_name": name, "auto_promote": auto_promote})
+
+    def set_model_batching(
+        self,
+        name: str,
+        controller: str | None = None,
+        batch_size: int | None = None,
+        max_batch_size: int | None = None,
+        batch_wait_ms: float | None = None,
+    ) -> Any:
+        """How the model's batchers cut batches: ``controller`` "aimd" (Clipper's), "quantile" or "fixed" (with
+        ``batch_size``), the adaptive size's ``max_batch_size``, the batch wait; unset ones keep their value."""
+        current = self.get_model_batching(name)["batching"]
+        given: dict[str, Any] = {"controller": controller, "batch_size": batch_size, "max_batch_size": max_batch_size}
+        given["batch_wait_ms"] = batch_wait_ms
+        body = {**current, **{k: v for k, v in given.items() if v is not None}, "model_name": name}
+        if body["controller"] != "fixed" and batch_size is None:
+            body["batch_size"] = 0
+        return self._call("set_model_batching", body)
+
+    def get_model_batching(self, name: str) -> Any:
+        return self._call("get_model_batching", {"model_name": name})
+
+    # -- queries ---------------------------------------------------------------------------------------
+    def predict(self, app: str, input: Any, uid: int | str | None = None, debug: bool = False) -> Any:
+        """One query (``input``: a list, a numpy array, a string, or bytes for a bytes app), or a batch when
+        ``input`` is a 2-D numpy array or a list of inputs given as ``batch(...)``. Answers the JSON response
+        (``output``, ``default``, ``default_explanation``...); a 4xx raises ``QueryError`` naming the field."""
+        from clipper.client_query import predict
+
+        return predict(self.url, app, input, uid, debug, self._timeout)
+
+    def update(self, app: str, input: Any, label: Any, uid: int | str | None = None) -> Any:
+        """Feedback for the bandit: the true ``label`` of an ``input`` this app (and ``uid``) was queried with."""
+        from clipper.client_query import update
+
+        return update(self.url, app, input, label, uid, self._timeout)
 
     def get_upload_url(self, name: str, version: str, promote: bool | None = None) -> Any:
         """A presigned PUT of the version's model file; ``promote`` (sent as the object's metadata: the PUT must

@@ -136,7 +136,7 @@ def test_deploy_query_roll_forward_by_upload_roll_back(stack, demo_models, state
     while not _rejected(conn, "4"):
         assert time.monotonic() < deadline, "the broken upload was not rejected"
         time.sleep(0.5)
-    state = json.loads(subprocess.run([*cli, "inspect"], capture_output=True, text=True, check=True).stdout)
+    state = json.loads(subprocess.run([*cli, "inspect", "--json"], capture_output=True, text=True, check=True).stdout)
     model = state["models"][MODEL]
     assert model["active_version"] == "1" and set(model["versions"]) == {"1", "2"} and model["linked_apps"] == [APP]
     assert model["rejected"]["3"]["reasons"] == list(rejected.value.reasons)

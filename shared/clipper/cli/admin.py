@@ -1,31 +1,16 @@
-"""``clipper``: the management API from the command line (the same operations as the Python client).
-
-export CLIPPER_URL=http://127.0.0.1:8080 CLIPPER_ADMIN_TOKEN=...    # make run prints both
-clipper apps
-clipper register-app sentiment strings "neutral" 100000
-clipper deploy mlp 2 build/models/mlp.onnx          # check, upload, wait for the updater, make it active
-clipper set-version mlp 2 && clipper rollback mlp
-clipper replicas mlp 2
-"""
+"""The management API's commands (the same operations as the Python client)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from clipper.client import AdminError, ClipperConnection
-from clipper.cost import cli as cost_cli
-from clipper.errors import ClipperError
+from clipper.client import ClipperConnection
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clipper", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", help="the API's address (default: $CLIPPER_URL)")
-    p.add_argument("--token", help="the admin token (default: $CLIPPER_ADMIN_TOKEN)")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("ping")
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub.add_parser("ping", help="is the management API up (and the token right)")
     sub.add_parser("apps", help="list applications").add_argument("-v", "--verbose", action="store_true")
     sub.add_parser("app", help="one application").add_argument("name")
     r = sub.add_parser("register-app", help="register an application")
@@ -40,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("policy", choices=["single", "epsilon_greedy", "exp3", "exp4"])
     sp.add_argument("--confidence-threshold", type=float)
     sp.add_argument("--default-when-unsure", action="store_true", default=None)
-    sub.add_parser("delete-app").add_argument("name")
+    sub.add_parser("delete-app", help="delete an application and its links").add_argument("name")
     sub.add_parser("models", help="list model versions").add_argument("-v", "--verbose", action="store_true")
     m = sub.add_parser("model", help="one model version")
     m.add_argument("name")
@@ -74,18 +59,23 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("name")
     sv.add_argument("version")
     sub.add_parser("rollback", help="return to the previously active version").add_argument("name")
-    dv = sub.add_parser("delete-version")
+    dv = sub.add_parser("delete-version", help="delete an inactive version (and its serving stack)")
     dv.add_argument("name")
     dv.add_argument("version")
-    for name in ("link", "unlink"):
-        lk = sub.add_parser(name)
+    for name, what in (("link", "link a model to an application"), ("unlink", "unlink a model from an application")):
+        lk = sub.add_parser(name, help=what)
         lk.add_argument("app")
         lk.add_argument("model")
     sub.add_parser("linked", help="models linked to an application").add_argument("app")
-    sub.add_parser("inspect", help="applications, models, versions and links")
+    ins = sub.add_parser("inspect", help="applications, models, versions, links and local processes, as a table")
+    ins.add_argument("--json", action="store_true", help="everything, as JSON (for scripts)")
     sub.add_parser("metrics", help="the frontend's counters, meters and histograms, as a table")
-    cost_cli.add_parser(sub)
-    return p
+    bt = sub.add_parser("batching", help="a model's batching settings (set them with options)")
+    bt.add_argument("name")
+    bt.add_argument("--controller", choices=["aimd", "quantile", "fixed"])
+    bt.add_argument("--batch-size", type=int, help="the fixed controller's size")
+    bt.add_argument("--max-batch-size", type=int, help="the adaptive size's upper bound")
+    bt.add_argument("--batch-wait-ms", type=float, help="how long a batch waits for more after its first query")
 
 
 def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
@@ -142,7 +132,12 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         return conn.get_linked_models(args.app)
     if c == "metrics":
         return conn.get_metrics()
-    return conn.inspect_instance()
+    if c == "batching":
+        changes = {k: getattr(args, k) for k in ("controller", "batch_size", "max_batch_size", "batch_wait_ms")}
+        if all(v is None for v in changes.values()):
+            return conn.get_model_batching(args.name)
+        return conn.set_model_batching(args.name, **{k: v for k, v in changes.items() if v is not None})
+    raise SystemExit(f"clipper: unknown command {c}")
 
 
 def deploy(args: argparse.Namespace, conn: ClipperConnection) -> Any:
@@ -158,46 +153,22 @@ def deploy(args: argparse.Namespace, conn: ClipperConnection) -> Any:
     if args.file.endswith((".pkl", ".pickle", ".joblib")):
         if sample is None:
             raise SystemExit("clipper: a scikit-learn model needs --sample-npy (rows of its input)")
-        import pickle
-
-        with open(args.file, "rb") as f:
-            model = pickle.load(f)
+        model = load_estimator(args.file)
         return conn.deploy_sklearn_model(args.name, args.version, model, args.input_type, sample, **options)
     return conn.deploy_onnx_model(args.name, args.version, args.file, sample, args.input_type, **options)
 
 
-def metrics_table(report: dict[str, Any]) -> str:
-    """Clipper's metrics as text: one line a metric, its figures after the name."""
-    lines = []
-    for kind in ("counters", "meters", "histograms"):
-        for entry in report.get(kind, []):
-            for name, value in entry.items():
-                if isinstance(value, dict):
-                    figures = "  ".join(
-                        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items()
-                    )
-                else:
-                    figures = str(value)
-                lines.append(f"{kind[:-1]:<9} {name:<48} {figures}")
-    return "\n".join(lines) or "(no metrics yet)"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "cost":  # local: no API call
-        return cost_cli.run(args)
-    conn = ClipperConnection(args.url, args.token)
+def load_estimator(path: str) -> Any:
+    """A fitted scikit-learn model from a joblib file (.joblib) or a pickle (.pkl/.pickle); any failure is one
+    line naming the file (SystemExit)."""
     try:
-        result = run(args, conn)
-    except AdminError as e:
-        print(f"clipper: {e}", file=sys.stderr)
-        return 2 if e.status >= 400 else 1
-    except ClipperError as e:  # a deployment that failed its check or was rejected
-        print(f"clipper: {e}", file=sys.stderr)
-        return 3
-    print(metrics_table(result) if args.command == "metrics" else json.dumps(result, indent=2))
-    return 0
+        if path.endswith(".joblib"):
+            import joblib
 
+            return joblib.load(path)
+        import pickle
 
-if __name__ == "__main__":
-    sys.exit(main())
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception as e:  # unpickling runs arbitrary code: whatever it raises, say it in one line
+        raise SystemExit(f"clipper: cannot load {path}: {type(e).__name__}: {e}") from e

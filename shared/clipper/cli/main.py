@@ -1,0 +1,67 @@
+"""The ``clipper`` command: its parser and the exit codes (0 done, 1 the API is unreachable, 2 refused by the
+API (4xx), 3 a deployment or a version that failed its check or was rejected)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from clipper.cli import admin, local, query
+from clipper.cli.tables import inspect_table, metrics_table
+from clipper.client import AdminError, ClipperConnection
+from clipper.client_query import QueryError
+from clipper.cost import cli as cost_cli
+from clipper.errors import ClipperError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="clipper", description="Clipper serverless: the management API, queries and the local stack."
+    )
+    p.add_argument("--url", help="the API's address (default: $CLIPPER_URL)")
+    p.add_argument("--token", help="the admin token (default: $CLIPPER_ADMIN_TOKEN)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    admin.add_parsers(sub)
+    query.add_parsers(sub)
+    local.add_parsers(sub)
+    cost_cli.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "cost":  # local: no API call
+        return cost_cli.run(args)
+    if args.command == "logs":
+        return local.run_logs(args)
+    conn = ClipperConnection(args.url, args.token)
+    try:
+        if args.command in ("predict", "update"):
+            return query.run(args, conn)
+        if args.command == "inspect":
+            state = conn.inspect_instance()
+            processes = local.processes(local.state_dir())
+            if args.json:
+                print(json.dumps({**state, "processes": processes} if processes is not None else state, indent=2))
+            else:
+                print(inspect_table(state, processes))
+            return 0
+        result = admin.run(args, conn)
+    except (AdminError, QueryError) as e:
+        print(f"clipper: {e}", file=sys.stderr)
+        return 2 if e.status >= 400 else 1
+    except ClipperError as e:  # a deployment that failed its check or was rejected
+        print(f"clipper: {e}", file=sys.stderr)
+        return 3
+    except OSError as e:  # a file named on the command line
+        print(f"clipper: {e}", file=sys.stderr)
+        return 2
+    if args.command == "metrics":
+        print(metrics_table(result))
+        return 0
+    print(json.dumps(result, indent=2))
+    if args.command == "model" and isinstance(result, dict) and result.get("status") == "rejected":
+        print(f"clipper: {args.name}:{args.version} was rejected", file=sys.stderr)
+        return 3
+    return 0

@@ -1,0 +1,95 @@
+"""Queries from the command line: ``clipper predict`` and ``clipper update``, honouring the application's input
+type (read from the admin API when a token is at hand).
+
+    clipper predict digits --input '[0, 0, 5, 13, ...]'
+    clipper predict digits --npy rows.npy              # one query, or an input_batch of its rows
+    clipper predict sentiment --input 'a fine day'     # a strings app: the text as given
+    clipper predict images --file cat.jpg              # a bytes app: the file, base64-encoded
+    clipper update digits-exp3 --uid 7 --input '[...]' --label 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from clipper.client import AdminError, ClipperConnection
+from clipper.client_query import batch
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    for name, what in (("predict", "one query (or a batch) to an application"), ("update", "feedback: a label")):
+        q = sub.add_parser(name, help=what)
+        q.add_argument("app")
+        given = q.add_mutually_exclusive_group(required=True)
+        given.add_argument("--input", help="a JSON list, @file.json, or text (for a strings app)")
+        given.add_argument("--npy", help="a .npy of rows: one row is a query, more an input_batch")
+        given.add_argument("--file", help="a file's bytes (for a bytes app)")
+        q.add_argument("--uid", help="Clipper's user id (bandit state per user)")
+        if name == "predict":
+            q.add_argument("--debug", action="store_true", help="the models, timings and cache hits too")
+        else:
+            q.add_argument("--label", required=True, help="the true label (a number, or text)")
+
+
+def _input_type(conn: ClipperConnection, app: str) -> str | None:
+    """The application's input type, when the admin API tells it (no token: guessed from the input)."""
+    try:
+        return str(conn.get_app_info(app)["input_type"])
+    except AdminError:
+        return None
+
+
+def read_input(args: argparse.Namespace, input_type: str | None) -> Any:
+    if args.file:
+        data = Path(args.file).read_bytes()
+        return data if input_type in (None, "bytes") else data.decode()
+    if args.npy:
+        import numpy as np
+
+        rows = np.load(args.npy)
+        return rows[0] if rows.ndim == 2 and len(rows) == 1 else rows
+    text: str = args.input
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    if input_type == "strings":
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        if input_type is None:
+            return text  # not JSON: text, for a strings app
+        raise SystemExit(f"clipper: --input: a JSON list of {input_type} expected, got {text[:40]!r}") from None
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        return batch(value)
+    return value
+
+
+def _uid(raw: str | None) -> int | str | None:
+    if raw is None:
+        return None
+    return int(raw) if raw.lstrip("-").isdigit() else raw
+
+
+def run(args: argparse.Namespace, conn: ClipperConnection) -> int:
+    value = read_input(args, _input_type(conn, args.app))
+    if args.command == "update":
+        label: Any = args.label
+        with contextlib.suppress(ValueError):  # else a text label
+            label = json.loads(label)
+        print(json.dumps(conn.update(args.app, value, label, _uid(args.uid)), indent=2))
+        return 0
+    answer = conn.predict(args.app, value, _uid(args.uid), args.debug)
+    print(json.dumps(answer, indent=2))
+    answers = answer.get("batch_predictions", [answer])
+    for a in answers:
+        if a.get("default"):
+            print(
+                f"clipper: default output for query {a.get('query_id')}: {a.get('default_explanation')}",
+                file=sys.stderr,
+            )
+    return 0

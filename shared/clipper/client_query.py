@@ -1,0 +1,80 @@
+"""Queries from Python (``ClipperConnection.predict`` / ``update``, and ``clipper predict`` / ``clipper update``):
+the query API's JSON, with inputs made of what users have at hand.
+
+- numbers: a list, or a numpy array (one row: a query; a 2-D array of rows: an ``input_batch``);
+- strings: a ``str``; bytes: ``bytes``, sent base64-encoded as Clipper's bytes input type expects;
+- ``batch([...])``: several inputs in one request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from clipper.errors import ClipperError
+
+
+class QueryError(ClipperError):
+    """The query API refused a query (4xx): ``status`` and Clipper's ``cause``, which names the field."""
+
+    def __init__(self, status: int, error: str, cause: str) -> None:
+        super().__init__(cause if status == 0 else f"{status} {error}: {cause}")
+        self.status = status
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class batch:  # lower case: reads as a function at the call site, predict(app, batch(rows))
+    inputs: list[Any]
+
+
+def encode_input(value: Any) -> Any:
+    """One input as JSON: numpy arrays as lists, bytes as base64 text, the rest as given."""
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+def query_body(value: Any, uid: int | str | None = None) -> dict[str, Any]:
+    if isinstance(value, batch):
+        body: dict[str, Any] = {"input_batch": [encode_input(v) for v in value.inputs]}
+    elif hasattr(value, "ndim") and value.ndim == 2:
+        body = {"input_batch": value.tolist()}
+    else:
+        body = {"input": encode_input(value)}
+    if uid is not None:
+        body["uid"] = uid
+    return body
+
+
+def post(url: str, body: dict[str, Any], timeout_s: float) -> Any:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        try:
+            detail = json.loads(e.read())
+        except ValueError:
+            detail = {"error": e.reason, "cause": ""}
+        raise QueryError(e.code, detail.get("error", ""), detail.get("cause", "")) from e
+    except urllib.error.URLError as e:
+        raise QueryError(0, "unreachable", f"no Clipper API answers at {url} ({e.reason})") from e
+
+
+def predict(base: str, app: str, value: Any, uid: int | str | None, debug: bool, timeout_s: float) -> Any:
+    suffix = "?debug=true" if debug else ""
+    return post(f"{base}/{app}/predict{suffix}", query_body(value, uid), timeout_s)
+
+
+def update(base: str, app: str, value: Any, label: Any, uid: int | str | None, timeout_s: float) -> Any:
+    body = {**query_body(value, uid), "label": label}
+    if "input_batch" in body:
+        raise QueryError(0, "invalid input", "update: one input per feedback (not a batch)")
+    return post(f"{base}/{app}/update", body, timeout_s)

@@ -1,0 +1,205 @@
+"""The ``clipper`` command against the admin and query APIs over real HTTP (the apps in process, the registry in
+moto, the model answered inline by the batcher core): queries, feedback, inspect as a table, the local stack's
+logs, and the papercuts (joblib files, rejected versions' exit code, an unreachable API)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from clipper.adapters.clock import SystemClock
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.adapters.s3_uploads import S3ModelUploads
+from clipper.admin.api import create_admin_app
+from clipper.admin.service import AdminService
+from clipper.batching.core import Batcher
+from clipper.cli import main
+from clipper.cli.admin import load_estimator
+from clipper.client import ClipperConnection
+from clipper.core.registry_cache import CachedRegistry
+from clipper.feedback import FeedbackReceiver
+from clipper.frontend.api import create_app
+from clipper.frontend.query import QueryProcessor
+from clipper.models.updater import ServingDefaults, build_model_updater
+from tests.fakes import FakeEndpoint, FakeResolver, InMemoryReplies, ListQueue, digits_app, model_version
+from tests.services import free_port, wait_for_port
+from tests.unit.test_query_processor import InlineQueue
+
+pytestmark = pytest.mark.integration
+TOKEN = "cli-token"
+
+
+@pytest.fixture
+def api(aws) -> Iterator[dict[str, Any]]:
+    import uvicorn
+
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app(latency_slo_micros=2_000_000))
+    registry.put_version(model_version("mlp", "1"), activate=True)
+    registry.link("digits", "mlp")
+    admin = create_admin_app(AdminService(registry, uploads=S3ModelUploads(aws.s3, aws.bucket)), "token", TOKEN)
+    clock, replies, endpoint = SystemClock(), InMemoryReplies(), FakeEndpoint()
+    cached = CachedRegistry(registry, clock, ttl_s=0)
+    queue = InlineQueue(batcher=Batcher(FakeResolver(endpoint), replies, clock))
+    feedback_queue = ListQueue()
+    processor = QueryProcessor(cached, queue, replies, clock, lambda: 1 << 16)
+    feedback = FeedbackReceiver(cached, feedback_queue, "https://sqs.local/feedback")
+    frontend = create_app(processor, 1 << 20, feedback=feedback)
+
+    async def gateway(scope, receive, send):  # type: ignore[no-untyped-def]
+        target = admin if scope["type"] == "http" and scope["path"].startswith("/admin") else frontend
+        await target(scope, receive, send)
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(gateway, port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for_port(port)
+    yield {"url": f"http://127.0.0.1:{port}", "aws": aws, "registry": registry, "feedback": feedback_queue}
+    server.should_exit = True
+    thread.join(10)
+
+
+def clipper(api: dict[str, Any], *argv: str) -> int:
+    return main(["--url", api["url"], "--token", TOKEN, *argv])
+
+
+def one_hot(i: int) -> list[float]:
+    return [1.0 if j == i else 0.0 for j in range(64)]
+
+
+def test_predict_takes_json_a_file_or_npy_rows_and_says_when_the_answer_is_a_default(api, tmp_path, capsys):
+    assert clipper(api, "predict", "digits", "--input", json.dumps(one_hot(3))) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["output"] == 3 and answer["default"] is False  # FakeEndpoint answers the hot index
+    (tmp_path / "q.json").write_text(json.dumps(one_hot(5)))
+    assert clipper(api, "predict", "digits", "--input", f"@{tmp_path / 'q.json'}", "--debug") == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["output"] == 5 and answer["debug"]["model"] == "mlp"
+    np.save(tmp_path / "rows.npy", np.array([one_hot(1), one_hot(2)], dtype=np.float32))
+    assert clipper(api, "predict", "digits", "--npy", str(tmp_path / "rows.npy")) == 0
+    outputs = [p["output"] for p in json.loads(capsys.readouterr().out)["batch_predictions"]]
+    assert outputs == [1, 2]
+    # a bad input: the API's 400 names the field, exit 2
+    assert clipper(api, "predict", "digits", "--input", "[1, 2]") == 2
+    assert "input: expected shape [64]" in capsys.readouterr().err
+    # the app's declared type is honoured: text for a numeric app is refused before any request
+    with pytest.raises(SystemExit, match="a JSON list of floats expected"):
+        clipper(api, "predict", "digits", "--input", "not json")
+    api["registry"].put_version(model_version("mlp", "2", endpoint="http://127.0.0.1:9"), activate=True)
+    endpoint_down = ClipperConnection(api["url"], TOKEN)
+    answer = endpoint_down.predict("digits", np.array(one_hot(4), dtype=np.float32))
+    assert answer["output"] in (4, -1)  # the inline batcher's fake endpoint ignores the URL
+
+
+def test_update_sends_feedback_and_the_client_has_predict_and_update(api, capsys):
+    assert clipper(api, "update", "digits", "--uid", "7", "--input", json.dumps(one_hot(2)), "--label", "2") == 0
+    assert json.loads(capsys.readouterr().out)["accepted"] is True
+    (sent,) = api["feedback"].sent
+    body = json.loads(sent[1])
+    assert body["user"] == "7" and body["label"] == 2 and body["app"] == "digits"
+    conn = ClipperConnection(api["url"], TOKEN)
+    assert conn.predict("digits", one_hot(6), uid="u1")["output"] == 6
+    assert conn.update("digits", one_hot(6), 6, uid="u1")["accepted"] is True
+
+
+def test_inspect_is_a_table_with_the_local_processes_and_json_on_request(api, tmp_path, monkeypatch, capsys):
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True)
+    processes = [
+        {"name": "endpoint-mlp", "pid": 41, "status": "running", "restarts": 2, "last_exit": -9, "last_restart": 1.0},
+        {"name": "frontend", "pid": 42, "status": "running", "restarts": 0, "last_exit": None, "last_restart": None},
+    ]
+    (state / "processes.json").write_text(json.dumps({"updated": 1, "processes": processes}))
+    monkeypatch.setenv("CLIPPER_LOCAL_STATE_DIR", str(state))
+    assert clipper(api, "inspect") == 0
+    table = capsys.readouterr().out
+    assert "applications (1)" in table and "models (1)" in table and "mlp:1*" in table
+    assert any(line.split()[:4] == ["endpoint-mlp", "41", "running", "2"] for line in table.splitlines())
+    assert clipper(api, "inspect", "--json") == 0
+    raw = json.loads(capsys.readouterr().out)
+    assert raw["processes"] == processes and "digits" in raw["applications"]
+
+
+def test_logs_lists_the_processes_and_tails_one(tmp_path, capsys):
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True)
+    (state / "processes.json").write_text(
+        json.dumps({"processes": [{"name": "batcher-mlp", "pid": 1, "status": "restarting", "restarts": 3}]})
+    )
+    (state / "logs" / "batcher-mlp.log").write_text("".join(f"line {i}\n" for i in range(100)))
+    (state / "requests.log").write_text("POST /digits/predict 200 2.1 ms\n")
+    assert main(["logs", "--state-dir", str(state)]) == 0
+    listing = capsys.readouterr().out
+    assert "batcher-mlp" in listing and "restarting" in listing and "requests.log" in listing
+    assert main(["logs", "batcher-mlp", "-n", "3", "--state-dir", str(state)]) == 0
+    assert capsys.readouterr().out == "line 97\nline 98\nline 99\n"
+    assert main(["logs", "requests", "--state-dir", str(state)]) == 0
+    assert "POST /digits/predict" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="processes: batcher-mlp, requests"):
+        main(["logs", "nope", "--state-dir", str(state)])
+
+
+def test_a_joblib_file_loads_with_joblib_and_a_bad_file_is_one_line(tmp_path):
+    import joblib
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.random.default_rng(0).random((20, 4))
+    model = LogisticRegression().fit(x, (x[:, 0] > 0.5).astype(int))
+    joblib.dump(model, tmp_path / "m.joblib", compress=3)  # compressed: plain pickle cannot read it
+    assert load_estimator(str(tmp_path / "m.joblib")).predict(x).tolist() == model.predict(x).tolist()
+    (tmp_path / "m.pkl").write_bytes(pickle.dumps(model))
+    assert load_estimator(str(tmp_path / "m.pkl")).coef_.shape == (1, 4)
+    (tmp_path / "bad.joblib").write_bytes(b"not a model")
+    with pytest.raises(SystemExit) as refused:
+        load_estimator(str(tmp_path / "bad.joblib"))
+    assert str(refused.value).startswith(f"clipper: cannot load {tmp_path / 'bad.joblib'}: ")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_rejected_version_exits_3_and_an_unreachable_api_is_a_sentence(api, capsys):
+    aws = api["aws"]
+    key = "models/mlp/9/model.onnx"
+    put = aws.s3.put_object(Bucket=aws.bucket, Key=key, Body=b"not a model")
+    updater = build_model_updater(aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8)
+    assert updater.handle_object(aws.bucket, key, 11, put["ETag"], put.get("VersionId")).status == "rejected"
+    assert clipper(api, "model", "mlp", "9") == 3
+    out, err = capsys.readouterr()
+    assert json.loads(out)["status"] == "rejected" and "mlp:9 was rejected" in err
+    assert clipper(api, "model", "mlp", "1") == 0
+    capsys.readouterr()
+    nobody = f"http://127.0.0.1:{free_port()}"
+    assert main(["--url", nobody, "--token", TOKEN, "apps"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"clipper: no Clipper API answers at {nobody}") and "0 unreachable" not in err
+
+
+def test_every_command_has_a_help_line(capsys):
+    from clipper.cli.main import parser
+
+    sub = next(a for a in parser()._actions if a.dest == "command")
+    helpless = [a.dest for a in sub._choices_actions if not a.help]
+    assert helpless == []
+    assert {"batching", "cost", "inspect", "logs", "predict", "update"} <= set(sub.choices)
+
+
+def test_batching_settings_from_the_command_line(api, capsys):
+    assert clipper(api, "batching", "mlp") == 0
+    assert json.loads(capsys.readouterr().out)["batching"]["controller"] == "aimd"
+    assert clipper(api, "batching", "mlp", "--controller", "fixed", "--batch-size", "8") == 0
+    assert json.loads(capsys.readouterr().out)["batching"] == {
+        "controller": "fixed",
+        "batch_size": 8,
+        "max_batch_size": 256,
+        "batch_wait_ms": 1.0,
+    }
+    assert clipper(api, "batching", "mlp", "--controller", "quantile") == 0  # the fixed size is dropped
+    assert json.loads(capsys.readouterr().out)["batching"]["batch_size"] == 0
+    assert clipper(api, "batching", "mlp", "--batch-size", "0", "--controller", "fixed") == 2
+    assert "batch_size" in capsys.readouterr().err
