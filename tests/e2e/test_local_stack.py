@@ -159,6 +159,9 @@ def a_killed_model_server_comes_back_on_its_port(url: str, state: Path, rows: np
     eventually(lambda: not post(f"{url}/digits/predict", {"input": next(fresh).tolist()})[1]["default"], "no answer")
     with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
         assert r.status == 200  # the stack kept running
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:  # /metrics reports the restart too
+        reported = {p["name"]: p for p in json.loads(r.read())["processes"]}
+    assert reported["endpoint-mlp"]["restarts"] == 1
     others = [p for name, p in processes(state).items() if name != "endpoint-mlp"]
     assert all(p["status"] == "running" and p["restarts"] == 0 for p in others), others
 
