@@ -11,7 +11,7 @@ QUEUE ?= redis
 FRESH ?=
 
 .PHONY: help venv models run run-port clean-state test test-unit test-integration test-iac test-e2e lint redis clean \
-	bench-batching bench-frontdoor bench-cache bench-selection bench-coldstart bench-latency bench-cost sam-venv sam-build
+	bench-batching bench-frontdoor bench-cache bench-selection bench-coldstart bench-latency bench-cost bench-faults sam-venv sam-build
 
 help:
 	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT)); state in .local-stack/"
@@ -103,6 +103,10 @@ bench-latency: venv models redis
 # cost per million predictions on AWS from the local stack's measured figures and clipper/cost/prices.json
 bench-cost: venv models redis
 	$(PY) -m bench.cost
+
+# faults on the running local stack under steady load: counts per scenario, bench/results/faults.json and .png
+bench-faults: venv models redis
+	$(PY) -m bench.faults $(BENCH_ARGS)
 
 
 # aws-sam-cli in its own venv: it pins boto3 and click below what moto and the dev tools use.

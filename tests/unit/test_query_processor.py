@@ -123,6 +123,24 @@ def test_a_version_registered_without_serving_resources_gives_default_naming_it(
     assert queue.sent == []
 
 
+def test_redis_down_for_the_fused_lookup_and_send_gives_default_not_an_error(world):
+    """With the cache and the queues on one Redis, one call looks up and sends: when it fails (Redis killed),
+    each model's row is a default naming the cause (it once raised, a 5xx at the front door)."""
+    from clipper.errors import Unavailable
+    from tests.fakes import InMemoryCache
+
+    _, registry, queue, _, clock = world
+
+    class Down:
+        def lookup_or_send(self, requests, claim_ttl_s, timeout=None):
+            raise Unavailable("redis 127.0.0.1:6379: ConnectionRefusedError")
+
+    cache = InMemoryCache()
+    processor = QueryProcessor(registry, queue, InMemoryReplies(), clock, lambda: 1, cache=cache, fused=Down())
+    body = processor.predict("digits", {"input": one_hot(1)}).as_dict()
+    assert body["default"] and "queue unavailable (redis 127.0.0.1:6379" in body["default_explanation"]
+
+
 def test_app_without_linked_model_gives_default(world):
     processor, registry, _, _, _ = world
     registry.links["digits"] = []

@@ -152,10 +152,11 @@ class Gatherer:
         left = self._left(fan.deadline)
         try:
             outcomes = yield call(self._fused, "lookup_or_send", requests, left, timeout=left)
-        except Unavailable as e:
+        except Unavailable as e:  # Redis down: every model's row is a default with this cause, never a 5xx
             for a in sending:
                 a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({e})"
-            outcomes = []
+            timings["cache"], timings["enqueue"] = 0.0, (self._clock.now() - t0) * 1000
+            return
         t1 = self._clock.now()
         for a, (what, value) in zip(sending, outcomes, strict=True):
             name = a.model.name

@@ -1,0 +1,99 @@
+"""make bench-faults: the running local stack (Redis Streams transport), steady load at its front door, and one
+fault at a time; per scenario the queries sent, answered by a model, answered with the default (and its cause),
+4xx, 5xx, lost (no answer at all), and the seconds to recover after the fault ends. Writes
+bench/results/faults.json and faults.png (a timeline per scenario).
+
+    python -m bench.faults [--quick] [--scenarios a,b] [--out DIR]
+
+Targets: 0 lost, 0 5xx, every default carries its cause, the frontend's memory bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.faults import report
+from bench.faults.load import Load
+from bench.faults.scenarios import FULL, QUICK, SCENARIOS, Plan
+from bench.faults.world import World
+from bench.frontdoor.config import CASES, RESULTS, ROOT
+from bench.frontdoor.inputs import base_rows
+from bench.frontdoor.stack import LocalStack
+
+
+def log(line: str) -> None:
+    print(f"[bench-faults] {line}", flush=True)
+
+
+def run_scenario(world: World, name: str, plan: Plan, rows: Any) -> dict[str, Any]:
+    app, inject = SCENARIOS[name]
+    log(f"{name}: {plan.rate:g} q/s to /{app}/predict; {plan.before_s:g} s before the fault")
+    load = Load(world.stack.url, app, rows, plan.rate)
+    load.start()
+    time.sleep(plan.before_s)
+    extra = inject(world, load, plan)
+    log(f"{name}: fault over after {extra['fault_end'] - extra['fault_start']:.1f} s; {plan.after_s:g} s after it")
+    time.sleep(plan.after_s)
+    outcomes = load.stop()
+    row = {"scenario": name, "app": app, **report.summarize(outcomes, extra["fault_start"], extra["fault_end"])}
+    row.update({k: v for k, v in extra.items() if k not in ("fault_start", "fault_end")})
+    row["misses_targets"] = report.verdict(row)
+    log(
+        f"{name}: sent {row['sent']}, real {row['real']}, default {row['default']}, 4xx {row['4xx']}, "
+        f"5xx {row['5xx']}, lost {row['lost']}, recovery {row['recovery_s']} s"
+        + (f"  MISSES: {'; '.join(row['misses_targets'])}" if row["misses_targets"] else "")
+    )
+    return {**row, "outcomes": outcomes, "fault_start": extra["fault_start"], "fault_end": extra["fault_end"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="shorter windows, 1,000 unknown names (a check that it runs)")
+    p.add_argument("--scenarios", help=f"comma-separated, of: {', '.join(SCENARIOS)}")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where faults.json and faults.png go")
+    args = p.parse_args(argv)
+    names = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
+    plan = QUICK if args.quick else FULL
+    stack = LocalStack("redis", core=None)
+    stack.state_dir = ROOT / "build" / "bench-faults" / "state"
+    world = World(stack)
+    rows = base_rows(CASES["mlp"])
+    runs: list[dict[str, Any]] = []
+    stack.start()
+    try:
+        world.setup_faulty()
+        for name in names:
+            runs.append(run_scenario(world, name, plan, rows))
+            time.sleep(2)  # the next scenario starts from a settled stack
+    finally:
+        world.teardown()
+        stack.stop()
+    summary = [{k: v for k, v in r.items() if k not in ("outcomes",)} for r in runs]
+    print(report.table(summary))
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "faults_quick" if args.quick else "faults"
+    result = {
+        "plan": asdict(plan),
+        "transport": "redis",
+        "targets": "0 lost, 0 5xx, every default with its cause, memory bounded",
+        "scenarios": summary,
+        "timelines": {r["scenario"]: [asdict(o) for o in r["outcomes"]] for r in runs},
+    }
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    report.plot(runs, args.out / f"{name}.png")
+    log(f"wrote {args.out / (name + '.json')} and {args.out / (name + '.png')}")
+    missed = [f"{r['scenario']}: {', '.join(r['misses_targets'])}" for r in summary if r["misses_targets"]]
+    if missed:
+        log("targets missed: " + " | ".join(missed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Steady load at the stack's front door and what each query got: open-loop arrivals at a fixed rate (one thread
+pool, urllib, keep no connection), distinct inputs (no cache can answer), each outcome classified:
+
+- ``real``: 200 with ``"default": false``;
+- ``default``: 200 with ``"default": true`` (its ``default_explanation`` kept as the cause; none is a defect);
+- ``4xx`` / ``5xx``: the status;
+- ``lost``: no HTTP answer at all within ``timeout_s`` (a refused or broken connection, or silence).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Outcome:
+    sent_s: float  # since the run's start
+    latency_ms: float
+    kind: str  # real | default | 4xx | 5xx | lost
+    cause: str = ""
+
+
+@dataclass
+class Load:
+    url: str
+    app: str
+    rows: np.ndarray
+    rate: float
+    timeout_s: float = 5.0
+    outcomes: list[Outcome] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._serial = 0
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="faults-load")
+        self._thread = threading.Thread(target=self._run, name="faults-pacer", daemon=True)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def body(self) -> bytes:
+        self._serial += 1
+        row = self.rows[self._serial % len(self.rows)].copy()
+        row[0] = self._serial * 2.0**-20  # pixel 0 is blank in every digit: distinct inputs, same label
+        return json.dumps({"input": row.tolist()}).encode()
+
+    def one(self, body: bytes, app: str | None = None) -> Outcome:
+        sent = self.now()
+        request = urllib.request.Request(
+            f"{self.url}/{app or self.app}/predict", body, {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as r:
+                answer = json.loads(r.read())
+            kind = "default" if answer.get("default") else "real"
+            outcome = Outcome(sent, (self.now() - sent) * 1000, kind, answer.get("default_explanation") or "")
+        except urllib.error.HTTPError as e:
+            kind = "5xx" if e.code >= 500 else "4xx"
+            outcome = Outcome(
+                sent, (self.now() - sent) * 1000, kind, f"{e.code} {e.read()[:200].decode(errors='replace')}"
+            )
+        except (OSError, ValueError) as e:
+            outcome = Outcome(sent, (self.now() - sent) * 1000, "lost", f"{type(e).__name__}: {e}")
+        return outcome
+
+    def _record(self, body: bytes) -> None:
+        outcome = self.one(body)
+        with self._lock:
+            self.outcomes.append(outcome)
+
+    def _run(self) -> None:
+        n = 0
+        begin = time.monotonic()
+        while not self._stop.is_set():
+            n += 1
+            due = begin + n / self.rate
+            self._stop.wait(max(0.0, due - time.monotonic()))
+            self._pool.submit(self._record, self.body())
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> list[Outcome]:
+        self._stop.set()
+        self._thread.join()
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            return sorted(self.outcomes, key=lambda o: o.sent_s)

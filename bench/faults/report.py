@@ -1,0 +1,104 @@
+"""Counts per scenario, the time to recover, a table and a timeline plot."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench.faults.load import Outcome
+
+KINDS = ("real", "default", "4xx", "5xx", "lost")
+SETTLE_S = 2.0  # recovered: every query sent in the next SETTLE_S seconds was answered by a model
+
+
+def summarize(outcomes: list[Outcome], fault_start: float, fault_end: float) -> dict[str, Any]:
+    counts = Counter(o.kind for o in outcomes)
+    causes = Counter(_cause(o.cause) for o in outcomes if o.kind == "default")
+    return {
+        "sent": len(outcomes),
+        **{k: counts.get(k, 0) for k in KINDS},
+        "defaults_without_cause": sum(1 for o in outcomes if o.kind == "default" and not o.cause),
+        "default_causes": dict(causes.most_common()),
+        "fault_s": round(fault_end - fault_start, 2),
+        "recovery_s": recovery(outcomes, fault_end),
+    }
+
+
+def _cause(text: str) -> str:
+    """A cause without the parts that differ per query (addresses, numbers)."""
+    head = text.split(" (", 1)[0]
+    return head[:120]
+
+
+def recovery(outcomes: list[Outcome], fault_end: float) -> float | None:
+    """Seconds from the fault's end until every query sent in the following SETTLE_S was a real answer; None
+    when that never happened before the load stopped."""
+    after = [o for o in outcomes if o.sent_s >= fault_end]
+    if not after:
+        return None
+    last = after[-1].sent_s
+    for i, o in enumerate(after):
+        if o.kind != "real":
+            continue
+        window = [x for x in after[i:] if x.sent_s <= o.sent_s + SETTLE_S]
+        if o.sent_s + SETTLE_S <= last and all(x.kind == "real" for x in window):
+            return round(max(0.0, o.sent_s - fault_end), 2)
+    return None
+
+
+def verdict(row: dict[str, Any]) -> list[str]:
+    """What misses the targets: 0 lost, 0 5xx, every default with its cause."""
+    out = []
+    if row["lost"]:
+        out.append(f"{row['lost']} lost")
+    if row["5xx"]:
+        out.append(f"{row['5xx']} answered 5xx")
+    if row["defaults_without_cause"]:
+        out.append(f"{row['defaults_without_cause']} defaults without a cause")
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| scenario | sent | real | default | 4xx | 5xx | lost | fault s | recovery s | main default cause |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        main = next(iter(r["default_causes"]), "-")
+        rec = "-" if r["recovery_s"] is None else f"{r['recovery_s']:g}"
+        lines.append(
+            f"| {r['scenario']} | {r['sent']} | {r['real']} | {r['default']} | {r['4xx']} | {r['5xx']} | "
+            f"{r['lost']} | {r['fault_s']:g} | {rec} | {main} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(runs)
+    fig, axes = plt.subplots(n, 1, figsize=(9, 1.9 * n), sharex=False, squeeze=False)
+    colours = {"real": "#2ca02c", "default": "#ff7f0e", "4xx": "#9467bd", "5xx": "#d62728", "lost": "#000000"}
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        outcomes: list[Outcome] = run["outcomes"]
+        end = max((o.sent_s for o in outcomes), default=1.0)
+        bins = [i * 0.5 for i in range(int(end / 0.5) + 2)]
+        bottom = [0.0] * (len(bins) - 1)
+        for kind in KINDS:
+            counts = [0.0] * (len(bins) - 1)
+            for o in outcomes:
+                if o.kind == kind:
+                    counts[min(int(o.sent_s / 0.5), len(counts) - 1)] += 2  # per second
+            ax.bar(bins[:-1], counts, width=0.5, bottom=bottom, align="edge", color=colours[kind], label=kind)
+            bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
+        ax.axvspan(run["fault_start"], run["fault_end"], color="grey", alpha=0.2)
+        ax.set_title(run["scenario"], fontsize=8, loc="left")
+        ax.set_ylabel("q/s", fontsize=7)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].legend(fontsize=7, ncol=5, loc="upper right")
+    axes[-1, 0].set_xlabel("seconds (by the time a query was sent; the fault window shaded)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
