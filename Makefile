@@ -95,7 +95,7 @@ bench-selection: venv models
 	$(PY) bench/selection.py $(BENCH_ARGS)
 
 bench-coldstart: venv models
-	$(PY) bench/coldstart.py $(BENCH_ARGS)
+	$(PY) -m bench.coldstart $(BENCH_ARGS)
 
 bench-latency: venv models redis
 	$(PY) bench/latency.py $(BENCH_ARGS)

@@ -1,0 +1,1 @@
+"""`make bench-coldstart` (``python -m bench.coldstart``): see ``__main__``."""
