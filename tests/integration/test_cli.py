@@ -203,3 +203,20 @@ def test_batching_settings_from_the_command_line(api, capsys):
     assert json.loads(capsys.readouterr().out)["batching"]["batch_size"] == 0
     assert clipper(api, "batching", "mlp", "--batch-size", "0", "--controller", "fixed") == 2
     assert "batch_size" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True)
+    (state / "logs" / "frontend.log").write_text("x" * 100 + "\n" * 1 + "".join(f"{i}\n" for i in range(200_000)))
+    done = subprocess.run(
+        f"{sys.executable} -m clipper.cli logs frontend -n 200000 --state-dir {state} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.startswith("x") and "Traceback" not in done.stderr
