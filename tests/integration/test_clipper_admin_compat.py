@@ -115,6 +115,26 @@ def test_clippers_client_works_unchanged(conn, tmp_path):
     assert "shapes" not in conn.get_all_apps()
 
 
+def test_stopping_versions_and_the_rest_of_clippers_docker_free_methods(conn):
+    conn.register_model("mlp", "2", "floats")
+    conn.register_model("mlp", "3", "floats")  # current: 3
+    conn.stop_versioned_models({"mlp": ["1"]})  # an inactive version: deleted
+    assert sorted(conn.get_all_models()) == ["mlp:2", "mlp:3"]
+    # stop_models deletes every version; here the active one is refused (it serves the linked apps' queries), so
+    # the inactive ones go and the call ends in a ClipperException naming why
+    with pytest.raises(ClipperException, match="an inactive version"):
+        conn.stop_models(["mlp"])
+    assert conn.get_all_models() == ["mlp:3"]
+
+    conn.register_application("gone", "floats", "-1", 100000)
+    conn.unregister_application("gone")  # delete_application's older name
+    assert conn.get_all_apps() == []
+
+    # Clipper's local check of a predict function (cloudpickle >= 2 round trip; no server involved)
+    checked = conn.test_predict_function({"input": [1.0, 2.0]}, lambda xs: [str(sum(x)) for x in xs], "doubles")
+    assert checked == ["3.0"]
+
+
 def test_a_wrong_token_or_no_server_is_a_clear_clipper_exception(api):
     with pytest.raises(ClipperException, match="refused the token"):
         ClipperConnection(ServerlessContainerManager(api, token="wrong")).connect()
