@@ -5,7 +5,6 @@ ClipperConnection method that needs no Docker."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -147,4 +146,3 @@ def test_a_wrong_token_or_no_server_is_a_clear_clipper_exception(api):
         conn.start_clipper()
     with pytest.raises(ClipperException, match="ONNX files"):
         manager.deploy_model("m", "1", "floats", "image")
-    time.sleep(0)  # the server fixture stops after the test
