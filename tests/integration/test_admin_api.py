@@ -55,7 +55,8 @@ def test_admin_calls_need_the_token(aws):
 
 def test_application_lifecycle(admin):
     assert ok(admin.post("/admin/add_app", json=DIGITS))["name"] == "digits"
-    assert admin.post("/admin/add_app", json=DIGITS).status_code == 409
+    duplicate = ok(admin.post("/admin/add_app", json=DIGITS), 409)
+    assert duplicate == {"error": "conflict", "cause": "application digits already exists"}  # not its key APP#...
     info = ok(admin.post("/admin/get_application", json={"name": "digits"}))
     assert info["latency_slo_micros"] == 100000 and info["input_shape"] == [64] and info["policy"] == "single"
     assert ok(admin.post("/admin/get_all_applications", json={})) == ["digits"]
@@ -163,6 +164,22 @@ def test_openapi_documents_every_operation(admin):
         "get_model",
         "get_state",
     }
+
+
+def test_openapi_declares_the_errors_each_operation_answers_in_clippers_error_body(admin):
+    spec = admin.get("/admin/openapi.json").json()
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            responses = operation["responses"]
+            errors = {"401", "403"} if path == "/admin/ping" else {"400", "401", "403", "404", "409", "503"}
+            assert set(responses) == {"200"} | errors, (method, path)  # no 422: invalid bodies answer 400
+            for status in errors:
+                assert responses[status]["content"]["application/json"]["schema"] == error_body, (path, status)
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    assert set(spec["components"]["schemas"]["ErrorBody"]["required"]) == {"error", "cause"}
+    refused = admin.post("/admin/add_app", json={"name": "x"})
+    assert refused.status_code == 400 and set(refused.json()) == {"error", "cause"}
 
 
 def test_the_policy_can_change_later(admin):

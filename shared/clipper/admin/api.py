@@ -1,7 +1,7 @@
 """The management API over HTTP: ``POST /admin/<operation>`` with Clipper's operation names and JSON
 bodies. Locally it requires ``Authorization: Bearer <token>`` (``CLIPPER_ADMIN_TOKEN``), or the same token as
 the password of HTTP Basic credentials (any user name: what clipper_admin sends when its admin address carries
-them, ``clipper.compat.clipper_admin``); on AWS the routes are IAM-authorised by API Gateway
+them, ``clipper.compat.serverless_manager``); on AWS the routes are IAM-authorised by API Gateway
 (``CLIPPER_ADMIN_AUTH=iam``)."""
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
     def op(name: str, summary: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return app.post(f"/admin/{name}", dependencies=guard, summary=summary, tags=["admin"], responses=errors)
 
-    @app.get("/admin/ping", dependencies=guard, tags=["admin"], summary="Is the management API up", responses=errors)
+    refusals: dict[int | str, dict[str, Any]] = {k: errors[k] for k in (401, 403)}  # ping: no body, no registry
+
+    @app.get("/admin/ping", dependencies=guard, tags=["admin"], summary="Is the management API up", responses=refusals)
     def ping() -> dict[str, str]:
         return {"status": "pong"}
 
@@ -188,7 +190,27 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
     def get_state(body: schemas.Verbose) -> dict[str, Any]:
         return service.get_state()
 
+    _without_fastapis_422(app)
     return app
+
+
+def _without_fastapis_422(app: FastAPI) -> None:
+    """FastAPI documents a 422 on every operation with a body; this API answers invalid bodies with a 400 in
+    Clipper's error body (``invalid`` above), so the document drops the 422 and its schemas."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = build()
+            for path in spec["paths"].values():
+                for operation in path.values():
+                    operation["responses"].pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                spec.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class _Refused(Exception):

@@ -7,53 +7,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from clipper.admin import schemas
 from clipper.admin.batching import set_model_batching
-from clipper.admin.views import app_info, rejection, replicas, version_info
-from clipper.core.domain import Application, BatchingSettings, InputType, Model, ModelRecord, ModelVersion
-from clipper.errors import ClipperError, InvalidInput, NotFound, Unavailable
+from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
+from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
+from clipper.core.domain import Application, BatchingSettings, InputType, ModelVersion
+from clipper.errors import InvalidInput, NotFound, Unavailable
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks
-
-
-class AdminRegistry(Protocol):
-    def app_and_links(self, name: str) -> tuple[Application, list[str]]: ...
-    def model_and_versions(self, name: str) -> tuple[Model, dict[str, ModelVersion]]: ...
-    def model_record(self, name: str) -> ModelRecord: ...
-    def set_model_settings(
-        self,
-        model: str,
-        auto_promote: bool | None = None,
-        replicas: int | None = None,
-        batching: BatchingSettings | None = None,
-    ) -> None: ...
-    def put_app(self, app: Application, overwrite: bool = False) -> None: ...
-    def link(self, app: str, model: str) -> None: ...
-    def unlink(self, app: str, model: str) -> None: ...
-    def put_version(self, mv: ModelVersion, activate: bool = False) -> None: ...
-    def set_active_version(self, model: str, version: str) -> None: ...
-    def previous_version(self, model: str) -> str | None: ...
-    def app_names(self) -> list[str]: ...
-    def model_names(self) -> list[str]: ...
-    def delete_app(self, name: str) -> None: ...
-    def delete_version(self, model: str, version: str) -> None: ...
-
-
-class ServingProbe(Protocol):
-    """What ``get_state`` asks of the serving resources: queue depths and endpoint health."""
-
-    def queue_depth(self, queue_url: str) -> dict[str, int]: ...
-
-    def endpoint_health(self, endpoint: str) -> str: ...
-
-
-class ModelUploads(Protocol):
-    """Where a deployer uploads a model file: a URL it can PUT the bytes to, without other credentials."""
-
-    bucket: str
-
-    def upload_url(self, key: str, expires_s: int, metadata: dict[str, str] | None = None) -> str: ...
 
 
 class AdminService:
@@ -314,39 +276,10 @@ class AdminService:
     def get_linked_models(self, app_name: str) -> list[str]:
         return self._registry.app_and_links(app_name)[1]
 
-    # -- state -----------------------------------------------------------------------------------------
+    # -- state ---------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        models = {}
-        for name in self._registry.model_names():
-            try:
-                record = self._registry.model_record(name)
-            except ClipperError:
-                continue
-            head, versions = record.head, record.versions
-            models[name] = {
-                "active_version": head.active_version,
-                "auto_promote": record.auto_promote,
-                "num_replicas": record.replicas,
-                "batching": record.batching.to_dict(),
-                "linked_apps": record.linked_apps,
-                "versions": {
-                    v: version_info(mv, head.active_version) | record.artifacts.get(v, {}) for v, mv in versions.items()
-                },
-                "rejected": {v: rejection(r) for v, r in record.rejected.items()},
-            }
-            active = versions.get(head.active_version)
-            if self._probe is not None and active is not None:
-                models[name]["queue"] = self._probe_safely(self._probe.queue_depth, active.queue_url)
-                models[name]["endpoint_health"] = self._probe_safely(self._probe.endpoint_health, active.endpoint)
         apps = {n: self.get_application(n) for n in self._registry.app_names()}
-        return {"applications": apps, "models": models}
-
-    @staticmethod
-    def _probe_safely(probe: Any, target: str) -> Any:
-        try:
-            return probe(target)
-        except ClipperError as e:
-            return f"unknown ({e})"
+        return {"applications": apps, "models": models_state(self._registry, self._probe)}
 
     def _apps_linked_to(self, model: str) -> list[Application]:
         try:

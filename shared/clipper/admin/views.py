@@ -3,10 +3,13 @@ fields clipper_admin's ClipperConnection reads)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from clipper.admin.ports import AdminRegistry, ServingProbe
 from clipper.core.domain import Application, BatchingSettings, ModelRecord, ModelVersion
+from clipper.errors import ClipperError
 
 
 def app_info(app: Application, links: list[str]) -> dict[str, Any]:
@@ -62,3 +65,38 @@ def replicas(record: ModelRecord) -> list[dict[str, Any]]:
 
 def rejection(item: dict[str, Any]) -> dict[str, Any]:
     return {k: item[k] for k in ("reasons", "rejected_at", "artifact", "sha256", "etag") if k in item}
+
+
+def models_state(registry: AdminRegistry, probe: ServingProbe | None) -> dict[str, Any]:
+    """Each model with its settings, versions (and artifacts), rejections and, when probed, the active version's
+    queue depth and endpoint health (``unknown (...)`` when the probe fails)."""
+    models: dict[str, Any] = {}
+    for name in registry.model_names():
+        try:
+            record = registry.model_record(name)
+        except ClipperError:
+            continue
+        head, versions = record.head, record.versions
+        models[name] = {
+            "active_version": head.active_version,
+            "auto_promote": record.auto_promote,
+            "num_replicas": record.replicas,
+            "batching": record.batching.to_dict(),
+            "linked_apps": record.linked_apps,
+            "versions": {
+                v: version_info(mv, head.active_version) | record.artifacts.get(v, {}) for v, mv in versions.items()
+            },
+            "rejected": {v: rejection(r) for v, r in record.rejected.items()},
+        }
+        active = versions.get(head.active_version)
+        if probe is not None and active is not None:
+            models[name]["queue"] = _probe_safely(probe.queue_depth, active.queue_url)
+            models[name]["endpoint_health"] = _probe_safely(probe.endpoint_health, active.endpoint)
+    return models
+
+
+def _probe_safely(probe: Callable[[str], Any], target: str) -> Any:
+    try:
+        return probe(target)
+    except ClipperError as e:
+        return f"unknown ({e})"
