@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,31 @@ class QueryError(ClipperError):
 @dataclass(frozen=True)
 class batch:  # lower case: reads as a function at the call site, predict(app, batch(rows))
     inputs: list[Any]
+
+
+def shaped(value: Any, input_shape: Sequence[int] | None) -> Any:
+    """Numbers as given (a nested list or a numpy array) as one input or a ``batch``, by the application's
+    declared ``input_shape``: an array of that shape (or of its flat values) is one input, one more leading
+    dimension makes a batch of them; without a declared shape (inputs are flat) a 2-D array is a batch of rows.
+    Anything else is one input as given, for the query API to accept or to refuse naming the field."""
+    import numpy as np
+
+    try:
+        arr = np.asarray(value)
+    except ValueError:  # ragged: the API says what it expects
+        return value
+    if arr.dtype.kind not in "iuf" or arr.ndim == 0:
+        return value
+    rows = list(value) if isinstance(value, list) else list(arr)
+    one = value if isinstance(value, list) else arr.tolist()  # a list: never taken for a batch of rows
+    if not input_shape:
+        return batch(rows) if arr.ndim == 2 else one
+    shape, size = tuple(input_shape), math.prod(input_shape)
+    if arr.shape == shape or (arr.ndim == 1 and arr.size == size):
+        return one
+    if arr.shape[1:] == shape or (arr.ndim == 2 and arr.shape[1] == size):
+        return batch(rows)
+    return value
 
 
 def encode_input(value: Any) -> Any:

@@ -22,6 +22,7 @@ from clipper.batching.core import Batcher
 from clipper.cli import main
 from clipper.cli.admin import load_estimator
 from clipper.client import ClipperConnection
+from clipper.core.domain import InputType
 from clipper.core.registry_cache import CachedRegistry
 from clipper.feedback import FeedbackReceiver
 from clipper.frontend.api import create_app
@@ -221,3 +222,35 @@ def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
         timeout=60,
     )
     assert done.stdout.startswith("batcher-0 ") and "Traceback" not in done.stderr, done.stderr[-500:]
+
+
+def test_predict_reads_numbers_by_the_apps_declared_shape(api, tmp_path, capsys):
+    """A [2, 3] app: a nested list of that shape is one input (not a batch of its rows), an .npy of such
+    inputs is a batch; a bytes app takes --input as base64 text."""
+    assert clipper(api, "register-app", "grid", "floats", "-1", "2000000", "--input-shape", "2,3") == 0
+    api["registry"].put_version(model_version("gridnet", "1", input_shape=(2, 3)), activate=True)
+    assert clipper(api, "link", "grid", "gridnet") == 0
+    capsys.readouterr()
+    assert clipper(api, "predict", "grid", "--input", "[[0, 0, 0], [0, 5, 0]]") == 0
+    assert json.loads(capsys.readouterr().out)["output"] == 4  # the flat argmax of one [2, 3] input
+    grids = np.zeros((3, 2, 3), dtype=np.float32)
+    for i in range(3):
+        grids[i].flat[i + 1] = 1.0
+    np.save(tmp_path / "grids.npy", grids)
+    assert clipper(api, "predict", "grid", "--npy", str(tmp_path / "grids.npy")) == 0
+    assert [p["output"] for p in json.loads(capsys.readouterr().out)["batch_predictions"]] == [1, 2, 3]
+    np.save(tmp_path / "one.npy", grids[2])
+    assert clipper(api, "predict", "grid", "--npy", str(tmp_path / "one.npy")) == 0
+    assert json.loads(capsys.readouterr().out)["output"] == 3
+    # a bytes app: --input is base64 text as the query API takes it, --file a file's bytes
+    assert clipper(api, "register-app", "blobs", "bytes", "-1", "2000000") == 0
+    api["registry"].put_version(
+        model_version("blobnet", "1", input_type=InputType.BYTES, input_shape=None), activate=True
+    )
+    assert clipper(api, "link", "blobs", "blobnet") == 0
+    capsys.readouterr()
+    assert clipper(api, "predict", "blobs", "--input", "aGVsbG8=") == 0
+    assert json.loads(capsys.readouterr().out)["output"] == 5  # FakeEndpoint: the length of b"hello"
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01\x02")
+    assert clipper(api, "predict", "blobs", "--file", str(tmp_path / "blob.bin")) == 0
+    assert json.loads(capsys.readouterr().out)["output"] == 3

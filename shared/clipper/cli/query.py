@@ -14,11 +14,12 @@ import argparse
 import contextlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from clipper.client import AdminError, ClipperConnection
-from clipper.client_query import batch
+from clipper.client_query import batch, shaped
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,37 +37,45 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             q.add_argument("--label", required=True, help="the true label (a number, or text)")
 
 
-def _input_type(conn: ClipperConnection, app: str) -> str | None:
-    """The application's input type, when the admin API tells it (no token: guessed from the input)."""
+@dataclass(frozen=True)
+class Declared:
+    """What the application declares about its input, when the admin API tells it (no token: both None)."""
+
+    input_type: str | None = None
+    input_shape: list[int] | None = None
+
+
+def declared(conn: ClipperConnection, app: str) -> Declared:
     try:
-        return str(conn.get_app_info(app)["input_type"])
-    except AdminError:
-        return None
+        info = conn.get_app_info(app)
+    except AdminError:  # no token, or no such app: the query API says so
+        return Declared()
+    return Declared(str(info["input_type"]), info.get("input_shape") or None)
 
 
-def read_input(args: argparse.Namespace, input_type: str | None) -> Any:
+def read_input(args: argparse.Namespace, app: Declared) -> Any:
+    """The input the command line names, as the application wants it: text for a strings app, base64 text or a
+    file's bytes for a bytes app, numbers as one input or a batch by the declared shape."""
     if args.file:
         data = Path(args.file).read_bytes()
-        return data if input_type in (None, "bytes") else data.decode()
+        return data if app.input_type in (None, "bytes") else data.decode()
     if args.npy:
         import numpy as np
 
-        rows = np.load(args.npy)
-        return rows[0] if rows.ndim == 2 and len(rows) == 1 else rows
+        value = shaped(np.load(args.npy), app.input_shape)
+        return value.inputs[0] if isinstance(value, batch) and len(value.inputs) == 1 else value
     text: str = args.input
     if text.startswith("@"):
         text = Path(text[1:]).read_text()
-    if input_type == "strings":
-        return text
+    if app.input_type in ("strings", "bytes"):
+        return text  # a bytes app's input is base64 text, as the query API takes it
     try:
         value = json.loads(text)
     except ValueError:
-        if input_type is None:
+        if app.input_type is None:
             return text  # not JSON: text, for a strings app
-        raise SystemExit(f"clipper: --input: a JSON list of {input_type} expected, got {text[:40]!r}") from None
-    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
-        return batch(value)
-    return value
+        raise SystemExit(f"clipper: --input: a JSON list of {app.input_type} expected, got {text[:40]!r}") from None
+    return shaped(value, app.input_shape)
 
 
 def _uid(raw: str | None) -> int | str | None:
@@ -76,7 +85,7 @@ def _uid(raw: str | None) -> int | str | None:
 
 
 def run(args: argparse.Namespace, conn: ClipperConnection) -> int:
-    value = read_input(args, _input_type(conn, args.app))
+    value = read_input(args, declared(conn, args.app))
     if args.command == "update":
         label: Any = args.label
         with contextlib.suppress(ValueError):  # else a text label
