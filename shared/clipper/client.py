@@ -65,6 +65,10 @@ class ClipperConnection:
             req.add_header("Authorization", f"Bearer {self._token}")
         if self._sign is not None:
             self._sign(req)
+        return self._answer(req)
+
+    def _answer(self, req: urllib.request.Request) -> Any:
+        """The JSON answer; a refusal raises ``AdminError`` with Clipper's error, no answer one naming the URL."""
         try:
             with urllib.request.urlopen(req, timeout=self._timeout) as resp:
                 return json.loads(resp.read())
@@ -192,8 +196,13 @@ class ClipperConnection:
 
     def get_metrics(self) -> Any:
         """Clipper's ``GET /metrics`` of the frontend that answers (per process; CloudWatch has the rest)."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=self._timeout) as resp:
-            return json.loads(resp.read())
+        return self._answer(urllib.request.Request(f"{self.url}/metrics"))
+
+    def get_local_processes(self) -> list[Any] | None:
+        """The local stack's processes (name, pid, status, restarts, last exit, last restart) as its gateway lists
+        them in ``/metrics``; None where the API is not the local stack's (on AWS)."""
+        listed = self.get_metrics().get("processes")
+        return listed if isinstance(listed, list) else None
 
     def inspect_instance(self) -> Any:
         return self._call("get_state", {})

@@ -28,6 +28,7 @@ from clipper.feedback import FeedbackReceiver
 from clipper.frontend.api import create_app
 from clipper.frontend.query import QueryProcessor
 from clipper.models.updater import ServingDefaults, build_model_updater
+from infra.local.routing import gateway
 from tests.fakes import FakeEndpoint, FakeResolver, InMemoryReplies, ListQueue, digits_app, model_version
 from tests.services import free_port, wait_for_port
 from tests.unit.test_query_processor import InlineQueue
@@ -37,7 +38,7 @@ TOKEN = "cli-token"
 
 
 @pytest.fixture
-def api(aws) -> Iterator[dict[str, Any]]:
+def api(aws, tmp_path) -> Iterator[dict[str, Any]]:
     import uvicorn
 
     registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
@@ -53,16 +54,20 @@ def api(aws) -> Iterator[dict[str, Any]]:
     feedback = FeedbackReceiver(cached, feedback_queue, "https://sqs.local/feedback")
     frontend = create_app(processor, 1 << 20, feedback=feedback)
 
-    async def gateway(scope, receive, send):  # type: ignore[no-untyped-def]
-        target = admin if scope["type"] == "http" and scope["path"].startswith("/admin") else frontend
-        await target(scope, receive, send)
-
+    processes = tmp_path / "processes.json"  # the local stack's gateway lists what the supervisor writes here
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(gateway, port=port, log_level="warning", lifespan="off"))
+    routed = gateway(admin, frontend, processes)
+    server = uvicorn.Server(uvicorn.Config(routed, port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for_port(port)
-    yield {"url": f"http://127.0.0.1:{port}", "aws": aws, "registry": registry, "feedback": feedback_queue}
+    yield {
+        "url": f"http://127.0.0.1:{port}",
+        "aws": aws,
+        "registry": registry,
+        "feedback": feedback_queue,
+        "processes": processes,
+    }
     server.should_exit = True
     thread.join(10)
 
@@ -110,15 +115,12 @@ def test_update_sends_feedback_and_the_client_has_predict_and_update(api, capsys
     assert conn.update("digits", one_hot(6), 6, uid="u1")["accepted"] is True
 
 
-def test_inspect_is_a_table_with_the_local_processes_and_json_on_request(api, tmp_path, monkeypatch, capsys):
-    state = tmp_path / "state"
-    (state / "logs").mkdir(parents=True)
+def test_inspect_is_a_table_with_the_local_processes_and_json_on_request(api, capsys):
     processes = [
         {"name": "endpoint-mlp", "pid": 41, "status": "running", "restarts": 2, "last_exit": -9, "last_restart": 1.0},
         {"name": "frontend", "pid": 42, "status": "running", "restarts": 0, "last_exit": None, "last_restart": None},
     ]
-    (state / "processes.json").write_text(json.dumps({"updated": 1, "processes": processes}))
-    monkeypatch.setenv("CLIPPER_LOCAL_STATE_DIR", str(state))
+    api["processes"].write_text(json.dumps({"updated": 1, "processes": processes}))
     assert clipper(api, "inspect") == 0
     table = capsys.readouterr().out
     assert "applications (1)" in table and "models (1)" in table and "mlp:1*" in table
@@ -126,6 +128,26 @@ def test_inspect_is_a_table_with_the_local_processes_and_json_on_request(api, tm
     assert clipper(api, "inspect", "--json") == 0
     raw = json.loads(capsys.readouterr().out)
     assert raw["processes"] == processes and "digits" in raw["applications"]
+    # the gateway's /metrics: the frontend's metrics and the processes
+    report = ClipperConnection(api["url"]).get_metrics()
+    assert report["processes"] == processes and {"counters", "meters", "histograms"} <= set(report)
+
+
+def test_inspect_shows_the_processes_of_the_stack_it_asks_not_a_local_folder(api, tmp_path, monkeypatch, capsys):
+    """An API whose gateway lists no processes (AWS, or the stack not yet written them) shows none, even with a
+    stopped local stack's processes.json in the state folder here."""
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    old = [{"name": "frontend", "pid": 1, "status": "stopped", "restarts": 0}]
+    (stale / "processes.json").write_text(json.dumps({"processes": old}))
+    monkeypatch.setenv("CLIPPER_LOCAL_STATE_DIR", str(stale))
+    monkeypatch.chdir(tmp_path)
+    assert clipper(api, "inspect") == 0
+    table = capsys.readouterr().out
+    assert "applications (1)" in table and "local processes" not in table
+    assert clipper(api, "inspect", "--json") == 0
+    assert "processes" not in json.loads(capsys.readouterr().out)
+    assert "processes" not in ClipperConnection(api["url"]).get_metrics()
 
 
 def test_logs_lists_the_processes_and_tails_one(tmp_path, capsys):
@@ -179,6 +201,10 @@ def test_a_rejected_version_exits_3_and_an_unreachable_api_is_a_sentence(api, ca
     assert main(["--url", nobody, "--token", TOKEN, "apps"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"clipper: no Clipper API answers at {nobody}") and "0 unreachable" not in err
+    for argv in (["metrics"], ["predict", "digits", "--input", "[1]"]):
+        assert main(["--url", nobody, *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"clipper: no Clipper API answers at {nobody}") and "Traceback" not in err
 
 
 def test_every_command_has_a_help_line(capsys):

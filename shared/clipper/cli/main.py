@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from clipper.cli import admin, local, query
 from clipper.cli.tables import inspect_table, metrics_table
@@ -50,7 +51,7 @@ def _main(argv: list[str] | None) -> int:
             return query.run(args, conn)
         if args.command == "inspect":
             state = conn.inspect_instance()
-            processes = local.processes(local.state_dir())
+            processes = _local_processes(conn)
             if args.json:
                 print(json.dumps({**state, "processes": processes} if processes is not None else state, indent=2))
             else:
@@ -74,3 +75,11 @@ def _main(argv: list[str] | None) -> int:
         print(f"clipper: {args.name}:{args.version} was rejected", file=sys.stderr)
         return 3
     return 0
+
+
+def _local_processes(conn: ClipperConnection) -> list[Any] | None:
+    """The processes the local stack's gateway lists; None on AWS, or when its /metrics does not answer."""
+    try:
+        return conn.get_local_processes()
+    except AdminError:
+        return None

@@ -1,0 +1,59 @@
+"""The local stack's routing, API Gateway's stand-in: ``/admin/...`` to the admin app, everything else to the
+frontend's; with a processes file (the supervisor's ``processes.json``), ``GET /metrics`` also lists the stack's
+processes under ``processes`` (name, pid, status, restarts, last exit, last restart), which ``clipper inspect``
+shows. The apps are given (``infra/local/gateway.py`` composes the real ones), so tests route to their own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+Asgi = Any  # an ASGI application: async (scope, receive, send) -> None
+
+
+def gateway(admin: Asgi, frontend: Asgi, processes_file: Path | None = None) -> Asgi:
+    async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        http = scope["type"] == "http"
+        target = admin if http and scope["path"].startswith("/admin") else frontend
+        if processes_file is not None and http and scope["path"] == "/metrics" and scope["method"] == "GET":
+            await with_processes(target, processes_file, scope, receive, send)
+            return
+        await target(scope, receive, send)
+
+    return route
+
+
+def read_processes(processes_file: Path) -> list[Any] | None:
+    """The supervisor's processes; None while the file is not (yet) written or not readable."""
+    try:
+        listed = json.loads(processes_file.read_text())["processes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return listed if isinstance(listed, list) else None
+
+
+async def with_processes(target: Asgi, processes_file: Path, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The frontend's /metrics with the supervisor's processes added."""
+    start: dict[str, Any] = {}
+    body = bytearray()
+
+    async def collect(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+        elif message["type"] == "http.response.body":
+            body.extend(message.get("body", b""))
+
+    await target(scope, receive, collect)
+    processes = read_processes(processes_file)
+    if processes is not None:
+        try:
+            report = json.loads(body)
+            report["processes"] = processes
+            body[:] = json.dumps(report).encode()
+        except (ValueError, TypeError):
+            pass  # not the JSON object expected: the frontend's answer as it is
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": start.get("status", 200), "headers": headers})
+    await send({"type": "http.response.body", "body": bytes(body)})
