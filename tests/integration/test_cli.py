@@ -280,3 +280,34 @@ def test_predict_reads_numbers_by_the_apps_declared_shape(api, tmp_path, capsys)
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01\x02")
     assert clipper(api, "predict", "blobs", "--file", str(tmp_path / "blob.bin")) == 0
     assert json.loads(capsys.readouterr().out)["output"] == 3
+
+
+def test_logs_follow_prints_what_is_appended(tmp_path):
+    import queue
+    import signal
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True)
+    log = state / "logs" / "batcher-mlp.log"
+    log.write_text("old 1\nold 2\n")
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "clipper.cli", "logs", "batcher-mlp", "-f", "-n", "1", "--state-dir", str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in follow.stdout or []], daemon=True).start()
+    try:
+        assert lines.get(timeout=30) == "old 2\n"
+        with log.open("a") as f:
+            f.write("new 1\nnew 2\n")
+        assert [lines.get(timeout=30), lines.get(timeout=30)] == ["new 1\n", "new 2\n"]
+        follow.send_signal(signal.SIGINT)  # Ctrl-C: the way to stop following, so no traceback and status 0
+        assert follow.wait(30) == 0
+        assert "Traceback" not in (follow.stderr.read() if follow.stderr else "")
+    finally:
+        follow.kill()
+        follow.wait(10)

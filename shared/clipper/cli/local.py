@@ -9,12 +9,14 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def state_dir(given: str | None = None) -> Path:
@@ -63,11 +65,18 @@ def run_logs(args: argparse.Namespace) -> int:
         lines = f.readlines()[-args.lines :] if args.lines > 0 else []
         sys.stdout.write(b"".join(lines).decode(errors="replace"))
         sys.stdout.flush()
-        while args.follow:
-            chunk = f.read()
-            if chunk:
-                sys.stdout.write(chunk.decode(errors="replace"))
-                sys.stdout.flush()
-            else:
-                time.sleep(0.25)
+        if args.follow:
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how following ends: quietly, status 0
+                follow(f)
     return 0
+
+
+def follow(f: BinaryIO) -> None:
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
+    while True:
+        chunk = f.read()
+        if chunk:
+            sys.stdout.write(text.decode(chunk))
+            sys.stdout.flush()
+        else:
+            time.sleep(0.25)
