@@ -1,0 +1,94 @@
+"""``clipper deploy`` end to end against moto's server (a real presigned PUT), with the model updater run on each
+upload as the S3 notification would: the state it prints is the one the API answers (``--no-promote`` with the
+model's auto-promote on leaves the version registered, not active)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from clipper.adapters.clock import SystemClock
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.adapters.s3_uploads import S3ModelUploads
+from clipper.admin.api import create_admin_app
+from clipper.admin.service import AdminService
+from clipper.cli import main
+from clipper.models.updater import ServingDefaults, build_model_updater
+from tests.fakes import digits_app, model_version
+from tests.integration.conftest import create_tables
+from tests.services import free_port, wait_for_port
+
+pytestmark = pytest.mark.integration
+TOKEN = "deploy-token"
+BUCKET, TABLE = "clipper-models", "clipper-registry"
+
+
+def run_updater(s3: Any, updater: Any, stop: threading.Event) -> None:
+    """What the bucket's notification does: every new model file goes to the model updater once."""
+    seen: set[str] = set()
+    while not stop.wait(0.1):
+        for obj in s3.list_objects_v2(Bucket=BUCKET, Prefix="models/").get("Contents", []):
+            if obj["Key"] not in seen:
+                seen.add(obj["Key"])
+                head = s3.head_object(Bucket=BUCKET, Key=obj["Key"])
+                updater.handle_object(BUCKET, obj["Key"], obj["Size"], head["ETag"], head.get("VersionId"))
+
+
+@pytest.fixture
+def api(aws_env: None) -> Iterator[str]:
+    import uvicorn
+    from moto.server import ThreadedMotoServer
+
+    moto_port = free_port()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
+    moto.start()
+    endpoint = f"http://127.0.0.1:{moto_port}"
+    s3, dynamodb = boto3.client("s3", endpoint_url=endpoint), boto3.client("dynamodb", endpoint_url=endpoint)
+    create_tables(dynamodb, TABLE, "clipper-replies")
+    s3.create_bucket(Bucket=BUCKET)
+    registry = DynamoDBRegistry(dynamodb, TABLE)
+    registry.put_app(digits_app())
+    registry.put_version(model_version("mlp", "1"), activate=True)
+    registry.link("digits", "mlp")
+    admin = create_admin_app(AdminService(registry, uploads=S3ModelUploads(s3, BUCKET)), "token", TOKEN)
+    updater = build_model_updater(dynamodb, s3, TABLE, SystemClock(), ServingDefaults(), 10**8)
+    stop = threading.Event()
+    watcher = threading.Thread(target=run_updater, args=(s3, updater, stop), daemon=True)
+    watcher.start()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(admin, port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for_port(port)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    stop.set()
+    thread.join(10)
+    watcher.join(10)
+    moto.stop()
+
+
+def test_deploy_prints_the_state_the_api_answers(api, demo_models, capsys):
+    model = str(Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx")
+
+    def clipper(*argv: str) -> int:
+        return main(["--url", api, "--token", TOKEN, *argv])
+
+    assert clipper("auto-promote", "mlp", "on") == 0
+    capsys.readouterr()
+    assert clipper("deploy", "mlp", "2", model, "--no-promote", "--timeout", "60") == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["is_current_version"] is False
+    assert err.splitlines()[-1].startswith("clipper: mlp:2 registered, not active"), err
+    assert clipper("model", "mlp", "1") == 0
+    assert json.loads(capsys.readouterr().out)["is_current_version"] is True
+    assert clipper("deploy", "mlp", "3", model, "--timeout", "60") == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["is_current_version"] is True
+    assert err.splitlines()[-1].startswith("clipper: mlp:3 active"), err
