@@ -20,7 +20,7 @@ from clipper.admin.api import create_admin_app
 from clipper.admin.service import AdminService
 from clipper.batching.core import Batcher
 from clipper.cli import main
-from clipper.cli.admin import load_estimator
+from clipper.cli.files import load_estimator
 from clipper.client import ClipperConnection
 from clipper.core.domain import InputType
 from clipper.core.registry_cache import CachedRegistry
@@ -311,3 +311,44 @@ def test_logs_follow_prints_what_is_appended(tmp_path):
     finally:
         follow.kill()
         follow.wait(10)
+
+
+def test_a_bad_npy_file_is_one_line(api, tmp_path):
+    (tmp_path / "garbage.npy").write_bytes(b"not an array")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    for bad in ("garbage.npy", "objects.npy", "missing.npy"):
+        with pytest.raises(SystemExit) as refused:
+            clipper(api, "predict", "digits", "--npy", str(tmp_path / bad))
+        assert str(refused.value).startswith(f"clipper: --npy: cannot load {tmp_path / bad} as a .npy array: ")
+        assert "\n" not in str(refused.value)
+    (tmp_path / "m.pkl").write_bytes(b"")
+    with pytest.raises(SystemExit, match="--sample-npy: cannot load"):
+        clipper(api, "deploy", "lr", "1", str(tmp_path / "m.pkl"), "--sample-npy", str(tmp_path / "garbage.npy"))
+
+
+def test_ctrl_c_while_waiting_for_an_answer_is_no_traceback():
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "clipper.cli", "--url", url, "predict", "digits", "--input", "[1]"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            silent.settimeout(60)
+            accepted, _ = silent.accept()  # connected: it waits for the answer now
+            with accepted:
+                waiting.send_signal(signal.SIGINT)
+                assert waiting.wait(30) == 130
+            err = waiting.stderr.read() if waiting.stderr else ""
+            assert err == "clipper: interrupted\n", err
+        finally:
+            waiting.kill()
+            waiting.wait(10)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from clipper.cli.files import load_estimator, load_npy
 from clipper.client import ClipperConnection
 
 
@@ -144,11 +145,7 @@ def deploy(args: argparse.Namespace, conn: ClipperConnection) -> Any:
     def progress(message: str) -> None:
         print(f"clipper: {message}", file=sys.stderr, flush=True)
 
-    sample = None
-    if args.sample_npy:
-        import numpy as np
-
-        sample = np.load(args.sample_npy)
+    sample = load_npy(args.sample_npy, "--sample-npy") if args.sample_npy else None
     options = {"promote": not args.no_promote, "timeout_s": args.timeout, "progress": progress}
     if args.file.endswith((".pkl", ".pickle", ".joblib")):
         if sample is None:
@@ -156,19 +153,3 @@ def deploy(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         model = load_estimator(args.file)
         return conn.deploy_sklearn_model(args.name, args.version, model, args.input_type, sample, **options)
     return conn.deploy_onnx_model(args.name, args.version, args.file, sample, args.input_type, **options)
-
-
-def load_estimator(path: str) -> Any:
-    """A fitted scikit-learn model from a joblib file (.joblib) or a pickle (.pkl/.pickle); any failure is one
-    line naming the file (SystemExit)."""
-    try:
-        if path.endswith(".joblib"):
-            import joblib
-
-            return joblib.load(path)
-        import pickle
-
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except Exception as e:  # unpickling runs arbitrary code: whatever it raises, say it in one line
-        raise SystemExit(f"clipper: cannot load {path}: {type(e).__name__}: {e}") from e

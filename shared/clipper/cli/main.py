@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `clipper ... | head`: the reader has gone; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:  # Ctrl-C while waiting (a deploy, a slow answer): no traceback
+        print("clipper: interrupted", file=sys.stderr)
+        return 130
 
 
 def _main(argv: list[str] | None) -> int:

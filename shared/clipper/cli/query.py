@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clipper.cli.files import load_npy
 from clipper.client import AdminError, ClipperConnection
 from clipper.client_query import batch, shaped
 
@@ -60,9 +61,7 @@ def read_input(args: argparse.Namespace, app: Declared) -> Any:
         data = Path(args.file).read_bytes()
         return data if app.input_type in (None, "bytes") else data.decode()
     if args.npy:
-        import numpy as np
-
-        value = shaped(np.load(args.npy), app.input_shape)
+        value = shaped(load_npy(args.npy, "--npy"), app.input_shape)
         return value.inputs[0] if isinstance(value, batch) and len(value.inputs) == 1 else value
     text: str = args.input
     if text.startswith("@"):
