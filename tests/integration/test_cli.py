@@ -67,6 +67,7 @@ def api(aws, tmp_path) -> Iterator[dict[str, Any]]:
         "registry": registry,
         "feedback": feedback_queue,
         "processes": processes,
+        "endpoint": endpoint,
     }
     server.should_exit = True
     thread.join(10)
@@ -98,10 +99,13 @@ def test_predict_takes_json_a_file_or_npy_rows_and_says_when_the_answer_is_a_def
     # the app's declared type is honoured: text for a numeric app is refused before any request
     with pytest.raises(SystemExit, match="a JSON list of floats expected"):
         clipper(api, "predict", "digits", "--input", "not json")
-    api["registry"].put_version(model_version("mlp", "2", endpoint="http://127.0.0.1:9"), activate=True)
-    endpoint_down = ClipperConnection(api["url"], TOKEN)
-    answer = endpoint_down.predict("digits", np.array(one_hot(4), dtype=np.float32))
-    assert answer["output"] in (4, -1)  # the inline batcher's fake endpoint ignores the URL
+    # the model fails: the app's default answers, and the command says so (with the query id and the cause)
+    api["endpoint"].fail_with = "model server down"
+    assert clipper(api, "predict", "digits", "--input", json.dumps(one_hot(4))) == 0
+    out, err = capsys.readouterr()
+    answer = json.loads(out)
+    assert answer["default"] is True and answer["output"] == -1
+    assert err == f"clipper: default output for query {answer['query_id']}: {answer['default_explanation']}\n"
 
 
 def test_update_sends_feedback_and_the_client_has_predict_and_update(api, capsys):
