@@ -18,10 +18,8 @@ ONNX, check it on a sample input, PUT it to the presigned URL ``get_upload_url``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -335,59 +333,9 @@ class ClipperConnection:
         timeout_s: float,
         progress: Progress | None,
     ) -> Any:
-        from clipper.models.convert import DeployError, check_on_sample
+        from clipper.client_deploy import Uploader
 
-        checked = check_on_sample(data, sample)
-        _say(progress, f"checked on {checked.rows} sample rows: {checked.outputs[:5]}")
-        target = self.get_upload_url(name, version, promote)
-        _say(progress, f"uploading {len(data)} bytes to s3://{target['bucket']}/{target['key']}")
-        req = urllib.request.Request(target["url"], data=data, method="PUT")
-        req.add_header("Content-Type", "application/octet-stream")
-        for header, value in target.get("headers", {}).items():
-            req.add_header(header, value)
-        try:
-            with urllib.request.urlopen(req, timeout=max(self._timeout, 120)) as resp:
-                etag = resp.headers.get("ETag", "").strip('"')
-        except urllib.error.HTTPError as e:
-            raise DeployError(f"the upload was refused ({e.code})", [e.read()[:300].decode(errors="replace")]) from e
-        except urllib.error.URLError as e:
-            raise DeployError(f"the model bucket is unreachable: {e.reason}") from e
-        digest = hashlib.sha256(data).hexdigest()
-        _say(progress, f"waiting for the model updater to register {name}:{version}")
-        info = self._wait_registered(name, version, digest, etag, timeout_s)
-        if promote and not info.get("is_current_version"):
-            self.set_model_version(name, version)
-            info = self.get_model_info(name, version)
-        state = "active" if info.get("is_current_version") else "registered, not active"
-        _say(progress, f"{name}:{version} {state} (queue {info.get('queue_url')}, endpoint {info.get('endpoint')})")
-        return info
-
-    def _wait_registered(self, name: str, version: str, digest: str, etag: str, timeout_s: float) -> Any:
-        from clipper.models.convert import DeployError
-
-        def ours(record: Any) -> bool:
-            return bool(record) and (record.get("sha256") == digest or (bool(etag) and record.get("etag") == etag))
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                info = self.get_model_info(name, version)
-            except AdminError as e:
-                if e.status != 404:
-                    raise
-                info = {}
-            if info.get("status") == "rejected" and ours(info):
-                raise DeployError(f"{name}:{version} was rejected", info.get("reasons", []))
-            if info.get("status") == "registered":
-                if info.get("sha256") == digest:
-                    return info
-                if ours(info.get("rejected_upload")):
-                    raise DeployError(f"{name}:{version} was rejected", info["rejected_upload"].get("reasons", []))
-            if time.monotonic() > deadline:
-                raise DeployError(
-                    f"{name}:{version} was not registered within {timeout_s:.0f} s (is the model updater running?)"
-                )
-            time.sleep(0.5)
+        return Uploader(self, max(self._timeout, 120), progress).deploy(name, version, data, sample, promote, timeout_s)
 
 
 def _say(progress: Progress | None, message: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ def api(aws_env: None) -> Iterator[str]:
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
     moto.start()
     endpoint = f"http://127.0.0.1:{moto_port}"
+    reset = urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")
+    urllib.request.urlopen(reset, timeout=30).close()  # moto's state is the process's: start from none
     s3, dynamodb = boto3.client("s3", endpoint_url=endpoint), boto3.client("dynamodb", endpoint_url=endpoint)
     create_tables(dynamodb, TABLE, "clipper-replies")
     s3.create_bucket(Bucket=BUCKET)
@@ -71,6 +74,7 @@ def api(aws_env: None) -> Iterator[str]:
     stop.set()
     thread.join(10)
     watcher.join(10)
+    urllib.request.urlopen(reset, timeout=30).close()
     moto.stop()
 
 
@@ -92,3 +96,29 @@ def test_deploy_prints_the_state_the_api_answers(api, demo_models, capsys):
     out, err = capsys.readouterr()
     assert json.loads(out)["is_current_version"] is True
     assert err.splitlines()[-1].startswith("clipper: mlp:3 active"), err
+
+
+def test_deploy_a_joblib_file_and_a_version_the_updater_rejects_exits_3(api, tmp_path, capsys):
+    import joblib
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+
+    def fitted(features: int) -> str:
+        x = rng.random((40, features)).astype(np.float32)
+        path = tmp_path / f"lr{features}.joblib"
+        joblib.dump(LogisticRegression().fit(x, (x[:, 0] > 0.5).astype(int)), path, compress=3)
+        np.save(tmp_path / f"rows{features}.npy", x[:2])
+        return str(path)
+
+    def clipper(*argv: str) -> int:
+        return main(["--url", api, "--token", TOKEN, *argv])
+
+    assert clipper("deploy", "mlp", "5", fitted(64), "--sample-npy", str(tmp_path / "rows64.npy")) == 0
+    assert json.loads(capsys.readouterr().out)["is_current_version"] is True
+    # 10 features: it converts and passes its sample, but the linked app (digits) takes 64: rejected
+    assert clipper("deploy", "mlp", "6", fitted(10), "--sample-npy", str(tmp_path / "rows10.npy")) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and "clipper: mlp:6 was rejected" in err and "Traceback" not in err
+    assert clipper("model", "mlp", "6") == 3

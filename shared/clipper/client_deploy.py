@@ -1,0 +1,89 @@
+"""The deployers' last steps (``ClipperConnection.deploy_*_model``): check the ONNX bytes on a sample, PUT them
+to the presigned URL the admin API gives (with the promote wish signed in as object metadata), wait until the
+model updater registered them or recorded why not, and report the state the API answers."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Protocol
+
+from clipper.client import AdminError, Progress
+from clipper.models.convert import DeployError, check_on_sample
+
+
+class ModelAdmin(Protocol):
+    """The admin operations a deployment uses."""
+
+    def get_upload_url(self, name: str, version: str, promote: bool | None = None) -> Any: ...
+
+    def get_model_info(self, name: str, version: str) -> Any: ...
+
+    def set_model_version(self, name: str, version: str) -> Any: ...
+
+
+class Uploader:
+    def __init__(self, admin: ModelAdmin, upload_timeout_s: float, progress: Progress | None = None) -> None:
+        self._admin = admin
+        self._upload_timeout = upload_timeout_s
+        self._progress = progress
+
+    def _say(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress(message)
+
+    def deploy(self, name: str, version: str, data: bytes, sample: Any, promote: bool, timeout_s: float) -> Any:
+        checked = check_on_sample(data, sample)
+        self._say(f"checked on {checked.rows} sample rows: {checked.outputs[:5]}")
+        target = self._admin.get_upload_url(name, version, promote)
+        self._say(f"uploading {len(data)} bytes to s3://{target['bucket']}/{target['key']}")
+        etag = self._put(target, data)
+        digest = hashlib.sha256(data).hexdigest()
+        self._say(f"waiting for the model updater to register {name}:{version}")
+        info = self._wait_registered(name, version, digest, etag, timeout_s)
+        if promote and not info.get("is_current_version"):
+            self._admin.set_model_version(name, version)
+            info = self._admin.get_model_info(name, version)
+        state = "active" if info.get("is_current_version") else "registered, not active"
+        self._say(f"{name}:{version} {state} (queue {info.get('queue_url')}, endpoint {info.get('endpoint')})")
+        return info
+
+    def _put(self, target: dict[str, Any], data: bytes) -> str:
+        req = urllib.request.Request(target["url"], data=data, method="PUT")
+        req.add_header("Content-Type", "application/octet-stream")
+        for header, value in target.get("headers", {}).items():
+            req.add_header(header, value)
+        try:
+            with urllib.request.urlopen(req, timeout=self._upload_timeout) as resp:
+                return str(resp.headers.get("ETag", "")).strip('"')
+        except urllib.error.HTTPError as e:
+            raise DeployError(f"the upload was refused ({e.code})", [e.read()[:300].decode(errors="replace")]) from e
+        except urllib.error.URLError as e:
+            raise DeployError(f"the model bucket is unreachable: {e.reason}") from e
+
+    def _wait_registered(self, name: str, version: str, digest: str, etag: str, timeout_s: float) -> Any:
+        def ours(record: Any) -> bool:
+            return bool(record) and (record.get("sha256") == digest or (bool(etag) and record.get("etag") == etag))
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                info = self._admin.get_model_info(name, version)
+            except AdminError as e:
+                if e.status != 404:
+                    raise
+                info = {}
+            if info.get("status") == "rejected" and ours(info):
+                raise DeployError(f"{name}:{version} was rejected", info.get("reasons", []))
+            if info.get("status") == "registered":
+                if info.get("sha256") == digest:
+                    return info
+                if ours(info.get("rejected_upload")):
+                    raise DeployError(f"{name}:{version} was rejected", info["rejected_upload"].get("reasons", []))
+            if time.monotonic() > deadline:
+                raise DeployError(
+                    f"{name}:{version} was not registered within {timeout_s:.0f} s (is the model updater running?)"
+                )
+            time.sleep(0.5)
