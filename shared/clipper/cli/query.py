@@ -1,11 +1,14 @@
 """Queries from the command line: ``clipper predict`` and ``clipper update``, honouring the application's input
-type (read from the admin API when a token is at hand).
+type and shape (read from the admin API when a token is at hand; without one, guessed from the input).
 
     clipper predict digits --input '[0, 0, 5, 13, ...]'
-    clipper predict digits --npy rows.npy              # one query, or an input_batch of its rows
+    clipper predict digits --npy rows.npy              # one input, or an input_batch of several
     clipper predict sentiment --input 'a fine day'     # a strings app: the text as given
     clipper predict images --file cat.jpg              # a bytes app: the file, base64-encoded
     clipper update digits-exp3 --uid 7 --input '[...]' --label 1
+
+It prints the answer's JSON (query_id, output, default, default_explanation); a default answer is also said on
+stderr. Feedback is Clipper's: the input and its true label (the query API keys it by input, not by query id).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         q = sub.add_parser(name, help=what)
         q.add_argument("app")
         given = q.add_mutually_exclusive_group(required=True)
-        given.add_argument("--input", help="a JSON list, @file.json, or text (for a strings app)")
-        given.add_argument("--npy", help="a .npy of rows: one row is a query, more an input_batch")
+        given.add_argument("--input", help="a JSON list, @file.json, text (strings app) or base64 (bytes app)")
+        given.add_argument("--npy", help="a .npy: one input of the app's shape, or several (an input_batch)")
         given.add_argument("--file", help="a file's bytes (for a bytes app)")
         q.add_argument("--uid", help="Clipper's user id (bandit state per user)")
         if name == "predict":
