@@ -52,6 +52,7 @@ class ClipperConnection:
         self._token = token if token is not None else os.environ.get("CLIPPER_ADMIN_TOKEN", "")
         self._timeout = timeout_s
         self._sign = sign
+        self._shapes: dict[str, list[int] | None] = {}  # applications' declared input shapes, asked once
 
     def _call(self, operation: str, body: dict[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -241,12 +242,24 @@ class ClipperConnection:
 
     # -- queries ---------------------------------------------------------------------------------------
     def predict(self, app: str, input: Any, uid: int | str | None = None, debug: bool = False) -> Any:
-        """One query (``input``: a list, a numpy array, a string, or bytes for a bytes app), or a batch when
-        ``input`` is a 2-D numpy array or a list of inputs given as ``batch(...)``. Answers the JSON response
-        (``output``, ``default``, ``default_explanation``...); a 4xx raises ``QueryError`` naming the field."""
-        from clipper.client_query import predict
+        """One query (``input``: a list, a numpy array, a string, or bytes for a bytes app), or a batch of them
+        (``batch([...])``). A numpy array of more than one dimension is read by the app's declared shape, asked
+        once of the admin API: an array of that shape is one input, one more leading dimension a batch (without
+        a token, or a shape, a 2-D array is a batch of rows). Answers the JSON response (``query_id``,
+        ``output``, ``default``, ``default_explanation``...); a 4xx raises ``QueryError`` naming the field."""
+        from clipper.client_query import predict, shaped
 
+        if getattr(input, "ndim", 0) >= 2:
+            input = shaped(input, self._input_shape(app))
         return predict(self.url, app, input, uid, debug, self._timeout)
+
+    def _input_shape(self, app: str) -> list[int] | None:
+        if app not in self._shapes:
+            try:
+                self._shapes[app] = self.get_app_info(app).get("input_shape") or None
+            except AdminError:  # no token (a query-only user), or no such app: the query API says so
+                return None
+        return self._shapes[app]
 
     def update(self, app: str, input: Any, label: Any, uid: int | str | None = None) -> Any:
         """Feedback for the bandit: the true ``label`` of an ``input`` this app (and ``uid``) was queried with."""

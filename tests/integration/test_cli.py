@@ -272,6 +272,10 @@ def test_predict_reads_numbers_by_the_apps_declared_shape(api, tmp_path, capsys)
     np.save(tmp_path / "one.npy", grids[2])
     assert clipper(api, "predict", "grid", "--npy", str(tmp_path / "one.npy")) == 0
     assert json.loads(capsys.readouterr().out)["output"] == 3
+    # the Python client reads a numpy array by the declared shape too (asked once of the admin API)
+    conn = ClipperConnection(api["url"], TOKEN)
+    assert conn.predict("grid", grids[1])["output"] == 2
+    assert [p["output"] for p in conn.predict("grid", grids)["batch_predictions"]] == [1, 2, 3]
     # a bytes app: --input is base64 text as the query API takes it, --file a file's bytes
     assert clipper(api, "register-app", "blobs", "bytes", "-1", "2000000") == 0
     api["registry"].put_version(
