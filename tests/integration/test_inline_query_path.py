@@ -31,6 +31,16 @@ from tests.services import redis_url  # noqa: F401  (fixture)
 pytestmark = pytest.mark.integration
 
 
+def _cached(stack, row: list[float]) -> bool:
+    """Whether model a's output for ``row`` is in the prediction cache."""
+    import numpy as np
+
+    from clipper.core.cache_keys import row_keys
+
+    (key,) = row_keys("a", "1", np.asarray([row], dtype=np.float32))
+    return bool(stack[3].get_many([key]))
+
+
 def one_hot(i: int) -> list[float]:
     return [1.0 if j == i else 0.0 for j in range(64)]
 
@@ -74,7 +84,7 @@ def stack(redis_url):  # noqa: F811
         )
         return TestClient(create_app(processor, max_body_bytes=1 << 20))
 
-    yield make, endpoint, client
+    yield make, endpoint, client, cache
     stop.set()
     for t in drivers:
         t.join(timeout=5)
@@ -105,13 +115,18 @@ def blocking_calls_on_a_loop(monkeypatch):
     ids=["event-loop", "worker-thread", "event-loop-one-round-trip", "worker-thread-one-round-trip"],
 )
 def test_queries_are_answered_cached_and_ensembled(stack, inline, fused, blocking_calls_on_a_loop):
-    make, endpoint, _ = stack
+    make, endpoint, _, _ = stack
     with make(inline, fused) as http:
         http.post("/digits/predict", json={"input": one_hot(0)})  # the registry copy knows the app now
         r = http.post("/digits/predict?debug=1", json={"input_batch": [one_hot(3), one_hot(9), one_hot(3)]})
         body = r.json()
         assert [p["output"] for p in body["batch_predictions"]] == [3, 9, 3]
         assert ("worker" not in body["debug"]["timings_ms"]) is inline  # the path taken
+        # the batcher publishes replies first and fills the cache just after (replies are on the query's path):
+        # wait for the fill, as a later identical query would find it
+        deadline = time.monotonic() + 5
+        while len(endpoint.calls) and not _cached(stack, one_hot(9)) and time.monotonic() < deadline:
+            time.sleep(0.01)
         calls = len(endpoint.calls)
         again = http.post("/digits/predict?debug=1", json={"input": one_hot(9)}).json()
         assert again["output"] == 9 and again["debug"]["cache"] == {"hits": 1, "misses": 0}
@@ -123,7 +138,7 @@ def test_queries_are_answered_cached_and_ensembled(stack, inline, fused, blockin
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_concurrent_queries_on_one_loop_share_its_connection_and_each_get_their_own_answer(stack, fused):
-    make, _, _ = stack
+    make, _, _, _ = stack
     with make(True, fused) as http:
         http.post("/digits/predict", json={"input": one_hot(0)})
         results: list[tuple[int, int]] = []
