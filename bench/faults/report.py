@@ -12,12 +12,15 @@ KINDS = ("real", "default", "4xx", "5xx", "lost")
 SETTLE_S = 2.0  # recovered: every query sent in the next SETTLE_S seconds was answered by a model
 
 
-def summarize(outcomes: list[Outcome], fault_start: float, fault_end: float) -> dict[str, Any]:
+def summarize(outcomes: list[Outcome], fault_start: float, fault_end: float, wrong: int = 0) -> dict[str, Any]:
+    """The counts of one scenario's steady load; ``wrong``: how many of its real answers were not the model's
+    answer to their input (``bench.faults.truth``)."""
     counts = Counter(o.kind for o in outcomes)
     causes = Counter(_cause(o.cause) for o in outcomes if o.kind == "default")
     return {
         "sent": len(outcomes),
         **{k: counts.get(k, 0) for k in KINDS},
+        "wrong": wrong,
         "defaults_without_cause": sum(1 for o in outcomes if o.kind == "default" and not o.cause),
         "default_causes": dict(causes.most_common()),
         "fault_s": round(fault_end - fault_start, 2),
@@ -47,8 +50,10 @@ def recovery(outcomes: list[Outcome], fault_end: float) -> float | None:
     return None
 
 
-def verdict(row: dict[str, Any]) -> list[str]:
-    """What misses the targets: 0 lost, 0 5xx, every default with its cause."""
+def verdict(row: dict[str, Any], all_real: bool = False) -> list[str]:
+    """What misses the targets: 0 lost, 0 5xx, every default with its cause, no wrong answer, each of the
+    scenario's own checks (``row["checks"]``: what it must leave behind, memory bounded); with ``all_real``,
+    no default either (a fault the steady load must not notice)."""
     out = []
     if row["lost"]:
         out.append(f"{row['lost']} lost")
@@ -56,18 +61,23 @@ def verdict(row: dict[str, Any]) -> list[str]:
         out.append(f"{row['5xx']} answered 5xx")
     if row["defaults_without_cause"]:
         out.append(f"{row['defaults_without_cause']} defaults without a cause")
+    if row.get("wrong"):
+        out.append(f"{row['wrong']} wrong answers (not the model's output for their input)")
+    if all_real and row["default"]:
+        out.append(f"{row['default']} defaults where every query should have had its model's answer")
+    out += [f"failed: {name}" for name, ok in row.get("checks", {}).items() if not ok]
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| scenario | sent | real | default | 4xx | 5xx | lost | fault s | recovery s | main default cause |"
-    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+    head = "| scenario | sent | real | default | 4xx | 5xx | lost | wrong | fault s | recovery s | defaults' causes |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        main = next(iter(r["default_causes"]), "-")
+        main = "; ".join(f"{c or '(none)'} ({n})" for c, n in r["default_causes"].items()) or "-"
         rec = "-" if r["recovery_s"] is None else f"{r['recovery_s']:g}"
         lines.append(
             f"| {r['scenario']} | {r['sent']} | {r['real']} | {r['default']} | {r['4xx']} | {r['5xx']} | "
-            f"{r['lost']} | {r['fault_s']:g} | {rec} | {main} |"
+            f"{r['lost']} | {r.get('wrong', 0)} | {r['fault_s']:g} | {rec} | {main} |"
         )
     return "\n".join(lines)
 

@@ -99,6 +99,6 @@ class World:
 def pings(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
+            return bool(r.status == 200)
     except OSError:
         return False
