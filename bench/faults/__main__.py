@@ -64,7 +64,7 @@ def settle_redeliveries(world: World, runs: list[dict[str, Any]], plan: Plan) ->
         if "redelivery" not in run:
             continue
         log(f"{run['scenario']}: what became of the {run['in_flight_at_kill']} message(s) the killed batcher held")
-        got = redelivery(world, run.pop("redelivery"), plan.redelivery_wait_s)
+        got = redelivery(world.redis(), run.pop("redelivery"), plan.redelivery_wait_s)
         run["redelivered"] = got
         if got["checked"]:
             run.setdefault("checks", {})[

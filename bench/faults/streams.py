@@ -50,7 +50,7 @@ def _of_pid(consumer: Any, pid: int) -> bool:
     return len(parts) == 3 and parts[1] == str(pid)
 
 
-def _pending_of(r: Any, key: str, pid: int) -> list[str]:
+def pending_of(r: Any, key: str, pid: int) -> list[str]:
     """The entries the consumers of process ``pid`` read and did not acknowledge."""
     ids: list[str] = []
     for c in r.xpending(key, _group())["consumers"]:
@@ -73,33 +73,44 @@ def batcher_killed_mid_batch(world: World, load: Load, plan: Plan) -> dict[str, 
         time.sleep(0.0005)
     os.kill(pid, signal.SIGKILL)
     start, killed_at = load.now(), time.time()
-    in_flight = _pending_of(r, key, pid)  # the process is gone: nothing more is read or acknowledged
+    in_flight = pending_of(r, key, pid)  # the process is gone: nothing more is read or acknowledged
     took = world.wait_restarted(BATCHER, before)
     return {
         "fault_start": start,
         "fault_end": load.now(),
         "restarted_after_s": round(took, 2),
         "in_flight_at_kill": len(in_flight),
-        "redelivery": {"ids": in_flight, "killed_at": killed_at},
+        "redelivery": held(_keys(), in_flight, killed_at, _visibility_s()),
         "checks": {"the kill came while the batcher held messages": bool(in_flight)},
     }
 
 
-def redelivery(world: World, pending: dict[str, Any], max_wait_s: float) -> dict[str, Any]:
-    """What became of the entries a killed batcher held: acknowledged after their redelivery (gone from the
-    stream and its pending list), dead-lettered, or still pending. Waits for the visibility timeout to pass (at
-    most ``max_wait_s``); when it cannot, says so instead of judging."""
-    r, keys = world.redis(), _keys()
+def held(keys: Any, ids: list[str], killed_at: float, visibility_s: float) -> dict[str, Any]:
+    """What ``redelivery`` follows: the entries a batcher held when it was killed (epoch s), on which stream."""
+    return {
+        "ids": ids,
+        "killed_at": killed_at,
+        "stream": keys.stream,
+        "dead_letter": keys.dead_letter,
+        "visibility_s": visibility_s,
+    }
+
+
+def redelivery(r: Any, pending: dict[str, Any], max_wait_s: float, grace_s: float = 10.0) -> dict[str, Any]:
+    """What became of the entries a killed batcher held (``held``): acknowledged after their redelivery (gone from
+    the stream and its pending list), dead-lettered, or still pending. Waits for the visibility timeout and
+    ``grace_s`` to pass (at most ``max_wait_s``); when it cannot, says so instead of judging."""
     ids: list[str] = pending["ids"]
-    due = pending["killed_at"] + _visibility_s() + 10.0  # a receive comes within the batcher's 1 s poll
+    due = pending["killed_at"] + pending["visibility_s"] + grace_s  # a receive comes within the batcher's poll
     if due - time.time() > max_wait_s:
-        return {"checked": False, "why": f"the visibility timeout ({_visibility_s():g} s) outlasts this run"}
+        return {"checked": False, "why": f"the visibility timeout ({pending['visibility_s']:g} s) outlasts this run"}
     while True:
-        left = _still_held(r, keys.stream, ids)
+        left = _still_held(r, pending["stream"], ids)
         if not left or time.time() >= due:
             break
-        time.sleep(1.0)
-    dead = {_text(f.get(b"source_id", b"")) for _, f in r.xrange(keys.dead_letter, "-", "+")}
+        time.sleep(min(1.0, grace_s / 10))
+    dead = {_text(f.get(b"source_id", b"")) for _, f in r.xrange(pending["dead_letter"], "-", "+")}
+    left = [i for i in left if i not in dead]
     return {
         "checked": True,
         "after_s": round(time.time() - pending["killed_at"], 1),
