@@ -37,6 +37,7 @@ def run_scenario(world: World, name: str, plan: Plan, rows: Any, first_serial: i
     scenario = SCENARIOS[name]
     app = scenario.app
     log(f"{name}: {plan.rate:g} q/s to /{app}/predict; {plan.before_s:g} s before the fault")
+    restarts = world.restarts()
     load = Load(world.stack.url, app, rows, plan.rate, first_serial=first_serial)
     load.start()
     time.sleep(plan.before_s)
@@ -44,15 +45,17 @@ def run_scenario(world: World, name: str, plan: Plan, rows: Any, first_serial: i
     log(f"{name}: fault over after {extra['fault_end'] - extra['fault_start']:.1f} s; {plan.after_s:g} s after it")
     time.sleep(plan.after_s)
     outcomes = load.stop()
+    restarted = {n: c - restarts.get(n, 0) for n, c in world.restarts().items() if c != restarts.get(n, 0)}
     wrong = wrong_answers(outcomes, load.row, ref.labels)
     summary = report.summarize(outcomes, extra["fault_start"], extra["fault_end"], wrong=len(wrong))
-    row = {"scenario": name, "app": app, **summary, "last_serial": load.last_serial}
+    row = {"scenario": name, "app": app, **summary, "last_serial": load.last_serial, "restarts": restarted}
     row.update({k: v for k, v in extra.items() if k not in ("fault_start", "fault_end")})
     row["wrong_examples"] = [{"serial": o.serial, "output": o.output} for o in wrong[:5]]
     row["misses_targets"] = report.verdict(row, scenario.all_real)
     log(
         f"{name}: sent {row['sent']}, real {row['real']}, default {row['default']}, 4xx {row['4xx']}, "
         f"5xx {row['5xx']}, lost {row['lost']}, wrong {row['wrong']}, recovery {row['recovery_s']} s"
+        + (f", restarted {restarted}" if restarted else "")
         + (f"  MISSES: {'; '.join(row['misses_targets'])}" if row["misses_targets"] else "")
     )
     return {**row, "outcomes": outcomes, "fault_start": extra["fault_start"], "fault_end": extra["fault_end"]}

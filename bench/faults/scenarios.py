@@ -137,6 +137,7 @@ def identical_queries_failing_model(world: World, load: Load, plan: Plan) -> dic
             "causes": sorted({o.cause for o in results}),
             "max_latency_ms": round(latencies[-1], 1),
             "median_latency_ms": round(latencies[len(latencies) // 2], 1),
+            "latencies_ms": [round(x, 1) for x in latencies],
         },
         "checks": {"every identical query got the failing endpoint's cause (none timed out)": owner_cause},
     }

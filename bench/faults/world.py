@@ -39,6 +39,10 @@ class World:
         data = json.loads((self.state / "processes.json").read_text())
         return {p["name"]: p for p in data["processes"]}
 
+    def restarts(self) -> dict[str, int]:
+        """How often the supervisor has restarted each process so far."""
+        return {name: int(p.get("restarts") or 0) for name, p in self.processes().items()}
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> dict[str, Any]:
         before = self.processes()[name]
         os.kill(before["pid"], sig)
