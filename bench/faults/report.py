@@ -10,6 +10,7 @@ from bench.faults.load import Outcome
 
 KINDS = ("real", "default", "4xx", "5xx", "lost")
 SETTLE_S = 2.0  # recovered: every query sent in the next SETTLE_S seconds was answered by a model
+BIN_S = 0.25  # the timeline's bars
 
 
 def summarize(outcomes: list[Outcome], fault_start: float, fault_end: float, wrong: int = 0) -> dict[str, Any]:
@@ -94,20 +95,22 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     for ax, run in zip(axes[:, 0], runs, strict=True):
         outcomes: list[Outcome] = run["outcomes"]
         end = max((o.sent_s for o in outcomes), default=1.0)
-        bins = [i * 0.5 for i in range(int(end / 0.5) + 2)]
+        bins = [i * BIN_S for i in range(int(end / BIN_S) + 2)]
         bottom = [0.0] * (len(bins) - 1)
         for kind in KINDS:
             counts = [0.0] * (len(bins) - 1)
             for o in outcomes:
                 if o.kind == kind:
-                    counts[min(int(o.sent_s / 0.5), len(counts) - 1)] += 2  # per second
-            ax.bar(bins[:-1], counts, width=0.5, bottom=bottom, align="edge", color=colours[kind], label=kind)
+                    counts[min(int(o.sent_s / BIN_S), len(counts) - 1)] += 1 / BIN_S  # per second
+            ax.bar(bins[:-1], counts, width=BIN_S, bottom=bottom, align="edge", color=colours[kind], label=kind)
             bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
-        ax.axvspan(run["fault_start"], run["fault_end"], color="grey", alpha=0.2)
+        ax.axvspan(run["fault_start"], max(run["fault_end"], run["fault_start"] + 0.05), color="grey", alpha=0.3)
+        for x in (run["fault_start"], run["fault_end"]):
+            ax.axvline(x, color="#333333", linestyle="--", linewidth=0.8)
         ax.set_title(run["scenario"], fontsize=8, loc="left")
         ax.set_ylabel("q/s", fontsize=7)
         ax.tick_params(labelsize=7)
-    axes[0, 0].legend(fontsize=7, ncol=5, loc="upper right")
+    axes[0, 0].legend(fontsize=7, ncol=5, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
     axes[-1, 0].set_xlabel("seconds (by the time a query was sent; the fault window shaded)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -70,7 +70,7 @@ def batcher_killed_mid_batch(world: World, load: Load, plan: Plan) -> dict[str, 
         summary = r.xpending(key, _group())
         if any(_of_pid(c["name"], pid) and c["pending"] > 0 for c in summary["consumers"]):
             break
-        time.sleep(0.0005)
+        time.sleep(0.001)
     os.kill(pid, signal.SIGKILL)
     start, killed_at = load.now(), time.time()
     in_flight = pending_of(r, key, pid)  # the process is gone: nothing more is read or acknowledged
