@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -77,6 +79,14 @@ def settle_redeliveries(world: World, runs: list[dict[str, Any]], plan: Plan) ->
         log(f"{run['scenario']}: {got}")
 
 
+def _commit() -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return ""
+    return done.stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="shorter windows, 1,000 unknown names (a check that it runs)")
@@ -96,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = base_rows(CASES["mlp"])
     ref = Reference(MODELS_DIR / "mlp" / "1" / "model.onnx")
     runs: list[dict[str, Any]] = []
+    conditions: dict[str, Any] = {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}
     stack.start()
     try:
         world.setup_faulty()
@@ -103,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             first = runs[-1]["last_serial"] + 1 if runs else 1
             runs.append(run_scenario(world, name, plan, rows, first, ref))
             time.sleep(2)  # the next scenario starts from a settled stack
+        conditions["load_average_at_end"] = os.getloadavg()
         settle_redeliveries(world, runs, plan)
     finally:
         world.teardown()
@@ -114,7 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "plan": asdict(plan),
         "transport": "redis",
-        "targets": "0 lost, 0 5xx, every default with its cause, memory bounded",
+        "targets": "0 lost, 0 5xx, every default with its cause, no wrong answer, each scenario's checks "
+        "(memory bounded among them)",
+        "conditions": {**conditions, "commit": _commit(), "when": time.strftime("%Y-%m-%d %H:%M:%S %z")},
         "scenarios": summary,
         "timelines": {r["scenario"]: [asdict(o) for o in r["outcomes"]] for r in runs},
     }
