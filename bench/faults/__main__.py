@@ -49,15 +49,20 @@ def run_scenario(world: World, name: str, plan: Plan, rows: Any, first_serial: i
     outcomes = load.stop()
     restarted = {n: c - restarts.get(n, 0) for n, c in world.restarts().items() if c != restarts.get(n, 0)}
     wrong = wrong_answers(outcomes, load.row, ref.labels)
-    summary = report.summarize(outcomes, extra["fault_start"], extra["fault_end"], wrong=len(wrong))
+    summary = report.summarize(
+        outcomes, extra["fault_start"], extra["fault_end"], wrong=len(wrong), slo_ms=scenario.slo_ms
+    )
     row = {"scenario": name, "app": app, **summary, "last_serial": load.last_serial, "restarts": restarted}
+    row["generator_max_lag_ms"] = round(load.max_lag_ms, 1)
     row.update({k: v for k, v in extra.items() if k not in ("fault_start", "fault_end")})
     row["wrong_examples"] = [{"serial": o.serial, "output": o.output} for o in wrong[:5]]
     row["misses_targets"] = report.verdict(row, scenario.all_real)
     log(
         f"{name}: sent {row['sent']}, real {row['real']}, default {row['default']}, 4xx {row['4xx']}, "
-        f"5xx {row['5xx']}, lost {row['lost']}, wrong {row['wrong']}, recovery {row['recovery_s']} s"
+        f"5xx {row['5xx']}, lost {row['lost']}, wrong {row['wrong']}, late {row['late']}, "
+        f"recovery {row['recovery_s']} s"
         + (f", restarted {restarted}" if restarted else "")
+        + (f", the generator sent up to {load.max_lag_ms:.0f} ms late" if load.max_lag_ms > 100 else "")
         + (f"  MISSES: {'; '.join(row['misses_targets'])}" if row["misses_targets"] else "")
     )
     return {**row, "outcomes": outcomes, "fault_start": extra["fault_start"], "fault_end": extra["fault_end"]}

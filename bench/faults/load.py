@@ -49,7 +49,11 @@ class Load:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._serial = self.first_serial - 1
-        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="faults-load")
+        # A thread for every query that can be in flight (each waits at most timeout_s): arrivals stay on time
+        # however long the stack holds its answers (max_lag_ms says how late a send was).
+        workers = int(self.rate * self.timeout_s) + 32
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="faults-load")
+        self.max_lag_ms = 0.0
         self._thread = threading.Thread(target=self._run, name="faults-pacer", daemon=True)
 
     def now(self) -> float:
@@ -91,10 +95,12 @@ class Load:
             outcome = Outcome(sent, (self.now() - sent) * 1000, "lost", f"{type(e).__name__}: {e}", serial)
         return outcome
 
-    def _record(self, serial: int) -> None:
+    def _record(self, serial: int, due: float) -> None:
+        lag_ms = (time.monotonic() - due) * 1000
         outcome = self.one(self.body(serial), serial=serial)
         with self._lock:
             self.outcomes.append(outcome)
+            self.max_lag_ms = max(self.max_lag_ms, lag_ms)
 
     def _run(self) -> None:
         n = 0
@@ -103,7 +109,7 @@ class Load:
             n += 1
             due = begin + n / self.rate
             self._stop.wait(max(0.0, due - time.monotonic()))
-            self._pool.submit(self._record, self.next_serial())
+            self._pool.submit(self._record, self.next_serial(), due)
 
     def start(self) -> None:
         self._thread.start()

@@ -11,17 +11,25 @@ from bench.faults.load import Outcome
 KINDS = ("real", "default", "4xx", "5xx", "lost")
 SETTLE_S = 2.0  # recovered: every query sent in the next SETTLE_S seconds was answered by a model
 BIN_S = 0.25  # the timeline's bars
+LATE_MARGIN_MS = 100.0  # an answer later than the SLO by more than this is late (a default is due at the SLO)
 
 
-def summarize(outcomes: list[Outcome], fault_start: float, fault_end: float, wrong: int = 0) -> dict[str, Any]:
+def summarize(
+    outcomes: list[Outcome], fault_start: float, fault_end: float, wrong: int = 0, slo_ms: float | None = None
+) -> dict[str, Any]:
     """The counts of one scenario's steady load; ``wrong``: how many of its real answers were not the model's
-    answer to their input (``bench.faults.truth``)."""
+    answer to their input (``bench.faults.truth``); with ``slo_ms``, how many answers came later than the SLO
+    by more than ``LATE_MARGIN_MS``."""
     counts = Counter(o.kind for o in outcomes)
+    answered = [o.latency_ms for o in outcomes if o.kind in ("real", "default")]
+    late = 0 if slo_ms is None else sum(1 for ms in answered if ms > slo_ms + LATE_MARGIN_MS)
     causes = Counter(_cause(o.cause) for o in outcomes if o.kind == "default")
     return {
         "sent": len(outcomes),
         **{k: counts.get(k, 0) for k in KINDS},
         "wrong": wrong,
+        "late": late,
+        "slowest_answer_ms": round(max(answered), 1) if answered else None,
         "defaults_without_cause": sum(1 for o in outcomes if o.kind == "default" and not o.cause),
         "default_causes": dict(causes.most_common()),
         "fault_s": round(fault_end - fault_start, 2),
@@ -64,6 +72,11 @@ def verdict(row: dict[str, Any], all_real: bool = False) -> list[str]:
         out.append(f"{row['defaults_without_cause']} defaults without a cause")
     if row.get("wrong"):
         out.append(f"{row['wrong']} wrong answers (not the model's output for their input)")
+    if row.get("late"):
+        out.append(
+            f"{row['late']} answers later than the SLO + {LATE_MARGIN_MS:g} ms (the slowest "
+            f"{row['slowest_answer_ms']:g} ms)"
+        )
     if all_real and row["default"]:
         out.append(f"{row['default']} defaults where every query should have had its model's answer")
     out += [f"failed: {name}" for name, ok in row.get("checks", {}).items() if not ok]
@@ -71,14 +84,15 @@ def verdict(row: dict[str, Any], all_real: bool = False) -> list[str]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| scenario | sent | real | default | 4xx | 5xx | lost | wrong | fault s | recovery s | defaults' causes |"
-    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = "| scenario | sent | real | default | 4xx | 5xx | lost | wrong | late | fault s | recovery s | "
+    head += "defaults' causes |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         main = "; ".join(f"{c or '(none)'} ({n})" for c, n in r["default_causes"].items()) or "-"
         rec = "-" if r["recovery_s"] is None else f"{r['recovery_s']:g}"
         lines.append(
             f"| {r['scenario']} | {r['sent']} | {r['real']} | {r['default']} | {r['4xx']} | {r['5xx']} | "
-            f"{r['lost']} | {r.get('wrong', 0)} | {r['fault_s']:g} | {rec} | {main} |"
+            f"{r['lost']} | {r.get('wrong', 0)} | {r.get('late', 0)} | {r['fault_s']:g} | {rec} | {main} |"
         )
     return "\n".join(lines)
 

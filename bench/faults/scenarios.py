@@ -14,7 +14,8 @@ from typing import Any
 from bench.faults.load import Load
 from bench.faults.plan import Plan
 from bench.faults.streams import batcher_killed_mid_batch, duplicate_delivery, poison_message
-from bench.faults.world import FAULTY_APP, World, pings
+from bench.faults.world import FAULTY_APP, FAULTY_SLO_MS, World, pings
+from bench.frontdoor.config import DEMO_SLO_MS
 
 # Memory bounded: the second round of unknown names may add at most this much to the frontend's RSS (a cache
 # of every name, as on main before issue 11, held ~3.4 KB a name: 34 MB for 10,000).
@@ -151,6 +152,10 @@ class Scenario:
     app: str  # the application the steady load queries
     inject: Inject
     all_real: bool = False  # the fault must not cost the steady load a single model answer
+
+    @property
+    def slo_ms(self) -> float:
+        return FAULTY_SLO_MS if self.app == FAULTY_APP else DEMO_SLO_MS
 
 
 SCENARIOS: dict[str, Scenario] = {

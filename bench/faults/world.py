@@ -21,6 +21,7 @@ from bench.frontdoor.procs import free_port
 from bench.frontdoor.stack import LocalStack
 
 FAULTY_APP, FAULTY_MODEL = "faults", "faulty"
+FAULTY_SLO_MS = 100
 FAULTY_QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/bench-faults-faulty"
 
 
@@ -79,7 +80,7 @@ class World:
         self.proxy = FaultProxy(f"http://127.0.0.1:{port}", free_port())
         self.proxy.start()
         conn = ClipperConnection(self.stack.url, self.stack.token)
-        conn.register_application(FAULTY_APP, "floats", "-1", 100_000, input_shape=[64])
+        conn.register_application(FAULTY_APP, "floats", "-1", FAULTY_SLO_MS * 1000, input_shape=[64])
         conn.deploy_model(FAULTY_MODEL, "1", "floats", [64], queue_url=FAULTY_QUEUE, endpoint=self.proxy.url)
         conn.link_model_to_app(FAULTY_APP, FAULTY_MODEL)
         env = {**os.environ, **self.env, "CLIPPER_QUEUE_TRANSPORT": "redis", "PYTHONUNBUFFERED": "1"}

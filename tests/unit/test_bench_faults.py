@@ -93,3 +93,16 @@ def test_a_batchers_consumer_is_known_by_its_pid():
 
     assert _of_pid(b"host-1:4242:9f3a11bc", 4242)
     assert not _of_pid("host-1:42420:9f3a11bc", 4242) and not _of_pid("depth", 4242)
+
+
+def test_answers_later_than_the_slo_and_a_margin_are_late():
+    outcomes = [
+        Outcome(i * 0.1, ms, kind, "c")
+        for i, (ms, kind) in enumerate(
+            [(50.0, "real"), (150.0, "default"), (250.0, "default"), (99.0, "real"), (9000.0, "lost"), (300.0, "4xx")]
+        )
+    ]
+    row = summarize(outcomes, 0.0, 0.1, slo_ms=100.0)
+    assert (row["late"], row["slowest_answer_ms"]) == (1, 250.0)  # a lost query or a 4xx is no answer
+    assert "1 answers later than the SLO + 100 ms (the slowest 250 ms)" in verdict(row)
+    assert summarize(outcomes, 0.0, 0.1)["late"] == 0  # no SLO given: not judged
