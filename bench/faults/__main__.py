@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         "transport": "redis",
         "targets": "0 lost, 0 5xx, every default with its cause, no wrong answer, each scenario's checks "
         "(memory bounded among them)",
-        "conditions": {**conditions, "commit": _commit(), "when": time.strftime("%Y-%m-%d %H:%M:%S %z")},
+        "conditions": {**conditions, "commit": _commit(), "finished": time.strftime("%Y-%m-%d %H:%M:%S %z")},
         "scenarios": summary,
         "timelines": {r["scenario"]: [asdict(o) for o in r["outcomes"]] for r in runs},
     }
