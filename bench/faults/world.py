@@ -21,6 +21,7 @@ from bench.frontdoor.procs import free_port
 from bench.frontdoor.stack import LocalStack
 
 FAULTY_APP, FAULTY_MODEL = "faults", "faulty"
+FAULTY_SLO_MS = 100
 FAULTY_QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/bench-faults-faulty"
 
 
@@ -38,6 +39,10 @@ class World:
     def processes(self) -> dict[str, dict[str, Any]]:
         data = json.loads((self.state / "processes.json").read_text())
         return {p["name"]: p for p in data["processes"]}
+
+    def restarts(self) -> dict[str, int]:
+        """How often the supervisor has restarted each process so far."""
+        return {name: int(p.get("restarts") or 0) for name, p in self.processes().items()}
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> dict[str, Any]:
         before = self.processes()[name]
@@ -75,7 +80,7 @@ class World:
         self.proxy = FaultProxy(f"http://127.0.0.1:{port}", free_port())
         self.proxy.start()
         conn = ClipperConnection(self.stack.url, self.stack.token)
-        conn.register_application(FAULTY_APP, "floats", "-1", 100_000, input_shape=[64])
+        conn.register_application(FAULTY_APP, "floats", "-1", FAULTY_SLO_MS * 1000, input_shape=[64])
         conn.deploy_model(FAULTY_MODEL, "1", "floats", [64], queue_url=FAULTY_QUEUE, endpoint=self.proxy.url)
         conn.link_model_to_app(FAULTY_APP, FAULTY_MODEL)
         env = {**os.environ, **self.env, "CLIPPER_QUEUE_TRANSPORT": "redis", "PYTHONUNBUFFERED": "1"}
@@ -99,6 +104,6 @@ class World:
 def pings(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
+            return bool(r.status == 200)
     except OSError:
         return False
