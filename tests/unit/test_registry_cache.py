@@ -142,3 +142,35 @@ def test_the_cache_keeps_the_most_recently_used_entries():
     assert inner.queries == reads and cached.sizes[0] <= 4
     cached.get_app("a1")
     assert inner.queries == reads + 1
+
+
+def test_ready_for_says_whether_choosing_an_apps_models_would_read_the_registry():
+    """A query runs on the event loop only when its selection reads nothing: a copy past ttl + max_stale (the
+    registry hung or down) would read on the loop and hold every query there."""
+    from clipper.frontend.query import QueryProcessor
+    from clipper.frontend.results import QueryTicket
+    from tests.fakes import InMemoryReplies, ListQueue
+
+    clock, registry = FakeClock(), OneQueryRegistry()
+    registry.apps["digits"] = digits_app()
+    registry.links["digits"] = ["mlp"]
+    registry.versions[("mlp", "1")] = model_version()
+    registry.active["mlp"] = "1"
+    runner = ManualRunner()
+    cached = CachedRegistry(registry, clock, ttl_s=2, refresh=runner, max_stale_s=2)
+    processor = QueryProcessor(cached, ListQueue(), InMemoryReplies(), clock, lambda: 1, inline=True)
+
+    def inline_now() -> bool:
+        ticket = QueryTicket()
+        processor.admit("digits", {"input": [0.0] * 64}, ticket)
+        return processor.can_inline(ticket)
+
+    assert cached.ready_for("digits") is False  # nothing held yet
+    cached.active_version("mlp")  # the model's version read first...
+    clock.advance(3)
+    cached.linked_models("digits")  # ... the app and its links 3 s later (entries age apart)
+    assert cached.ready_for("digits") and inline_now()
+    # the registry hangs: the version's reload (it was stale) never completes, the runner's task never runs
+    clock.advance(1.5)  # the app is fresh, the version past ttl + max_stale: choosing would read the registry
+    assert cached.get_app_nowait("digits") is not None
+    assert cached.ready_for("digits") is False and inline_now() is False

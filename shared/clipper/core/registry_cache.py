@@ -161,6 +161,19 @@ class CachedRegistry:
             raise value
         return value  # type: ignore[return-value]
 
+    def ready_for(self, app: str) -> bool:
+        """Whether choosing the models of ``app`` reads nothing from the registry now: its links and each linked
+        model's active version are held (fresh, or stale within ``max_stale_s`` and reloading off the path). A
+        query that would read the registry must not run on the event loop: a hung registry would hold the loop,
+        and with it every other query and the watchdog that answers late ones with their default."""
+        now = self._clock.now()
+        links = self._cached(("links", app), now)
+        if links is None:
+            return False
+        if isinstance(links, NotFound):
+            return True  # answered at once, from memory
+        return all(self._cached(("active", m), now) is not None for m in links)  # type: ignore[attr-defined]
+
     # -- the Registry port -------------------------------------------------------------------------------
     def get_app(self, name: str) -> Application:
         app: Application = self._get(("app", name))

@@ -67,7 +67,11 @@ class Selector:
         return len(self._states)
 
     def is_cached(self, app: Application, user: str | None) -> bool:
-        """Whether ``choose`` for this application and user reads no store (its states are fresh in memory)."""
+        """Whether ``choose`` for this application and user reads no store: the registry copy holds its links and
+        versions (when the registry is a cache that can tell), and its bandit states are fresh in memory."""
+        ready = getattr(self._registry, "ready_for", None)
+        if ready is not None and not ready(app.name):
+            return False
         if app.policy == "single" or self._store is None:
             return True
         now = self._clock.now()
