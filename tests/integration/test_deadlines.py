@@ -136,3 +136,51 @@ def test_a_full_worker_pool_still_answers_by_the_slo():
     assert stages <= {"sending to model mlp:1", "waiting for a worker thread"}
     assert "waiting for a worker thread" in stages
     assert max(elapsed for elapsed, _ in results) < 60 + 500  # not after the 10 s hang
+
+
+def test_a_hung_registry_cannot_hold_the_answer_past_the_slo():
+    """The registry copy ages past ttl + max_stale while every registry read hangs (DynamoDB unreachable): the
+    query still knows its application's deadline and default output from the stale copy, runs off the event
+    loop (its selection would read the registry), and is answered with the default by its SLO, not after the
+    hang (bench-faults found 130 answers up to 3.3 s late when moto was stopped for 5 s)."""
+    from clipper.core.registry_cache import CachedRegistry
+    from tests.fakes import FakeClock, InMemoryReplies
+
+    release = threading.Event()
+    hung = threading.Event()
+
+    class HangingRegistry(type(registry_with(80))):  # type: ignore[misc]
+        def _wait(self) -> None:
+            if hung.is_set():
+                release.wait(10)
+
+        def get_app(self, name):  # type: ignore[no-untyped-def]
+            self._wait()
+            return super().get_app(name)
+
+        def linked_models(self, app):  # type: ignore[no-untyped-def]
+            self._wait()
+            return super().linked_models(app)
+
+        def active_version(self, model):  # type: ignore[no-untyped-def]
+            self._wait()
+            return super().active_version(model)
+
+    registry = HangingRegistry()
+    for k, v in vars(registry_with(80)).items():
+        setattr(registry, k, v)
+    registry_clock = FakeClock(time.monotonic())
+    runner = ThreadPoolExecutor(1)
+    cached = CachedRegistry(registry, registry_clock, ttl_s=2, refresh=runner.submit, max_stale_s=2)
+    processor = QueryProcessor(cached, ListQueue(), InMemoryReplies(), SystemClock(), lambda: 1 << 16, inline=True)
+    try:
+        with TestClient(create_app(processor, max_body_bytes=1 << 20)) as http:
+            timed_post(http, {"input": ROW})  # the copy holds the app, its links and the model's version
+            hung.set()
+            registry_clock.advance(60)  # far past ttl + max_stale; every reload hangs
+            results = [timed_post(http, {"input": ROW}) for _ in range(3)]
+    finally:
+        release.set()
+        runner.shutdown(wait=False)
+    assert all(body["default"] for _, body in results), results
+    assert max(elapsed for elapsed, _ in results) < 80 + 500  # by the watchdog, not after the 10 s hang

@@ -154,9 +154,20 @@ class CachedRegistry:
         return len(self._entries), len(self._negative)
 
     def get_app_nowait(self, name: str) -> Application | None:
-        """The application when this copy holds it (a remembered miss raises ``NotFound``); None when it would
-        have to be read first."""
-        value = self._cached(("app", name), self._clock.now())
+        """The application as this copy knows it, without a read (a remembered miss raises ``NotFound``); None
+        when it never held it. An entry past ``ttl_s + max_stale_s`` is answered too (and reloaded off the path
+        when a runner is set): a query needs its application's deadline and default output to be answered in
+        time while the registry cannot be read, even if the query itself then waits for the registry."""
+        now = self._clock.now()
+        value = self._cached(("app", name), now)
+        if value is None:
+            with self._lock:
+                hit = self._entries.get(("app", name))
+            if hit is None:
+                return None
+            if self._refresh is not None:
+                self._reload_in_background(("app", name))
+            value = hit[1]
         if isinstance(value, NotFound):
             raise value
         return value  # type: ignore[return-value]
