@@ -20,24 +20,18 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clipper.errors import ClipperError
+from clipper.client_query import ApiError, json_answer
 
 Progress = Callable[[str], None]
 
 
-class AdminError(ClipperError):
+class AdminError(ApiError):
     """The management API refused a call; ``status`` is the HTTP status, ``cause`` names the problem."""
-
-    def __init__(self, status: int, error: str, cause: str) -> None:
-        super().__init__(cause if status == 0 else f"{status} {error}: {cause}")
-        self.status = status
-        self.cause = cause
 
 
 class ClipperConnection:
@@ -68,17 +62,7 @@ class ClipperConnection:
 
     def _answer(self, req: urllib.request.Request) -> Any:
         """The JSON answer; a refusal raises ``AdminError`` with Clipper's error, no answer one naming the URL."""
-        try:
-            with urllib.request.urlopen(req, timeout=self._timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            try:
-                detail = json.loads(e.read())
-            except ValueError:
-                detail = {"error": e.reason, "cause": ""}
-            raise AdminError(e.code, detail.get("error", ""), detail.get("cause", "")) from e
-        except urllib.error.URLError as e:
-            raise AdminError(0, "unreachable", f"no Clipper API answers at {self.url} ({e.reason})") from e
+        return json_answer(req, self._timeout, AdminError, self.url)
 
     # -- Clipper's names -------------------------------------------------------------------------------
     def get_query_addr(self) -> str:

@@ -20,13 +20,34 @@ from typing import Any
 from clipper.errors import ClipperError
 
 
-class QueryError(ClipperError):
-    """The query API refused a query (4xx): ``status`` and Clipper's ``cause``, which names the field."""
+class ApiError(ClipperError):
+    """An API refused a call (``status``: the HTTP status, ``cause``: Clipper's cause, naming the problem), or
+    nothing answered (``status`` 0)."""
 
     def __init__(self, status: int, error: str, cause: str) -> None:
         super().__init__(cause if status == 0 else f"{status} {error}: {cause}")
         self.status = status
         self.cause = cause
+
+
+class QueryError(ApiError):
+    """The query API refused a query (4xx): its cause names the field."""
+
+
+def json_answer(req: urllib.request.Request, timeout_s: float, error: type[ApiError], where: str) -> Any:
+    """The JSON answer to ``req``; a refusal raises ``error`` with Clipper's error body, no answer one naming
+    ``where``."""
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        try:
+            detail = json.loads(e.read())
+        except ValueError:
+            detail = {"error": e.reason, "cause": ""}
+        raise error(e.code, detail.get("error", ""), detail.get("cause", "")) from e
+    except urllib.error.URLError as e:
+        raise error(0, "unreachable", f"no Clipper API answers at {where} ({e.reason})") from e
 
 
 @dataclass(frozen=True)
@@ -82,17 +103,7 @@ def query_body(value: Any, uid: int | str | None = None) -> dict[str, Any]:
 
 def post(url: str, body: dict[str, Any], timeout_s: float) -> Any:
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        try:
-            detail = json.loads(e.read())
-        except ValueError:
-            detail = {"error": e.reason, "cause": ""}
-        raise QueryError(e.code, detail.get("error", ""), detail.get("cause", "")) from e
-    except urllib.error.URLError as e:
-        raise QueryError(0, "unreachable", f"no Clipper API answers at {url} ({e.reason})") from e
+    return json_answer(req, timeout_s, QueryError, url)
 
 
 def predict(base: str, app: str, value: Any, uid: int | str | None, debug: bool, timeout_s: float) -> Any:
