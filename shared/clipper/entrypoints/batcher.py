@@ -117,15 +117,15 @@ def endpoint_error_counters(settings: Any, queue_url: str) -> CloudWatchCounters
     return CloudWatchCounters(aws_client("cloudwatch"), "Clipper", {"queue": queue})
 
 
-def config_source(args: argparse.Namespace, settings: Any) -> RegistryBatcherConfig | None:
+def config_source(args: argparse.Namespace, settings: Any, dynamodb: Any = None) -> RegistryBatcherConfig | None:
     """Where the batching configuration comes from: the registry, for a named model (unless
-    ``--ignore-registry``); None: the command line's options alone."""
+    ``--ignore-registry``); None: the command line's options alone. ``dynamodb``: the process's client."""
     if args.ignore_registry or not args.model or not settings.registry_table:
         return None
     from clipper.adapters.dynamodb_registry import DynamoDBRegistry
     from clipper.wiring import aws_client
 
-    registry = DynamoDBRegistry(aws_client("dynamodb"), settings.registry_table)
+    registry = DynamoDBRegistry(dynamodb or aws_client("dynamodb"), settings.registry_table)
     return RegistryBatcherConfig(registry, args.model, args.slo_fraction, args.slo_ms / 1000)
 
 
@@ -146,10 +146,12 @@ def build_driver(
     settings: Any,
     counters: CloudWatchCounters | None = None,
     config: BatcherConfig | None = None,
+    dynamodb: Any = None,
 ) -> LongPollDriver:
     """The process's object graph (the composition root): the batcher core with its adapters, the controller
     and the queue reader of ``args.queue_url`` on the settings' transport; ``counters`` count each batch's
-    endpoint errors; ``config`` (default: the options') sets the controller and the batch wait."""
+    endpoint errors; ``config`` (default: the options') sets the controller and the batch wait; ``dynamodb``
+    (default: a new one) is the process's DynamoDB client."""
     import urllib3
 
     from clipper.adapters.clock import SystemClock
@@ -159,7 +161,7 @@ def build_driver(
     from clipper.batching.core import Batcher
     from clipper.wiring import aws_client, prediction_cache, queue_reader, reply_channel
 
-    dynamodb = aws_client("dynamodb")
+    dynamodb = dynamodb or aws_client("dynamodb")
     endpoint = HttpModelEndpoint(args.endpoint_url, urllib3.PoolManager(maxsize=2), settings.endpoint_timeout_s)
     batcher = Batcher(
         endpoints=FixedEndpointResolver(endpoint),
@@ -201,15 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     from clipper.settings import BatcherSettings
 
     settings = BatcherSettings()  # type: ignore[call-arg]
+    from clipper.wiring import aws_client
+
+    dynamodb = aws_client("dynamodb")  # one client (its service model loaded once) for the registry and the rest
     counters = endpoint_error_counters(settings, args.queue_url)
-    source = config_source(args, settings)
+    source = config_source(args, settings, dynamodb)
     config = args_config(args)
     if source is not None:
         try:
             config = source.load()
         except ClipperError as e:
             logger.warning("batching settings of %s not read (by the options until they are): %s", args.model, e)
-    driver = build_driver(args, settings, counters, config)
+    driver = build_driver(args, settings, counters, config, dynamodb)
     logger.info("batching: %s", config.describe())
     follower = None
     if source is not None:
