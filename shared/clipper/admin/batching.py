@@ -29,7 +29,7 @@ def set_model_batching(
         raise InvalidInput(field, why)
     record = registry.model_record(req.model_name)  # NotFound
     registry.set_model_settings(req.model_name, batching=settings)
-    size = settings.batch_size if settings.controller == "fixed" else settings.max_batch_size
+    size = settings.largest_batch
     window = 1 if settings.batch_wait_ms >= 1000 else 0
     size = min(size, 10_000 if window else 10)  # SQS: a BatchSize over 10 needs a window of 1 s or more
     applied: list[str] = []

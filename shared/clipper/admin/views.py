@@ -37,7 +37,7 @@ def version_info(mv: ModelVersion, active: str, batching: BatchingSettings | Non
     info["model_name"], info["model_version"] = mv.name, mv.version
     info["container_name"] = SERVED_IMAGE if mv.queue_url else CONTAINERLESS
     b = batching or BatchingSettings()
-    info["batch_size"] = b.batch_size if b.controller == "fixed" else -1
+    info["batch_size"] = b.clipper_batch_size
     return info
 
 
@@ -54,7 +54,7 @@ def replicas(record: ModelRecord) -> list[dict[str, Any]]:
                     "model_replica_id": replica,
                     "model_id": f"{mv.name}:{mv.version}",
                     "input_type": mv.input_type.value,
-                    "batch_size": -1 if record.batching.controller != "fixed" else record.batching.batch_size,
+                    "batch_size": record.batching.clipper_batch_size,
                     "queue_url": mv.queue_url,
                     "endpoint": mv.endpoint,
                     "is_current_version": mv.version == record.head.active_version,

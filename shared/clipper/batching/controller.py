@@ -142,11 +142,12 @@ class QuantileController:
 
 
 def make_controller(kind: str, slo_s: float, batch_size: int = 0, upper: int = 1024) -> BatchSizeController:
-    """``batch_size`` > 0 fixes the size (adaptation off); else ``kind`` is "aimd" or "quantile"."""
-    if batch_size > 0:
+    """``kind`` "fixed" (or ``batch_size`` > 0) fixes the size at ``batch_size`` (adaptation off); else ``kind`` is
+    "aimd" or "quantile"."""
+    if kind == "fixed" or batch_size > 0:
         return FixedController(batch_size)
     if kind == "aimd":
         return AimdController(slo_s=slo_s, upper=upper)
     if kind == "quantile":
         return QuantileController(slo_s=slo_s, upper=upper)
-    raise ValueError(f"unknown batching controller {kind!r}: expected 'aimd' or 'quantile'")
+    raise ValueError(f"unknown batching controller {kind!r}: expected 'aimd', 'quantile' or 'fixed'")

@@ -40,8 +40,7 @@ class BatcherConfig:
 
     def controller(self) -> BatchSizeController:
         b = self.batching
-        size = b.batch_size if b.controller == "fixed" else 0
-        return make_controller("aimd" if b.controller == "fixed" else b.controller, self.slo_s, size, b.max_batch_size)
+        return make_controller(b.controller, self.slo_s, b.batch_size, b.max_batch_size)
 
     def describe(self) -> str:
         b = self.batching

@@ -99,6 +99,16 @@ class BatchingSettings:
             out.append(f"batch_wait_ms: 0 to 1000, got {self.batch_wait_ms}")
         return out
 
+    @property
+    def largest_batch(self) -> int:
+        """The most rows a batch may take: the fixed size, or the adaptive size's bound."""
+        return self.batch_size if self.controller == "fixed" else self.max_batch_size
+
+    @property
+    def clipper_batch_size(self) -> int:
+        """Clipper's ``batch_size`` field: the fixed size, or -1 when the size adapts."""
+        return self.batch_size if self.controller == "fixed" else -1
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "controller": self.controller,
