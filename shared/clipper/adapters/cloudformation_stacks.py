@@ -137,32 +137,27 @@ class CloudFormationModelStacks:
     def replicas(self, model: str, version: str) -> int:
         """The stack's InitialInstanceCount."""
         stack = self._describe(self.stack_name(model, version))
-        values = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
-        return int(values.get("InitialInstanceCount", "1"))
+        return int(_parameters(stack).get("InitialInstanceCount", "1"))
 
     def scale(self, model: str, version: str, replicas: int) -> None:
-        self._update(model, version, _scale_parameters(replicas))
+        name = self.stack_name(model, version)
+        self._update(name, self._describe(name), _scale_parameters(replicas))
 
     def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
         """The Lambda batcher's event source mapping (BatchSize, MaximumBatchingWindowInSeconds) of a version;
         False when the version has no Lambda batcher (nothing changed)."""
-        stack = self._describe(self.stack_name(model, version))
-        values = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
-        if values.get("LambdaBatcher") != "true":
-            return False
-        self._update(
-            model,
-            version,
-            {"BatchSize": str(batch_size), "MaximumBatchingWindowInSeconds": str(window_s)},
-        )
-        return True
-
-    def _update(self, model: str, version: str, wanted: dict[str, str]) -> None:
         name = self.stack_name(model, version)
         stack = self._describe(name)
+        if _parameters(stack).get("LambdaBatcher") != "true":
+            return False
+        self._update(name, stack, {"BatchSize": str(batch_size), "MaximumBatchingWindowInSeconds": str(window_s)})
+        return True
+
+    def _update(self, name: str, stack: dict[str, Any], wanted: dict[str, str]) -> None:
+        """Update the parameters ``wanted`` of the stack ``name`` (as ``stack`` describes it), keeping the rest."""
         if stack["StackStatus"].endswith("_IN_PROGRESS"):  # an update takes minutes; CloudFormation queues none
             raise Conflict(f"model stack {name} is {stack['StackStatus']}; try again when that ends")
-        current = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+        current = _parameters(stack)
         if all(current.get(k) == v for k, v in wanted.items()):
             return  # nothing to update (CloudFormation refuses an update that changes nothing)
         # only these parameters change: the version keeps the image, instance type and the rest it has
@@ -190,6 +185,10 @@ class CloudFormationModelStacks:
     def delete(self, model: str, version: str) -> None:
         with aws_call("cloudformation.DeleteStack(model)"):
             self._client.delete_stack(StackName=self.stack_name(model, version))
+
+
+def _parameters(stack: dict[str, Any]) -> dict[str, str]:
+    return {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
 
 
 def _scale_parameters(replicas: int) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from clipper.core.domain import Application, ModelVersion
@@ -47,6 +48,8 @@ class Selector:
         max_states: int = 10_000,
     ) -> None:
         self._registry = registry
+        # a registry copy that can tell whether choosing reads nothing (CachedRegistry); others always answer fast
+        self._ready_for: Callable[[str], bool] | None = getattr(registry, "ready_for", None)
         self._store = store
         self._clock = clock
         self._rng = rng
@@ -69,8 +72,7 @@ class Selector:
     def is_cached(self, app: Application, user: str | None) -> bool:
         """Whether ``choose`` for this application and user reads no store: the registry copy holds its links and
         versions (when the registry is a cache that can tell), and its bandit states are fresh in memory."""
-        ready = getattr(self._registry, "ready_for", None)
-        if ready is not None and not ready(app.name):
+        if self._ready_for is not None and not self._ready_for(app.name):
             return False
         if app.policy == "single" or self._store is None:
             return True
