@@ -37,8 +37,9 @@ class World:
         return self.stack.state_dir
 
     def processes(self) -> dict[str, dict[str, Any]]:
-        data = json.loads((self.state / "processes.json").read_text())
-        return {p["name"]: p for p in data["processes"]}
+        from clipper.cli.local import processes
+
+        return {p["name"]: p for p in processes(self.state) or []}
 
     def restarts(self) -> dict[str, int]:
         """How often the supervisor has restarted each process so far."""

@@ -70,8 +70,9 @@ async def closed_loop(port: int, bodies: list[bytes], path: str, connections: in
 
 
 def measure(stack: LocalStack, bodies: list[bytes], path: str, connections: int, seconds: float) -> dict[str, Any]:
-    state = json.loads((stack.state_dir / "processes.json").read_text())
-    pids = {p["name"]: p["pid"] for p in state["processes"] if p["name"] in GROUPS}
+    from clipper.cli.local import processes
+
+    pids = {p["name"]: p["pid"] for p in processes(stack.state_dir) or [] if p["name"] in GROUPS}
     port = int(stack.url.rsplit(":", 1)[1])
     before, started = cpu_ticks(pids), time.monotonic()
     counts = asyncio.run(closed_loop(port, bodies, path, connections, seconds))
