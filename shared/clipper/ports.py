@@ -140,6 +140,16 @@ class LookupOrSend(Protocol):
         ...
 
 
+class PublishAndFill(Protocol):
+    """A batch's cache entries written and its replies published in one call (one standalone Redis holding
+    both): the entries first, so a query told of an answer finds it cached."""
+
+    def publish_and_fill(self, replies: Sequence[tuple[str, Reply]], entries: dict[str, Any]) -> list[bool]:
+        """``ReplyChannel.publish_many`` of ``replies`` (raises ``Unavailable`` when they were not published),
+        with ``PredictionCache.put_many`` of ``entries`` (a failure of that is logged, not raised)."""
+        ...
+
+
 class ControllerStateStore(Protocol):
     """Where a batching controller's state survives cold starts."""
 

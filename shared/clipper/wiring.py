@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         Clock,
         LookupOrSend,
         PredictionCache,
+        PublishAndFill,
         QueueReader,
         Registry,
         ReplyChannel,
@@ -295,6 +296,20 @@ def _lookup_or_send(settings: CommonSettings, cache: Any, queue: Any) -> LookupO
     return RedisLookupOrSend(cache, queue)
 
 
+def publish_and_fill(settings: CommonSettings, replies: Any, cache: Any) -> PublishAndFill | None:
+    """The batcher's one-round-trip cache fill and reply publish, where both are one standalone Redis."""
+    from clipper.adapters.redis_cache import RedisPredictionCache
+    from clipper.adapters.redis_replies import RedisReplyChannel
+
+    if settings.redis_cluster or not isinstance(cache, RedisPredictionCache):
+        return None
+    if not isinstance(replies, RedisReplyChannel) or replies.client is not cache.client:
+        return None
+    from clipper.adapters.redis_fused import RedisPublishAndFill
+
+    return RedisPublishAndFill(replies, cache)
+
+
 def build_batcher(
     settings: BatcherSettings,
     dynamodb: Any,
@@ -312,10 +327,13 @@ def build_batcher(
     clock = clock or SystemClock()
     registry = _registry(settings, dynamodb, clock, settings.config_ttl_s)
     factory = EndpointFactory(urllib3.PoolManager(maxsize=8), sagemaker)
+    replies = replies or reply_channel(settings, dynamodb)
+    cache = prediction_cache(settings, dynamodb)
     return Batcher(
         endpoints=RegistryEndpointResolver(registry, factory),
-        replies=replies or reply_channel(settings, dynamodb),
+        replies=replies,
         clock=clock,
         claims=_claims(settings, s3),
-        cache=prediction_cache(settings, dynamodb),
+        cache=cache,
+        publish_and_fill=publish_and_fill(settings, replies, cache),
     )

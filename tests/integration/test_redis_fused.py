@@ -1,15 +1,24 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 
+import numpy as np
 import pytest
 import redis
 
+from clipper.adapters.clock import SystemClock
 from clipper.adapters.redis_cache import RedisPredictionCache
-from clipper.adapters.redis_fused import RedisLookupOrSend
+from clipper.adapters.redis_fused import RedisLookupOrSend, RedisPublishAndFill
+from clipper.adapters.redis_replies import RedisReplyChannel
 from clipper.adapters.redis_streams import RedisStreamRequestQueue, stream_keys
 from clipper.adapters.resp import RespClient
+from clipper.batching.core import Batcher
+from clipper.core.cache_keys import row_keys
+from clipper.core.messages import QueryMessage
+from tests.fakes import FakeEndpoint, FakeResolver
+from tests.integration.test_round_trips import messages
 from tests.services import redis_url  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -38,4 +47,54 @@ def test_it_needs_one_client_for_the_cache_and_the_queues(redis_url):  # noqa: F
         RedisLookupOrSend(
             RedisPredictionCache(RespClient.from_url(redis_url)),
             RedisStreamRequestQueue(RespClient.from_url(redis_url)),
+        )
+
+
+class CountingClient:
+    """A RespClient whose pipelines are recorded (each ``execute`` is one round trip)."""
+
+    def __init__(self, client: RespClient) -> None:
+        self._client = client
+        self.pipelines: list[list[tuple]] = []
+
+    def execute(self, commands, timeout=None):
+        self.pipelines.append(list(commands))
+        return self._client.execute(commands, timeout)
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+@pytest.mark.parametrize("n", [1, 20])
+def test_a_batch_fills_the_cache_and_publishes_its_replies_in_one_round_trip(redis_url, n):  # noqa: F811
+    counting = CountingClient(RespClient.from_url(redis_url))
+    prefix = uuid.uuid4().hex[:8]
+    replies = RedisReplyChannel(counting, ttl_s=60, prefix=prefix)  # type: ignore[arg-type]
+    cache = RedisPredictionCache(counting, ttl_s=60, prefix=prefix)  # type: ignore[arg-type]
+    batcher = Batcher(
+        FakeResolver(FakeEndpoint()),
+        replies,
+        SystemClock(),
+        cache=cache,
+        publish_and_fill=RedisPublishAndFill(replies, cache),
+    )
+    inbound = [dataclasses.replace(m, first_delivery=True) for m in messages(n)]
+    counting.pipelines.clear()
+    report = batcher.process(inbound)
+    assert report.answered == n
+    (pipeline,) = counting.pipelines  # no duplicate check (first deliveries), one write of fill and replies
+    names = [c[0] for c in pipeline]
+    assert names.count("SET") == n and names.count("EVALSHA") == n
+    assert max(i for i, c in enumerate(names) if c == "SET") < names.index("EVALSHA")  # cached before told
+    rows = [np.full((1, 64), i, dtype=np.float32) for i in range(n)]
+    keys = [k for r in rows for k in row_keys("mlp", "1", r)]
+    assert cache.get_many(keys) == {k: int(FakeEndpoint().predict(r)[0]) for k, r in zip(keys, rows, strict=True)}
+    for m in inbound:  # and each reply is in its inbox, once
+        assert replies.answered(QueryMessage.from_json(m.body).reply_to, "mlp")
+
+
+def test_publish_and_fill_needs_one_client(redis_url):  # noqa: F811
+    with pytest.raises(ValueError, match="share one Redis client"):
+        RedisPublishAndFill(
+            RedisReplyChannel(RespClient.from_url(redis_url)), RedisPredictionCache(RespClient.from_url(redis_url))
         )

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -293,6 +295,41 @@ def test_an_event_source_record_stamps_its_first_receive_only():
         "attributes": {"ApproximateReceiveCount": "2", "ApproximateFirstReceiveTimestamp": "1700000000123"},
     }
 
-    assert Inbound.from_sqs_record(first) == Inbound("a", "{}", 1700000000123.0)
+    assert Inbound.from_sqs_record(first) == Inbound("a", "{}", 1700000000123.0, first_delivery=True)
+    assert not Inbound.from_sqs_record(again).first_delivery
     assert Inbound.from_sqs_record(again).received_ms is None
     assert Inbound.from_sqs_record({"messageId": "c", "body": "{}"}).received_ms is None
+
+
+class CountingReplies(InMemoryReplies):
+    """The in-memory channel, counting the duplicate checks asked of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checked: list[int] = []
+
+    def answered_many(self, keys):
+        self.checked.append(len(keys))
+        return super().answered_many(keys)
+
+
+def test_only_redeliveries_are_checked_for_an_earlier_answer():
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), CountingReplies()
+    batcher = Batcher(FakeResolver(endpoint), replies, clock)
+    first = [dataclasses.replace(message(i, one_hot(i), clock), first_delivery=True) for i in range(1, 4)]
+    assert batcher.process(first).answered == 3
+    assert replies.checked == []  # a first delivery cannot have been answered: no round trip for it
+    again = message(1, one_hot(1), clock)  # a redelivery of an answered one, and a new one beside it
+    report = batcher.process([again, dataclasses.replace(message(9, one_hot(2), clock), first_delivery=True)])
+    assert replies.checked == [1] and report.duplicates == 1 and report.answered == 1
+    assert endpoint.calls == [3, 1]
+
+
+def test_a_copy_delivered_twice_as_first_is_answered_once():
+    """SQS may hand out a copy with receive count 1 again: it is computed, and the channel drops its reply."""
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), CountingReplies()
+    batcher = Batcher(FakeResolver(endpoint), replies, clock)
+    copy = dataclasses.replace(message(1, one_hot(3), clock), first_delivery=True)
+    batcher.process([copy])
+    batcher.process([copy])
+    assert [r.outputs for r in replies.lists["1"]] == [[3]]

@@ -92,13 +92,14 @@ class RedisPredictionCache:
 
     def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None:
         if entries:
-            _checked(self._client.execute(self._put_commands(entries), timeout))
+            _checked(self._client.execute(self.put_commands(entries), timeout))
 
     async def put_many_async(self, entries: dict[str, Any], timeout: float | None = None) -> None:
         if entries:
-            _checked(await self._client.aio.execute(self._put_commands(entries), timeout))
+            _checked(await self._client.aio.execute(self.put_commands(entries), timeout))
 
-    def _put_commands(self, entries: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def put_commands(self, entries: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """The commands that store ``entries`` and end their claims (for a caller's pipeline)."""
         commands: list[tuple[Any, ...]] = []
         for k, v in entries.items():
             commands.append(("SET", self.entry_key(k), orjson.dumps(v), "EX", self._ttl))

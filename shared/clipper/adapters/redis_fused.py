@@ -1,5 +1,6 @@
-"""The cache lookup and the send of a single-input query in one round trip, where the prediction cache and the
-request queues (Redis Streams) are one standalone Redis (the local stack).
+"""Round trips fused where the prediction cache, the reply channel and the request queues (Redis Streams) are one
+standalone Redis (the local stack): the frontend's cache lookup and send of a single-input query
+(``RedisLookupOrSend``), and the batcher's cache fill and reply publish of a batch (``RedisPublishAndFill``).
 
 For each model, one script: the cached output if there is one; else, if this query can claim the input, the
 query's message is added to the model's stream; else another query is computing it. The message is built before
@@ -10,15 +11,20 @@ Streams)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from clipper.adapters.redis_cache import RedisPredictionCache
+from clipper.adapters.redis_replies import RedisReplyChannel, published
 from clipper.adapters.redis_streams import RedisStreamRequestQueue
 from clipper.adapters.resp import RespError
+from clipper.core.messages import Reply
 from clipper.errors import Unavailable
+
+logger = logging.getLogger(__name__)
 
 # KEYS: cache entry, claim, stream; ARGV: claim ttl ms, message body, MINID of the stream ('' for none).
 # {1, output}: a hit; {0, 1}: claimed and sent; {0, 0}: another query computes it.
@@ -78,3 +84,23 @@ class RedisLookupOrSend:
         self, requests: Sequence[tuple[str, str, str]], claim_ttl_s: float, timeout: float | None = None
     ) -> list[Outcome]:
         return self._outcomes(await self._client.aio.execute(self._commands(requests, claim_ttl_s), timeout))
+
+
+class RedisPublishAndFill:
+    """A batch's outputs written to the cache and its replies published in one pipelined round trip (they were
+    two: the publish, then the fill), the cache entries first: a query told of its answer finds it cached."""
+
+    def __init__(self, replies: RedisReplyChannel, cache: RedisPredictionCache) -> None:
+        if replies.client is not cache.client:
+            raise ValueError("the reply channel and the cache must share one Redis client")
+        self._replies = replies
+        self._cache = cache
+        self._client = cache.client
+
+    def publish_and_fill(self, replies: Sequence[tuple[str, Reply]], entries: dict[str, Any]) -> list[bool]:
+        fill = self._cache.put_commands(entries)
+        results = self._client.execute([*fill, *(self._replies.publish_command(q, r) for q, r in replies)])
+        failed = [r for r in results[: len(fill)] if isinstance(r, RespError)]
+        if failed:  # the replies may still have gone out; a later miss only costs a recomputation
+            logger.warning("cache not filled", extra={"error": str(failed[0])})
+        return [bool(n) for n in published(results[len(fill) :])]

@@ -99,6 +99,14 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+def published(replies: list[Any]) -> list[Any]:
+    """The replies of publish commands; ``Unavailable`` when Redis refused one."""
+    for r in replies:
+        if isinstance(r, RespError):
+            raise Unavailable(f"redis: {r}")
+    return replies
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -128,16 +136,16 @@ class RedisReplyChannel:
         return f"{self._prefix}:done:{{{inbox_of(reply_to)}}}:{reply_to}:{model}"
 
     # -- the batcher's side --------------------------------------------------------------------------------------
-    def _publish_command(self, reply_to: str, reply: Reply) -> tuple[Any, ...]:
+    def publish_command(self, reply_to: str, reply: Reply) -> tuple[Any, ...]:
         keys = [self._done_key(reply_to, reply.model), self._inbox_key(inbox_of(reply_to))]
         return self._publish.command(keys, [f"{reply_to} {reply.to_json()}", self._ttl, "1" if reply.ok else "0"])
 
+    @property
+    def client(self) -> RespClient:
+        return self._client
+
     def _execute(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        replies = self._client.execute(commands)
-        for r in replies:
-            if isinstance(r, RespError):
-                raise Unavailable(f"redis: {r}")
-        return replies
+        return published(self._client.execute(commands))
 
     def publish(self, reply_to: str, reply: Reply) -> bool:
         return self.publish_many([(reply_to, reply)])[0]
@@ -147,7 +155,7 @@ class RedisReplyChannel:
         each, False when it was a duplicate (dropped)."""
         if not replies:
             return []
-        return [bool(n) for n in self._execute([self._publish_command(q, r) for q, r in replies])]
+        return [bool(n) for n in self._execute([self.publish_command(q, r) for q, r in replies])]
 
     def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
         if not keys:

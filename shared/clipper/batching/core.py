@@ -28,7 +28,7 @@ from clipper.core.cache_keys import row_keys
 from clipper.core.messages import QueryMessage, Reply, decode_rows
 from clipper.core.validation import Rows
 from clipper.errors import ClipperError, EndpointError, MalformedMessage
-from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, ReplyChannel
+from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, PublishAndFill, ReplyChannel
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,11 @@ class Inbound:
     # epoch ms at which the driver received it: the batch wait (until its batch starts) is reported apart
     # from the queue wait when known
     received_ms: float | None = None
+    # The queue says this is the message's first delivery (receive count 1): no earlier delivery can have
+    # answered it, so the duplicate check (one round trip a batch) is skipped for it. A copy the queue
+    # delivers twice as "first" (SQS's at-least-once) is computed twice and its second reply dropped by the
+    # channel's once-per-(reply_to, model) rule: a wasted row, never a second answer.
+    first_delivery: bool = False
 
     @classmethod
     def from_sqs_record(cls, record: dict[str, Any]) -> Inbound:
@@ -50,8 +55,8 @@ class Inbound:
         follow); a redelivery's first receive is older than its wait, so it reports none."""
         attributes = record.get("attributes", {})
         stamp = attributes.get("ApproximateFirstReceiveTimestamp")
-        first = attributes.get("ApproximateReceiveCount", "1") == "1"
-        return cls(record["messageId"], record["body"], float(stamp) if stamp and first else None)
+        first = attributes.get("ApproximateReceiveCount") == "1"
+        return cls(record["messageId"], record["body"], float(stamp) if stamp and first else None, first)
 
 
 @dataclass
@@ -101,12 +106,16 @@ class Batcher:
         clock: Clock,
         claims: ClaimStore | None = None,
         cache: PredictionCache | None = None,
+        publish_and_fill: PublishAndFill | None = None,
     ) -> None:
+        """``publish_and_fill``: where the cache and the reply channel are one Redis, a batch's cache fill and
+        replies in one round trip (used only with ``cache``)."""
         self._endpoints = endpoints
         self._replies = replies
         self._clock = clock
         self._claims = claims
         self._cache = cache
+        self._fused = publish_and_fill if cache is not None else None
         # The fastest recent batches: no query whose remaining time is under this can still be answered.
         self._recent_latency: deque[float] = deque(maxlen=50)
         self._latency: dict[tuple[str, str], LatencyModel] = {}
@@ -208,14 +217,21 @@ class Batcher:
         return members[:taken]
 
     def _answered(self, live: list[tuple[Inbound, QueryMessage]], report: BatchReport) -> list[bool | None]:
-        """Whether each message was answered already (a redelivery); None where the channel is down."""
-        if not live:
-            return []
+        """Whether each message was answered already (a redelivery); None where the channel is down. Only
+        redeliveries are looked up: a first delivery is known unanswered."""
+        out: list[bool | None] = [False] * len(live)
+        asked = [i for i, (item, _) in enumerate(live) if not item.first_delivery]
+        if not asked:
+            return out
+        found: list[bool | None]
         try:
-            return list(self._replies.answered_many([(m.reply_to, m.model) for _, m in live]))
+            found = list(self._replies.answered_many([(live[i][1].reply_to, live[i][1].model) for i in asked]))
         except ClipperError as e:
             logger.warning("reply channel unavailable", extra={"error": str(e)})
-            return [None] * len(live)
+            found = [None] * len(asked)
+        for i, answered in zip(asked, found, strict=True):
+            out[i] = answered
+        return out
 
     def _run_group(self, model: str, version: str, members: list[_Work], report: BatchReport) -> None:
         rows = _concat([w.rows for w in members])
@@ -260,28 +276,35 @@ class Batcher:
                 )
             )
             offset += n
+        if self._fused is not None:
+            self._deliver(
+                members, replies, report, failed=False, entries=_cache_entries(model, version, members, outputs)
+            )
+            return
         self._deliver(members, replies, report, failed=False)
         if self._cache is not None:
-            self._fill_cache(model, version, members, outputs)
+            try:
+                self._cache.put_many(_cache_entries(model, version, members, outputs))
+            except ClipperError as e:  # the replies went out; a cache miss later only costs a recomputation
+                logger.warning("cache not filled", extra={"model": model, "error": str(e)})
 
-    def _fill_cache(self, model: str, version: str, members: list[_Work], outputs: list[Any]) -> None:
-        entries: dict[str, Any] = {}
-        offset = 0
-        for w in members:
-            keys = row_keys(model, version, w.rows)
-            entries.update(zip(keys, outputs[offset : offset + len(keys)], strict=True))
-            offset += len(keys)
+    def _deliver(
+        self,
+        members: list[_Work],
+        replies: list[Reply],
+        report: BatchReport,
+        failed: bool,
+        entries: dict[str, Any] | None = None,
+    ) -> None:
+        """Publish one reply per member in one call (with ``entries``, the cache fill in the same round trip);
+        when the channel fails, every member is reported failed (left for a retry: one delivered meanwhile is a
+        duplicate then, answered once); so is a failed batch."""
+        addressed = [(w.message.reply_to, r) for w, r in zip(members, replies, strict=True)]
         try:
-            assert self._cache is not None
-            self._cache.put_many(entries)
-        except ClipperError as e:  # the replies went out; a cache miss later only costs a recomputation
-            logger.warning("cache not filled", extra={"model": model, "error": str(e)})
-
-    def _deliver(self, members: list[_Work], replies: list[Reply], report: BatchReport, failed: bool) -> None:
-        """Publish one reply per member in one call; when the channel fails, every member is reported failed
-        (left for a retry: one delivered meanwhile is a duplicate then, answered once); so is a failed batch."""
-        try:
-            self._replies.publish_many([(w.message.reply_to, r) for w, r in zip(members, replies, strict=True)])
+            if entries is not None and self._fused is not None:
+                self._fused.publish_and_fill(addressed, entries)
+            else:
+                self._replies.publish_many(addressed)
         except ClipperError as e:
             logger.warning("replies not delivered", extra={"count": len(replies), "error": str(e)})
             failed = True
@@ -289,3 +312,14 @@ class Batcher:
             report.failed.extend(w.message_id for w in members)
         else:
             report.answered += len(members)
+
+
+def _cache_entries(model: str, version: str, members: list[_Work], outputs: list[Any]) -> dict[str, Any]:
+    """The cache entries of a batch's outputs: each row's key and its output."""
+    entries: dict[str, Any] = {}
+    offset = 0
+    for w in members:
+        keys = row_keys(model, version, w.rows)
+        entries.update(zip(keys, outputs[offset : offset + len(keys)], strict=True))
+        offset += len(keys)
+    return entries

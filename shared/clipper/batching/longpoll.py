@@ -186,7 +186,8 @@ class LongPollDriver:
 
     def handle(self, batch: list[ReceivedMessage]) -> BatchReport:
         started = time.monotonic()
-        report = self._batcher.process([Inbound(m.message_id, m.body, m.received_ms) for m in batch], defer=True)
+        inbound = [Inbound(m.message_id, m.body, m.received_ms, m.receive_count == 1) for m in batch]
+        report = self._batcher.process(inbound, defer=True)
         latency = time.monotonic() - started
         deferred = set(report.deferred)
         self._controller.observe(len(batch) - len(deferred), latency)

@@ -159,16 +159,19 @@ def build_driver(
     from clipper.adapters.endpoints import FixedEndpointResolver, HttpModelEndpoint
     from clipper.adapters.s3_claims import S3ClaimStore
     from clipper.batching.core import Batcher
-    from clipper.wiring import aws_client, prediction_cache, queue_reader, reply_channel
+    from clipper.wiring import aws_client, prediction_cache, publish_and_fill, queue_reader, reply_channel
 
     dynamodb = dynamodb or aws_client("dynamodb")
     endpoint = HttpModelEndpoint(args.endpoint_url, urllib3.PoolManager(maxsize=2), settings.endpoint_timeout_s)
+    replies = reply_channel(settings, dynamodb)
+    cache = prediction_cache(settings, dynamodb)
     batcher = Batcher(
         endpoints=FixedEndpointResolver(endpoint),
-        replies=reply_channel(settings, dynamodb),
+        replies=replies,
         clock=SystemClock(),
         claims=S3ClaimStore(aws_client("s3"), settings.model_bucket) if settings.model_bucket else None,
-        cache=prediction_cache(settings, dynamodb),
+        cache=cache,
+        publish_and_fill=publish_and_fill(settings, replies, cache),
     )
     config = config or args_config(args)
     transport = settings.queue_transport
