@@ -194,6 +194,10 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}" if value < 100 else f"{value:,.0f}"
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}x"
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.2%}"
 
@@ -208,19 +212,28 @@ def findings(results: list[dict[str, Any]]) -> list[str]:
         top: dict[str, Any] = max(
             (t for t in r["ladder_adaptive"] if t["served_ms_per_message"]), key=lambda t: t["rate"], default={}
         )
+        if not r["throughput_adaptive"]:
+            text = f"""**{result_key(r)}** (SLO {r["slo_ms"]:g} ms; target: {r["target"]}: {
+                "met" if r["target_met"] else "missed"
+            }). Adaptive batching sustains no rate of the ladder (each trial failed); batch size 1 sustains
+                {r["throughput_unbatched"]:,.0f} q/s and the raw limit is {r["throughput_raw_limit"]:,.0f} rows/s
+                at batch {r["raw_limit_batch"]}. Queries expired across all {len(every)} trials:
+                {sum(t["expired"] for t in every):,}."""
+            out += _para(text)
+            continue
         text = f"""**{result_key(r)}** (SLO {r["slo_ms"]:g} ms; target: {r["target"]}: {
             "met" if r["target_met"] else "missed"
         }). Adaptive batching sustains {r["throughput_adaptive"]:,.0f} q/s,
-            {r["adaptive_over_unbatched"]}x batch size 1 ({r["throughput_unbatched"]:,.0f} q/s) and
-            {r["adaptive_over_raw_limit"]}x the raw limit ({r["throughput_raw_limit"]:,.0f} rows/s at batch
+            {_ratio(r["adaptive_over_unbatched"])} batch size 1 ({r["throughput_unbatched"]:,.0f} q/s) and
+            {_ratio(r["adaptive_over_raw_limit"])} the raw limit ({r["throughput_raw_limit"]:,.0f} rows/s at batch
             {r["raw_limit_batch"]}). At its highest sustained rate the mean batch is {_num(at.get("mean_batch_size"))}
-            rows, an endpoint call takes {at.get("endpoint_call_ms_mean")} ms over HTTP, and the batcher spends
-            {at.get("batcher_us_per_message")} us a message besides (decode, expiry and duplicate checks,
-            replies): {at.get("served_ms_per_message")} ms of the driver's time a query, against
+            rows, an endpoint call takes {_num(at.get("endpoint_call_ms_mean"))} ms over HTTP, and the batcher spends
+            {_num(at.get("batcher_us_per_message"))} us a message besides (decode, expiry and duplicate checks,
+            replies): {_num(at.get("served_ms_per_message"))} ms of the driver's time a query, against
             {_num(raw_ms_per_row)} ms a row for the raw session at its best batch. Unbatched, a call takes
-            {un.get("endpoint_call_ms_mean")} ms and the batcher {un.get("batcher_us_per_message")} us a
+            {_num(un.get("endpoint_call_ms_mean"))} ms and the batcher {_num(un.get("batcher_us_per_message"))} us a
             message. In the most loaded adaptive trial ({top.get("rate", 0):,.0f} q/s, mean batch
-            {_num(top.get("mean_batch_size"))}) the driver needs {top.get("served_ms_per_message")} ms a query,
+            {_num(top.get("mean_batch_size"))}) the driver needs {_num(top.get("served_ms_per_message"))} ms a query,
             so the core saturates near {1000 / top["served_ms_per_message"] if top else 0:,.0f} q/s. Queries
             expired across all {len(every)} trials: {sum(t["expired"] for t in every):,}."""
         out += _para(text)

@@ -58,8 +58,8 @@ class CallLatency:
 
 class SqsLimitedQueue(PipeQueue):
     """``PipeQueue`` with SQS's limits (see the module docstring); counts its calls and their total latency,
-    and apart the latency of acknowledgements (deletes and releases, which the driver makes while it handles a
-    batch)."""
+    and apart the latency of acknowledgements (deletes and releases: the driver's acker thread makes them, off
+    the batch path)."""
 
     def __init__(self, source: Connection, trial: int, latency: CallLatency, seed: int) -> None:
         super().__init__(source, trial)

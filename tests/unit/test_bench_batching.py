@@ -85,3 +85,35 @@ def test_the_search_bisects_after_the_first_failure():
 
     rate, _, ladder = search(harness(refine=3), "adaptive", run)
     assert [t["rate"] for t in ladder] == [500.0, 1000.0, 2000.0, 1500.0, 1250.0, 1375.0] and rate == 1250.0
+
+
+def _result(adaptive: float, unbatched: float) -> dict:
+    trial = {"rate": 40.0, "mean_batch_size": 1.0, "served_ms_per_message": 2.5, "expired": 3}
+    at = {"mean_batch_size": 1.2, "endpoint_call_ms_mean": 1.1, "batcher_us_per_message": 30.0}
+    at["served_ms_per_message"] = 1.5
+    return {
+        "model": "mlp",
+        "queue": "sqs-limits",
+        "slo_ms": 20.0,
+        "target": ">= 10x batch size 1",
+        "target_met": False,
+        "throughput_adaptive": adaptive,
+        "throughput_unbatched": unbatched,
+        "throughput_raw_limit": 1000.0,
+        "raw_limit_batch": 64,
+        "adaptive_over_unbatched": round(adaptive / unbatched, 2) if adaptive and unbatched else None,
+        "adaptive_over_raw_limit": round(adaptive / 1000.0, 3) if adaptive else None,
+        "adaptive_at_max": at if adaptive else {},
+        "unbatched_at_max": at if unbatched else {},
+        "ladder_adaptive": [trial] if adaptive else [],
+        "ladder_unbatched": [trial],
+    }
+
+
+def test_the_findings_say_a_missing_figure_as_such_never_none():
+    from bench.batching.report import findings
+
+    none_sustained = " ".join(findings([_result(0.0, 200.0)]))
+    assert "None" not in none_sustained and "sustains no rate" in none_sustained
+    sustained = " ".join(findings([_result(400.0, 200.0)]))
+    assert "None" not in sustained and "2x batch size 1" in sustained
