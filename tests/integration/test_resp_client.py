@@ -121,3 +121,18 @@ def test_urls():
         RespClient.from_url("http://127.0.0.1:6379")
     c = RespClient.from_url("rediss://user:p%40ss@cache.example:6380/2")
     assert (c.host, c.port, c.db, c.username, c.password, c.tls) == ("cache.example", 6380, 2, "user", "p@ss", True)
+
+
+def test_a_pooled_connection_the_server_closed_is_not_used_again(private_redis):
+    """A restart (or a failover, or an idle timeout) closes the pooled connections; the next call must not
+    be the one to find out: a closed idle connection is dropped before use and the call connects anew."""
+    _proc, port = private_redis
+    url = f"redis://:s3cret@127.0.0.1:{port}/0"
+    client = RespClient.from_url(url)
+    assert client.execute([("PING",)] * 3) == ["PONG"] * 3  # one connection now idle in the pool
+    admin = RespClient.from_url(url)
+    assert admin.call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
+    time.sleep(0.1)  # the server's FIN has reached the idle socket
+    assert client.call("PING") == "PONG"
+    client.close()
+    admin.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import select
 import socket
 import ssl
 import threading
@@ -151,6 +152,17 @@ class _Connection:
             raise ConnectionError("connection closed by the server")
         self.buf += chunk
 
+    def usable(self) -> bool:
+        """An idle connection has nothing to read: one that is readable was closed by the server (a restart, a
+        failover, its idle timeout: the FIN is there) or holds stray bytes, and is not to be used again."""
+        if self.buf:
+            return False
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
@@ -252,8 +264,7 @@ class RespClient:
     def _roundtrip(self, commands: Sequence[Command], deadline: float) -> list[Any]:
         conn: _Connection | None = None
         try:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
+            conn = self._take_idle()
             if conn is None:
                 conn = _Connection(self, deadline)
             replies = conn.roundtrip(commands, deadline)
@@ -273,6 +284,15 @@ class RespClient:
         if conn is not None:
             conn.close()
         return replies
+
+    def _take_idle(self) -> _Connection | None:
+        """The most recently used idle connection the server has not closed; closed ones are dropped."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None or conn.usable():
+                return conn
+            conn.close()
 
     def close(self) -> None:
         """Drop the idle connections and the event loops' ones (the next call connects again)."""
