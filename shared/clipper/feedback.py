@@ -11,7 +11,9 @@ The process that runs this locally is ``clipper.entrypoints.feedback_worker``; o
 Updates are concurrency-safe and idempotent: each is a conditional write on the version read, retried on
 conflict, with the feedback id marked in the same transaction, so a redelivered message changes nothing
 and no concurrent update is lost. A per-user update also updates the app-wide state, from which new
-users start.
+users start: the user's state is written first, so a new user's state is a copy of the app-wide state
+*before* this feedback, and the feedback moves it once (written after, the copy would already hold it and
+the feedback would move the user's weights twice).
 """
 
 from __future__ import annotations
@@ -109,11 +111,17 @@ class FeedbackProcessor:
     max_attempts: int = 20
 
     def process(self, message: FeedbackMessage) -> Outcome:
-        try:
+        try:  # the application and its links, read once for every state this feedback updates
             app = self.registry.get_app(message.app)
-        except NotFound:  # deleted since the feedback was accepted: nothing left to learn, no retry helps
+            linked = self.registry.linked_models(app.name)
+        except NotFound as e:  # deleted since the feedback was accepted: nothing left to learn, no retry helps
+            if e.kind != "application":
+                raise  # a missing table, not a missing application: a deployment fault, retried
             logger.info("feedback for an application that no longer exists", extra={"app": message.app})
             return "unknown_app"
+        return self._process(app, linked, message)
+
+    def _process(self, app: Application, linked: list[str], message: FeedbackMessage) -> Outcome:
         if app.policy == "single":
             return "not_learning"
         rows = decode_rows(message.payload)
@@ -124,15 +132,23 @@ class FeedbackProcessor:
             return "no_record"
         selection = Selection.from_dict(record["selection"])
         outputs: dict[str, Any] = record["outputs"]
-        keys = [state_key(app.name)] + ([state_key(app.name, message.user)] if message.user else [])
+        # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
+        keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]
         outcome: Outcome = "duplicate"
         for k in keys:
-            if self._apply(app, k, message, selection, outputs):
+            if self._apply(app, linked, k, message, selection, outputs):
                 outcome = "applied"
         return outcome
 
-    def _apply(self, app: Application, key: str, msg: FeedbackMessage, sel: Selection, outputs: dict[str, Any]) -> bool:
-        linked = self.registry.linked_models(app.name)
+    def _apply(
+        self,
+        app: Application,
+        linked: list[str],
+        key: str,
+        msg: FeedbackMessage,
+        sel: Selection,
+        outputs: dict[str, Any],
+    ) -> bool:
         policy = policy_for(app.policy)
         for _ in range(self.max_attempts):
             stored = self.store.load(key)

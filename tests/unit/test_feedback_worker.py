@@ -99,3 +99,53 @@ def test_the_loop_survives_a_queue_that_fails_and_stops_when_asked():
     thread.start()
     thread.join(timeout=10)
     assert not thread.is_alive() and queue.receives == 3 and queue.deleted == ["r0"]
+
+
+def test_the_loop_survives_a_failure_outside_any_one_message(caplog):
+    """A batch that cannot be handled (here its delete fails with an error no adapter translated) is logged; its
+    messages come back after their visibility timeout, and the worker goes on with the next batch."""
+    stop = threading.Event()
+
+    class DeleteFailsOnce(FakeQueue):
+        def receive(self, max_messages, wait_s):
+            return super().receive(1, wait_s)  # one message a batch
+
+        def delete(self, receipt_handles):
+            if receipt_handles == ["r0"]:
+                raise RuntimeError("connection reset")  # not a ClipperError
+            super().delete(receipt_handles)
+
+    queue = DeleteFailsOnce([message(feedback_id="first"), message(feedback_id="second")])
+    applied = []
+
+    def apply(msg: FeedbackMessage):
+        applied.append(msg.feedback_id)
+        if msg.feedback_id == "second":
+            stop.set()
+        return "applied"
+
+    worker = FeedbackWorker(queue, apply)
+    thread = threading.Thread(target=worker.run, args=(stop, 0, 0.01), daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and applied == ["first", "second"]
+    assert queue.deleted == ["r1"]
+    assert "not handled" in caplog.text and "connection reset" in caplog.text
+
+
+def test_a_message_that_does_not_decode_is_dead_lettered_at_once():
+    moved: list[tuple[str, str]] = []
+    queue = FakeQueue(["not json", message()])
+    worker = FeedbackWorker(queue, processor().process, dead_letter=lambda body, why: moved.append((body, why)))
+    assert worker.handle(queue.receive(10, 0)) == ["r0", "r1"]
+    assert [body for body, _ in moved] == ["not json"] and "not a feedback message" in moved[0][1]
+    assert worker.counts == {"dead_lettered": 1, "no_record": 1}
+
+
+def test_a_poison_message_stays_when_it_cannot_be_dead_lettered():
+    def dead_letter(body, why):
+        raise Unavailable("dead-letter queue down")
+
+    queue = FakeQueue(["not json"])
+    worker = FeedbackWorker(queue, processor().process, dead_letter=dead_letter)
+    assert worker.handle(queue.receive(10, 0)) == [] and queue.deleted == []  # the redrive policy moves it later

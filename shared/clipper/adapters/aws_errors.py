@@ -33,6 +33,16 @@ def error_code(e: ClientError) -> str:
     return str(e.response.get("Error", {}).get("Code", ""))
 
 
+def cancellation_codes(e: ClientError) -> list[str]:
+    """Why DynamoDB cancelled a transaction (``TransactionCanceledException``): one code per item, in the
+    order of the request (``"None"`` for an item that was not the cause); empty for any other error.
+    ``ConditionalCheckFailed``: that item's condition was false. ``TransactionConflict``: another request
+    was changing that item at the same time (transient: the same transaction may succeed on a retry)."""
+    if error_code(e) != "TransactionCanceledException":
+        return []
+    return [str(r.get("Code") or "None") for r in e.response.get("CancellationReasons", [])]
+
+
 def translate(e: Exception, what: str) -> ClipperError:
     if isinstance(e, ClientError):
         code = error_code(e)

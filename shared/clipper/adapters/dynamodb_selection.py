@@ -6,17 +6,26 @@
 A save is one transaction: the state, conditional on the version read, and the feedback marker,
 conditional on its absence. A lost race raises ``Conflict`` (the caller reads again and reapplies); a
 redelivered feedback finds its marker and changes nothing.
+
+DynamoDB also cancels a transaction that overlaps another request on the same item, with the reason
+``TransactionConflict``: nothing was decided about its conditions, so the same transaction is sent again,
+after a jittered exponential back-off (full jitter: a random wait up to ``backoff_s * 2**attempt``, capped at
+``max_backoff_s``), at most ``conflict_retries`` times; the retry then commits, or finds the version changed
+(``Conflict``: read again). Only a state that stays contended through every retry raises ``Conflict`` from
+them, and the caller's bounded read-and-retry loop goes on from there.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.aws_errors import aws_call, cancellation_codes, translate
 from clipper.errors import Conflict
 from clipper.selection.state import SelectionState
 
@@ -29,9 +38,23 @@ MARKER_TTL_S = 24 * 3600
 
 
 class DynamoDBSelectionStore:
-    def __init__(self, client: DynamoDBClient, table: str) -> None:
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        table: str,
+        conflict_retries: int = 8,
+        backoff_s: float = 0.01,
+        max_backoff_s: float = 0.25,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
         self._client = client
         self._table = table
+        self._conflict_retries = conflict_retries
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._sleep = sleep
+        self._rng = rng or random.Random()
 
     def load(self, key: str) -> SelectionState | None:
         with aws_call("dynamodb.GetItem(selection)"):
@@ -71,17 +94,23 @@ class DynamoDBSelectionStore:
                     }
                 }
             )
-        try:
-            self._client.transact_write_items(TransactItems=items)
-        except ClientError as e:
-            if error_code(e) != "TransactionCanceledException":
+        for attempt in range(self._conflict_retries + 1):
+            if attempt:
+                self._sleep(self._rng.uniform(0.0, min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))))
+            try:
+                self._client.transact_write_items(TransactItems=items)
+                return True
+            except ClientError as e:
+                codes = cancellation_codes(e)
+                if len(codes) > 1 and codes[1] == "ConditionalCheckFailed":
+                    return False  # this feedback was applied before
+                if codes and codes[0] == "ConditionalCheckFailed":
+                    raise Conflict(f"selection state {key} changed since version {expected_version}") from e
+                if "TransactionConflict" not in codes:
+                    raise translate(e, "dynamodb.TransactWriteItems(selection)") from e
+                last = e
+            except BotoCoreError as e:
                 raise translate(e, "dynamodb.TransactWriteItems(selection)") from e
-            codes = [r.get("Code", "None") for r in e.response.get("CancellationReasons", [])]
-            if len(codes) > 1 and codes[1] == "ConditionalCheckFailed":
-                return False  # this feedback was applied before
-            if codes and codes[0] == "ConditionalCheckFailed":
-                raise Conflict(f"selection state {key} changed since version {expected_version}") from e
-            raise translate(e, "dynamodb.TransactWriteItems(selection)") from e
-        except BotoCoreError as e:
-            raise translate(e, "dynamodb.TransactWriteItems(selection)") from e
-        return True
+        raise Conflict(
+            f"selection state {key}: {self._conflict_retries + 1} transactions cancelled by concurrent ones"
+        ) from last

@@ -2,12 +2,19 @@
 feedback worker of the local stack (on AWS, ``functions/feedback`` consumes the same queue).
 
 It receives feedback messages and applies each with ``clipper.feedback.FeedbackProcessor``. What happens to one
-message never stops the worker:
+message never stops the worker, nor does a failure of the queue itself (a failed receive or delete is logged,
+and the loop goes on):
 
-- applied, a duplicate, no recorded prediction, an app that does not learn or no longer exists: deleted;
-- a dependency unavailable, a malformed message, or any unexpected error (logged with its traceback): left in
-  the queue, so it comes back after its visibility timeout and, after the queue's maxReceiveCount, goes to the
-  dead-letter queue;
+- applied, a duplicate, no recorded prediction, an app that does not learn or no longer exists: acknowledged
+  (deleted), since nothing is left to do;
+- a dependency unavailable (the store, the cache, the registry): left in the queue, so it comes back after its
+  visibility timeout; after the queue's maxReceiveCount the redrive policy moves it to the dead-letter queue;
+- a message that does not decode (poison: no retry can help): moved to the dead-letter queue at once, with the
+  reason in its ``clipper-error`` attribute, then deleted; it is kept there for inspection, not acknowledged
+  and lost (left in the queue when the queue has no dead-letter queue or the move fails);
+- any other error (a bug, a deployment fault such as a missing table; logged with its traceback): left in the
+  queue like an unavailable dependency. It may pass once the cause is fixed, so it is retried, then
+  dead-lettered by the redrive policy, and never acknowledged unapplied;
 - with the prediction cache off (``CLIPPER_CACHE_ENABLED=false``) or no selection table, feedback cannot be
   joined with the predictions it is about: the worker says so once at start and deletes each message it skips.
 """
@@ -29,11 +36,19 @@ logger = logging.getLogger("clipper.feedback_worker")
 
 
 class FeedbackWorker:
-    def __init__(self, reader: QueueReader, apply: Callable[[FeedbackMessage], Outcome] | None, why_not: str = ""):
-        """``apply``: the processor's ``process``; None when feedback cannot be learned (``why_not`` says why)."""
+    def __init__(
+        self,
+        reader: QueueReader,
+        apply: Callable[[FeedbackMessage], Outcome] | None,
+        why_not: str = "",
+        dead_letter: Callable[[str, str], None] | None = None,
+    ):
+        """``apply``: the processor's ``process``; None when feedback cannot be learned (``why_not`` says why).
+        ``dead_letter(body, reason)``: moves a message that can never be processed to the dead-letter queue."""
         self._reader = reader
         self._apply = apply
         self._why_not = why_not
+        self._dead_letter = dead_letter
         self.counts: dict[str, int] = {}
 
     def handle(self, messages: list[ReceivedMessage]) -> list[str]:
@@ -58,7 +73,9 @@ class FeedbackWorker:
             return "skipped"
         try:
             outcome = self._apply(FeedbackMessage.from_json(m.body))
-        except (Unavailable, MalformedMessage) as e:
+        except MalformedMessage as e:
+            return self._poison(m, str(e))
+        except Unavailable as e:
             logger.warning("feedback %s failed (retried, then dead-lettered): %s", m.message_id, e)
             return None
         except Exception:  # a bug or an unforeseen error: this message only, the worker goes on
@@ -66,6 +83,20 @@ class FeedbackWorker:
             return None
         logger.info("feedback %s: %s", m.message_id, outcome)
         return outcome
+
+    def _poison(self, m: ReceivedMessage, reason: str) -> str | None:
+        if self._dead_letter is None:
+            logger.error("feedback %s can never be applied (left to the redrive policy): %s", m.message_id, reason)
+            return None
+        try:
+            self._dead_letter(m.body, reason)
+        except Exception as e:  # left in the queue: the redrive policy moves it after maxReceiveCount
+            logger.error(
+                "feedback %s can never be applied, and was not dead-lettered: %s (%s)", m.message_id, reason, e
+            )
+            return None
+        logger.error("feedback %s can never be applied, moved to the dead-letter queue: %s", m.message_id, reason)
+        return "dead_lettered"
 
     def run(self, stop: threading.Event, wait_s: int = 1, retry_s: float = 1.0) -> None:
         while not stop.is_set():
@@ -75,7 +106,11 @@ class FeedbackWorker:
                 logger.warning("feedback not received: %s", e)
                 stop.wait(retry_s)
                 continue
-            self.handle(messages)
+            try:
+                self.handle(messages)
+            except Exception:  # the batch's messages come back after their visibility timeout; the worker goes on
+                logger.exception("feedback batch of %d not handled (it will come back)", len(messages))
+                stop.wait(retry_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     from clipper.adapters.sqs import SqsQueueReader
+    from clipper.adapters.sqs_dead_letter import SqsDeadLetterQueue
     from clipper.settings import CommonSettings
     from clipper.wiring import aws_client, build_feedback_processor, prediction_cache, selection_store
 
@@ -102,7 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         apply = build_feedback_processor(settings, dynamodb).process
     if why_not:
         logger.warning("feedback is not learned: %s; each message is deleted unapplied", why_not)
-    worker = FeedbackWorker(SqsQueueReader(aws_client("sqs"), args.queue_url), apply, why_not)
+    sqs = aws_client("sqs")
+    try:
+        dlq = SqsDeadLetterQueue.of(sqs, args.queue_url)
+    except ClipperError as e:  # the queue unreachable now: the redrive policy still dead-letters poison, later
+        logger.warning("the feedback queue's dead-letter queue not found: %s", e)
+        dlq = None
+    if dlq is None:
+        logger.warning("no dead-letter queue known: a message that cannot be decoded waits for the redrive policy")
+    worker = FeedbackWorker(SqsQueueReader(sqs, args.queue_url), apply, why_not, dlq.send if dlq else None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
