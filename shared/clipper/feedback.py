@@ -133,7 +133,7 @@ class FeedbackProcessor:
 
     def _apply(self, app: Application, key: str, msg: FeedbackMessage, sel: Selection, outputs: dict[str, Any]) -> bool:
         linked = self.registry.linked_models(app.name)
-        policy = policy_for(app.policy)
+        policy = policy_for(app.policy, app.policy_params)
         for _ in range(self.max_attempts):
             stored = self.store.load(key)
             if key != state_key(app.name) and stored is None:
