@@ -125,6 +125,13 @@ class ClipperConnection:
             body["default_when_unsure"] = default_when_unsure
         return self._call("set_app_policy", body)
 
+    def set_policy_params(self, name: str, **params: float | None) -> Any:
+        """The application's policy parameters, by name: ``eta`` (Exp3, Exp4), ``gamma`` (Exp3), ``epsilon``
+        (epsilon-greedy), ``k`` (Exp4: how many of the heaviest models answer). A value sets one, None returns it to
+        the policy's default, one not named keeps its value; one the app's policy does not take is refused (400).
+        Answers the application with ``policy_params_in_use``."""
+        return self._call("set_policy_params", {"name": name, **params})
+
     def unregister_application(self, name: str) -> Any:
         return self._call("delete_app", {"name": name})
 
