@@ -2,13 +2,15 @@
 
 Every demo model's prediction on the held-out set is computed once with ONNX Runtime; streams of queries
 (several shuffled passes over the 540 held-out rows, fixed seeds) are then replayed through the policies
-of ``clipper.selection``, each query followed by its feedback label. Four experiments:
+of ``clipper.selection``, each query followed by its feedback label. Experiments:
 
 1. accuracy: Exp4, Exp3, epsilon-greedy and the single-model policy against every fixed model;
    Exp4's error at each confidence level; Exp3's cumulative regret against the best fixed model.
 2. robustness: midway through the stream the best model starts answering a wrong label; how many
-   queries Exp3 and Exp4 need to be back within 1 point of their accuracy before the fault.
-3. personalisation: three user groups whose inputs are transformed differently (plain, mirrored, noisy),
+   queries Exp3 and Exp4 need until their accuracy stays within 1 point of their accuracy before the fault
+   (sustained recovery: every later 100-query window within the band, not the first one).
+3. Exp3 at several learning rates: accuracy, regret per pass, sustained recovery.
+4. personalisation: three user groups whose inputs are transformed differently (plain, mirrored, noisy),
    so that each group has a different best model; per-user Exp3 against the app-wide Exp3.
 
 Run ``python bench/selection.py`` from the repository root (``make bench-selection``). It prints its
@@ -32,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.selection_plot import plot  # noqa: E402
+from bench.selection_recovery import recovery  # noqa: E402
 from clipper.selection import (  # noqa: E402
     EpsilonGreedyPolicy,
     Exp3Policy,
@@ -49,6 +53,8 @@ SEED = 2017
 PASSES = 5  # shuffled passes over the held-out set per stream
 RUNS = 20  # streams per experiment (different shuffles and policy seeds)
 WINDOW = 100  # queries per accuracy window (robustness)
+BAND = 0.01  # recovered: every later window at most 1 point under the accuracy before the fault
+ETAS = (0.02, 0.05, 0.2, 0.5)  # Exp3's learning rates compared (0.2: the default)
 USERS_PER_GROUP = 3
 CONFIDENCE_BINS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
@@ -165,9 +171,11 @@ def accuracy_experiment(models: list[str], base: Preds, y: np.ndarray) -> dict[s
     }
 
 
-def fault_experiment(models: list[str], base: Preds, y: np.ndarray, broken: str) -> dict[str, Any]:
+def fault_experiment(
+    models: list[str], base: Preds, y: np.ndarray, broken: str, policies: dict[str, SelectionPolicy] | None = None
+) -> dict[str, Any]:
     """From the middle of the stream on, ``broken`` answers a random wrong label."""
-    policies: dict[str, SelectionPolicy] = {"exp3": Exp3Policy(), "exp4": Exp4Policy()}
+    policies = policies or {"exp3": Exp3Policy(), "exp4": Exp4Policy()}
     curves: dict[str, list[np.ndarray]] = {name: [] for name in policies}
     n = PASSES * len(y)
     fault = n // 2
@@ -182,15 +190,46 @@ def fault_experiment(models: list[str], base: Preds, y: np.ndarray, broken: str)
     for name, c in curves.items():
         mean = np.mean(c, axis=0)
         before = float(mean[fault - len(y) : fault].mean())  # the last pass before the fault
-        ahead = np.convolve(mean[fault:], np.ones(WINDOW) / WINDOW, mode="valid")  # ahead[t]: [t, t+WINDOW)
-        hits = np.flatnonzero(ahead >= before - 0.01)
+        after = float(mean[-len(y) :].mean())  # the last pass: the level it settles at
         out[name] = {
             "accuracy_before": before,
-            "accuracy_after": float(mean[-len(y) :].mean()),
-            "worst_window_after": float(ahead.min()),
-            "recovery_queries": int(hits[0]) if hits.size else None,
+            "accuracy_after": after,
+            **recovery(mean, fault, before, WINDOW, BAND),
+            # settling: every later window within 1 point of the level after the fault (control's settling time)
+            "settling_queries": recovery(mean, fault, after, WINDOW, BAND)["recovery_queries"],
         }
         out["curves"][name] = mean
+    return out
+
+
+def exp3_eta_sweep(models: list[str], base: Preds, y: np.ndarray, broken: str) -> dict[str, Any]:
+    """Exp3 at several learning rates (gamma at its default) over the accuracy experiment's streams: its accuracy,
+    its regret against the best fixed model per pass, the share of its last pass on that model, and its sustained
+    recovery from the fault."""
+    out: dict[str, Any] = {}
+    for eta in ETAS:
+        policy = Exp3Policy(eta=eta)
+        regret, right, on_best = [], [], []
+        for run in range(RUNS):
+            order = stream_order(np.random.default_rng(SEED + run), len(y))
+            preds, labels = {m: base[m][order] for m in models}, y[order]
+            r = replay(policy, models, preds, labels, SEED * 1000 + run)
+            best = max(models, key=lambda m: int(np.sum(preds[m] == labels)))
+            regret.append(np.cumsum((preds[best] == labels).astype(float) - r["correct"]))
+            right.append(r["correct"])
+            on_best.append(float(np.mean(r["chosen"][-len(y) :] == models.index(best))))
+        mean = np.mean(regret, axis=0)
+        fault = fault_experiment(models, base, y, broken, {"exp3": policy})["exp3"]
+        out[f"{eta:g}"] = {
+            "accuracy": float(np.mean(right)),
+            "regret": float(mean[-1]),
+            "regret_per_pass": np.diff(mean[len(y) - 1 :: len(y)], prepend=0.0).round(2).tolist(),
+            "last_pass_on_best": float(np.mean(on_best)),
+            "accuracy_after_fault": fault["accuracy_after"],
+            "settling_queries": fault["settling_queries"],
+            "recovery_queries": fault["recovery_queries"],
+            "first_within_band_queries": fault["first_within_band_queries"],
+        }
     return out
 
 
@@ -262,70 +301,6 @@ def personalisation_experiment(
     }
 
 
-def plot(models: list[str], acc: dict[str, Any], fault: dict[str, Any], pers: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(2, 3, figsize=(17, 9.5))
-    a = ax[0, 0]
-    for name in [*models, "single", "epsilon_greedy", "exp3", "exp4"]:
-        curve = acc["curves"][name]
-        cumulative = np.cumsum(curve) / np.arange(1, len(curve) + 1)
-        style = "--" if name in models else "-"
-        a.plot(cumulative, style, label=name, linewidth=1.2 if name in models else 2)
-    a.set(title="Cumulative accuracy over the stream", xlabel="query", ylabel="accuracy", ylim=(0.9, 1.0))
-    a.legend(fontsize=8, ncol=2)
-
-    a = ax[0, 1]
-    a.plot(acc["regret_curve"], color="C2")
-    a.set(title="Exp3: cumulative regret vs the best fixed model", xlabel="query", ylabel="regret (answers)")
-
-    a = ax[0, 2]
-    share = acc["exp3_share"]
-    window = np.ones(WINDOW) / WINDOW
-    smooth = [np.convolve(share[:, i], window, mode="valid") for i in range(len(models))]
-    a.stackplot(np.arange(len(smooth[0])), *smooth, labels=models)
-    a.set(title="Exp3: share of queries sent to each model", xlabel="query", ylabel="share", ylim=(0, 1))
-    a.legend(fontsize=8, loc="lower right")
-
-    a = ax[1, 0]
-    f = fault["fault_at"]
-    for i, name in enumerate(["exp3", "exp4"]):
-        moving = np.convolve(fault["curves"][name], window, mode="valid")
-        a.plot(np.arange(len(moving)) + WINDOW - 1, moving, color=f"C{i + 2}", label=name)
-        a.axhline(fault[name]["accuracy_before"] - 0.01, color=f"C{i + 2}", linestyle=":", linewidth=1)
-    a.axvline(f, color="k", linestyle="--", linewidth=1, label=f"{fault['broken_model']} breaks")
-    a.set(title=f"Robustness: accuracy over the last {WINDOW} queries", xlabel="query", ylabel="accuracy")
-    a.set_ylim(0.85, 1.0)
-    a.legend(fontsize=8)
-
-    a = ax[1, 1]
-    levels = [lv for lv in acc["levels"] if lv["error"] is not None]
-    labels = [f"{lv['confidence'][0]:.2f}-{lv['confidence'][1]:.2f}" for lv in levels]
-    a.bar(labels, [lv["error"] for lv in levels], color="C3")
-    for i, lv in enumerate(levels):
-        a.annotate(f"{lv['share']:.1%}", (i, lv["error"]), ha="center", va="bottom", fontsize=8)
-    a.set(title="Exp4: error by confidence (share of queries on top)", xlabel="confidence", ylabel="error rate")
-    a.tick_params(axis="x", labelsize=8, rotation=30)
-
-    a = ax[1, 2]
-    groups = list(pers["groups"])
-    xs = np.arange(len(groups))
-    for i, m in enumerate(models):
-        a.bar(xs + (i - 1.5) * 0.2, [pers["groups"][g][m] for g in groups], width=0.2, label=m)
-    a.set_xticks(xs, [f"{g}\n(best: {pers['best_model_per_group'][g]})" for g in groups])
-    a.set(ylim=(0, 1.05), ylabel="accuracy")
-    a.set_title(
-        f"Personalisation: per-user Exp3 {pers['accuracy_contextual']:.3f} vs app-wide {pers['accuracy_global']:.3f}"
-    )
-    a.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main() -> int:
     started = time.perf_counter()
     models, predict, x, y = load()
@@ -361,9 +336,23 @@ def main() -> int:
     log(f"robustness: {best} answers wrong labels from query {fault['fault_at']} on")
     for name in ("exp3", "exp4"):
         r = fault[name]
+        sustained = "not by the end" if r["recovery_queries"] is None else f"after {r['recovery_queries']} queries"
         log(
-            f"  {name}: accuracy before {r['accuracy_before']:.4f}, worst {WINDOW}-query window after "
-            f"{r['worst_window_after']:.4f}, recovered to within 1 point after {r['recovery_queries']} queries"
+            f"  {name}: accuracy before {r['accuracy_before']:.4f}, after {r['accuracy_after']:.4f}; worst "
+            f"{WINDOW}-query window after {r['worst_window_after']:.4f}; every later window within 1 point of "
+            f"the accuracy before {sustained} (first within it after {r['first_within_band_queries']}, then "
+            f"{r['windows_outside_band_after_first_entry']} windows outside); within 1 point of the level after "
+            f"the fault for good after {r['settling_queries']} queries"
+        )
+
+    sweep = exp3_eta_sweep(models, base, y, best)
+    log(f"exp3 by learning rate eta (gamma {Exp3Policy().gamma}; default eta {Exp3Policy().eta}):")
+    for eta, r in sweep.items():
+        log(
+            f"  eta {eta:>4}: accuracy {r['accuracy']:.4f}, regret {r['regret']:5.1f} (per pass "
+            f"{r['regret_per_pass']}), last pass on the best model {r['last_pass_on_best']:.1%}, "
+            f"after the fault {r['accuracy_after_fault']:.4f}, settled after {r['settling_queries']}, sustained "
+            f"recovery {r['recovery_queries']} (first entry {r['first_within_band_queries']})"
         )
 
     pers = personalisation_experiment(models, predict, x, y)
@@ -385,6 +374,8 @@ def main() -> int:
         "regret_exp3": regret,
         "recovery_queries_exp3": fault["exp3"]["recovery_queries"],
         "recovery_queries_exp4": fault["exp4"]["recovery_queries"],
+        "settling_queries_exp3": fault["exp3"]["settling_queries"],
+        "settling_queries_exp4": fault["exp4"]["settling_queries"],
         "accuracy_contextual": pers["accuracy_contextual"],
         "accuracy_global": pers["accuracy_global"],
         "detail": {
@@ -412,12 +403,13 @@ def main() -> int:
             "regret_uniform_random": acc["regret_uniform_random"],
             "exp3_share_last_pass": share,
             "robustness": {k: v for k, v in fault.items() if k != "curves"},
+            "exp3_by_eta": sweep,
             "personalisation": pers,
         },
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "selection.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(models, acc, fault, pers, RESULTS / "selection.png")
+    plot(models, acc, fault, pers, RESULTS / "selection.png", WINDOW)
     log(f"wrote {RESULTS.relative_to(ROOT)}/selection.json and selection.png in {time.perf_counter() - started:.1f} s")
     return 0
 

@@ -3,12 +3,15 @@ Clipper user feels at home::
 
     from clipper.client import ClipperConnection
     conn = ClipperConnection("http://127.0.0.1:8080", token="...")   # or CLIPPER_URL / CLIPPER_ADMIN_TOKEN
+    aws = ClipperConnection("https://<api-id>.execute-api.eu-west-1.amazonaws.com")  # SigV4, AWS credentials
     conn.register_application("digits", "floats", "-1", 100000, input_shape=[64])
     conn.link_model_to_app("digits", "mlp")
     conn.set_model_version("mlp", "2")
 
-It speaks plain HTTP (standard library only); on AWS, where the admin routes are IAM-authorised, give it a
-``sign`` callable that adds SigV4 headers (botocore's ``SigV4Auth``).
+It speaks plain HTTP (standard library only). On the local stack it sends the admin token; on AWS, where the admin
+routes are IAM-authorised, it signs them with SigV4 (botocore's ``SigV4Auth``, the usual credential chain):
+``auth="sigv4"`` or ``CLIPPER_AUTH=sigv4``, chosen by itself (``auto``) for an execute-api URL when no token is
+given (:mod:`clipper.client_auth`). ``sign`` replaces the signer with any callable that signs a request in place.
 
 The deployers (``deploy_sklearn_model``, ``deploy_onnx_model``, ``deploy_pytorch_model``) convert a model to
 ONNX, check it on a sample input, PUT it to the presigned URL ``get_upload_url`` gives (the model bucket's
@@ -25,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from clipper.client_auth import SigningError, signer_for
 from clipper.client_query import ApiError, json_answer
 
 Progress = Callable[[str], None]
@@ -41,24 +45,35 @@ class ClipperConnection:
         token: str | None = None,
         timeout_s: float = 30.0,
         sign: Callable[[urllib.request.Request], None] | None = None,
+        auth: str | None = None,
+        region: str | None = None,
     ) -> None:
+        """``auth``: "token", "sigv4" or "auto" (default ``CLIPPER_AUTH``, else auto: SigV4 for an execute-api URL
+        when no token is given); ``region`` of the signature (default ``CLIPPER_REGION``, else the URL's, else the
+        credential chain's). A bad ``auth`` raises ``SigningError``."""
         self.url = (url or os.environ.get("CLIPPER_URL") or "http://127.0.0.1:8080").rstrip("/")
         self._token = token if token is not None else os.environ.get("CLIPPER_ADMIN_TOKEN", "")
         self._timeout = timeout_s
-        self._sign = sign
+        mode = auth or os.environ.get("CLIPPER_AUTH") or "auto"
+        self._sign = sign or signer_for(self.url, self._token, mode, region or os.environ.get("CLIPPER_REGION"))
         self._shapes: dict[str, list[int] | None] = {}  # applications' declared input shapes, asked once
 
     def _call(self, operation: str, body: dict[str, Any] | None = None) -> Any:
+        return self._answer(self._request(f"/admin/{operation}", body))
+
+    def _request(self, path: str, body: dict[str, Any] | None = None) -> urllib.request.Request:
+        """A request to the admin API, authenticated: the bearer token, or signed last (SigV4)."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            f"{self.url}/admin/{operation}", data=data, method="GET" if body is None else "POST"
-        )
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method="GET" if body is None else "POST")
         req.add_header("Content-Type", "application/json")
         if self._token:
             req.add_header("Authorization", f"Bearer {self._token}")
         if self._sign is not None:
-            self._sign(req)
-        return self._answer(req)
+            try:
+                self._sign(req)
+            except SigningError as e:
+                raise AdminError(0, "not signed", str(e)) from e
+        return req
 
     def _answer(self, req: urllib.request.Request) -> Any:
         """The JSON answer; a refusal raises ``AdminError`` with Clipper's error, no answer one naming the URL."""
@@ -109,6 +124,13 @@ class ClipperConnection:
         if default_when_unsure is not None:
             body["default_when_unsure"] = default_when_unsure
         return self._call("set_app_policy", body)
+
+    def set_policy_params(self, name: str, **params: float | None) -> Any:
+        """The application's policy parameters, by name: ``eta`` (Exp3, Exp4), ``gamma`` (Exp3), ``epsilon``
+        (epsilon-greedy), ``k`` (Exp4: how many of the heaviest models answer). A value sets one, None returns it to
+        the policy's default, one not named keeps its value; one the app's policy does not take is refused (400).
+        Answers the application with ``policy_params_in_use``."""
+        return self._call("set_policy_params", {"name": name, **params})
 
     def unregister_application(self, name: str) -> Any:
         return self._call("delete_app", {"name": name})
@@ -179,7 +201,7 @@ class ClipperConnection:
 
     def get_metrics(self) -> Any:
         """Clipper's ``GET /metrics`` of the frontend that answers (per process; CloudWatch has the rest)."""
-        return self._answer(urllib.request.Request(f"{self.url}/metrics"))
+        return self._answer(self._request("/metrics"))  # IAM-authorised on AWS
 
     def get_local_processes(self) -> list[Any] | None:
         """The local stack's processes (name, pid, status, restarts, last exit, last restart) as its gateway lists

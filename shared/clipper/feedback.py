@@ -149,7 +149,7 @@ class FeedbackProcessor:
         sel: Selection,
         outputs: dict[str, Any],
     ) -> bool:
-        policy = policy_for(app.policy)
+        policy = policy_for(app.policy, app.policy_params)
         for _ in range(self.max_attempts):
             stored = self.store.load(key)
             if key != state_key(app.name) and stored is None:

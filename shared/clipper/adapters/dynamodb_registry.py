@@ -23,6 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from clipper.adapters.aws_errors import aws_call, error_code, translate
 from clipper.core.domain import Application, BatchingSettings, InputType, Model, ModelRecord, ModelVersion
 from clipper.errors import Conflict, NotFound
+from clipper.selection.params import PolicyParams
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -128,6 +129,9 @@ class DynamoDBRegistry:
             policy=app_item.get("policy", {}).get("S", "single"),
             confidence_threshold=float(app_item.get("confidence_threshold", {}).get("N", "0")),
             default_when_unsure=bool(app_item.get("default_when_unsure", {}).get("BOOL", False)),
+            policy_params=PolicyParams.from_dict(
+                {k: v["N"] for k, v in app_item.get("policy_params", {}).get("M", {}).items()}
+            ),
         )
         return app, links
 
@@ -232,6 +236,7 @@ class DynamoDBRegistry:
                 "policy": {"S": app.policy},
                 "confidence_threshold": {"N": repr(float(app.confidence_threshold))},
                 "default_when_unsure": {"BOOL": app.default_when_unsure},
+                "policy_params": {"M": {k: {"N": repr(v)} for k, v in app.policy_params.to_dict().items()}},
                 "updated_at": {"N": str(int(time.time()))},
             },
             None if overwrite else "attribute_not_exists(pk)",

@@ -102,6 +102,10 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
     def set_app_policy(body: schemas.SetPolicy) -> dict[str, Any]:
         return service.set_app_policy(body)
 
+    @op("set_policy_params", "Set an application's policy parameters (eta, gamma, epsilon, Exp4's k)")
+    def set_policy_params(body: schemas.SetPolicyParams) -> dict[str, Any]:
+        return service.set_policy_params(body)
+
     @op("delete_app", "Delete an application and its links")
     def delete_app(body: schemas.Name) -> dict[str, Any]:
         return service.delete_app(body.name)

@@ -39,6 +39,17 @@ class SetPolicy(Body):
     default_when_unsure: bool | None = None
 
 
+class SetPolicyParams(Body):
+    """An application's policy parameters: a value sets one, null returns it to the policy's default, an omitted
+    one keeps its value. Each policy takes its own: epsilon_greedy epsilon; exp3 gamma and eta; exp4 eta and k."""
+
+    name: str
+    eta: float | None = Field(None, gt=0.0, allow_inf_nan=False, description="Exp3's and Exp4's learning rate")
+    gamma: float | None = Field(None, gt=0.0, le=1.0, description="Exp3's exploration: each model gets gamma / K")
+    epsilon: float | None = Field(None, gt=0.0, le=1.0, description="epsilon-greedy's share of random choices")
+    k: int | None = Field(None, ge=1, description="Exp4: how many of the heaviest models answer (null: all)")
+
+
 class Name(Body):
     name: str
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from clipper.admin import schemas
 from clipper.admin.batching import set_model_batching
+from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
 from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
 from clipper.core.domain import Application, BatchingSettings, InputType, ModelVersion
@@ -68,6 +69,9 @@ class AdminService:
         )
         self._registry.put_app(updated, overwrite=True)
         return app_info(updated, links)
+
+    def set_policy_params(self, req: schemas.SetPolicyParams) -> dict[str, Any]:
+        return set_policy_params(self._registry, req)
 
     def delete_app(self, name: str) -> dict[str, Any]:
         self._registry.app_and_links(name)  # NotFound

@@ -9,6 +9,8 @@ from typing import Any
 from clipper.cli.files import load_estimator, load_npy
 from clipper.client import ClipperConnection
 
+POLICY_PARAMS = ("eta", "gamma", "epsilon", "k")
+
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser("ping", help="is the management API up (and the token right)")
@@ -26,6 +28,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sp.add_argument("policy", choices=["single", "epsilon_greedy", "exp3", "exp4"])
     sp.add_argument("--confidence-threshold", type=float)
     sp.add_argument("--default-when-unsure", action="store_true", default=None)
+    pp = sub.add_parser("policy-params", help="an application's policy parameters (set them with options)")
+    pp.add_argument("name")
+    pp.add_argument("--eta", type=float, help="exp3's and exp4's learning rate")
+    pp.add_argument("--gamma", type=float, help="exp3's exploration (each model gets gamma / K)")
+    pp.add_argument("--epsilon", type=float, help="epsilon_greedy's share of random choices")
+    pp.add_argument("--k", type=int, help="exp4: how many of the heaviest models answer")
+    pp.add_argument("--default", nargs="+", default=[], choices=POLICY_PARAMS, help="back to the policy's default")
     sub.add_parser("delete-app", help="delete an application and its links").add_argument("name")
     sub.add_parser("models", help="list model versions").add_argument("-v", "--verbose", action="store_true")
     m = sub.add_parser("model", help="one model version")
@@ -93,6 +102,12 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         )
     if c == "set-policy":
         return conn.set_app_policy(args.name, args.policy, args.confidence_threshold, args.default_when_unsure)
+    if c == "policy-params":
+        given: dict[str, float | None] = {p: getattr(args, p) for p in POLICY_PARAMS if getattr(args, p) is not None}
+        given.update(dict.fromkeys(args.default))
+        if not given:
+            return conn.get_app_info(args.name)["policy_params"]
+        return conn.set_policy_params(args.name, **given)
     if c == "delete-app":
         return conn.unregister_application(args.name)
     if c == "models":

@@ -1,5 +1,9 @@
-"""The ``clipper`` command: its parser and the exit codes (0 done, 1 the API is unreachable, 2 refused by the
-API (4xx), 3 a deployment or a version that failed its check or was rejected)."""
+"""The ``clipper`` command: its parser and the exit codes (0 done, 1 the API is unreachable or a request could not
+be signed (no AWS credentials), 2 refused by the API (4xx), 3 a deployment or a version that failed its check or
+was rejected).
+
+Admin requests carry the admin token (the local stack) or a SigV4 signature (a deployed stack): ``--auth`` /
+``CLIPPER_AUTH`` and ``--region`` / ``CLIPPER_REGION``, as :mod:`clipper.client_auth` says."""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from typing import Any
 from clipper.cli import admin, local, query
 from clipper.cli.tables import inspect_table, metrics_table
 from clipper.client import AdminError, ClipperConnection
-from clipper.client_query import QueryError
+from clipper.client_auth import AUTH_MODES, SigningError
+from clipper.client_query import ApiError
 from clipper.cost import cli as cost_cli
 from clipper.errors import ClipperError
 
@@ -23,6 +28,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--url", help="the API's address (default: $CLIPPER_URL)")
     p.add_argument("--token", help="the admin token (default: $CLIPPER_ADMIN_TOKEN)")
+    p.add_argument(
+        "--auth",
+        choices=AUTH_MODES,
+        help="token: the admin token (the local stack); sigv4: sign admin requests with AWS credentials (a deployed "
+        "stack); auto: sigv4 for an execute-api URL when no token is given (default: $CLIPPER_AUTH, else auto)",
+    )
+    p.add_argument("--region", help="the AWS region SigV4 signs for (default: $CLIPPER_REGION, else the URL's)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     admin.add_parsers(sub)
     query.add_parsers(sub)
@@ -48,7 +60,11 @@ def _main(argv: list[str] | None) -> int:
         return cost_cli.run(args)
     if args.command == "logs":
         return local.run_logs(args)
-    conn = ClipperConnection(args.url, args.token)
+    try:
+        conn = ClipperConnection(args.url, args.token, auth=args.auth, region=args.region)
+    except SigningError as e:  # CLIPPER_AUTH not one of the modes
+        print(f"clipper: {e}", file=sys.stderr)
+        return 2
     try:
         if args.command in ("predict", "update"):
             return query.run(args, conn)
@@ -61,7 +77,7 @@ def _main(argv: list[str] | None) -> int:
                 print(inspect_table(state, processes))
             return 0
         result = admin.run(args, conn)
-    except (AdminError, QueryError) as e:
+    except ApiError as e:  # refused (4xx), unreachable, or not signed
         print(f"clipper: {e}", file=sys.stderr)
         return 2 if e.status >= 400 else 1
     except ClipperError as e:  # a deployment that failed its check or was rejected

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from clipper.selection.params import PolicyParams
+
 
 class InputType(enum.StrEnum):
     """Clipper's input types."""
@@ -43,6 +45,8 @@ class Application:
     # Exp4: under this confidence the response says so; with default_when_unsure it carries the default.
     confidence_threshold: float = 0.0
     default_when_unsure: bool = False
+    # eta, gamma, epsilon, Exp4's k (set_policy_params); unset ones are the policy's defaults
+    policy_params: PolicyParams = field(default_factory=PolicyParams)
 
     @property
     def slo_seconds(self) -> float:

@@ -109,7 +109,7 @@ class Selector:
         linked = self._registry.linked_models(app.name)
         if not linked:
             return None
-        policy = policy_for(app.policy)
+        policy = policy_for(app.policy, app.policy_params)
         state = self.state_for(app, linked, user)
         selection = policy.select(state, self._rng)
         models = []

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from clipper.errors import InvalidInput
 from clipper.selection.combining import Combined, combine_outputs, loss
+from clipper.selection.params import TAKES, PolicyParams
 from clipper.selection.state import DEFAULT_MIN_RATIO, Arm, SelectionState, reweighted, with_losses
 
 
@@ -236,7 +237,7 @@ class Exp4Policy(_Policy):
         return reweighted(state.arms, {m: -self.eta * x for m, x in losses.items()}, self.min_ratio)
 
 
-POLICIES: dict[str, Callable[[], SelectionPolicy]] = {
+POLICIES: dict[str, Callable[..., SelectionPolicy]] = {
     "single": SinglePolicy,
     "epsilon_greedy": EpsilonGreedyPolicy,
     "exp3": Exp3Policy,
@@ -244,12 +245,34 @@ POLICIES: dict[str, Callable[[], SelectionPolicy]] = {
 }
 
 
-def policy_for(name: str) -> SelectionPolicy:
-    """The policy called ``name``, with its default parameters."""
+def policy_for(name: str, params: PolicyParams | None = None) -> SelectionPolicy:
+    """The policy called ``name``, with the application's ``params`` where set (the parameters it does not take
+    are ignored) and its defaults for the rest. Parameters out of range raise ``InvalidInput`` naming the first."""
     try:
-        return POLICIES[name]()
+        make = POLICIES[name]
     except KeyError:
         raise InvalidInput("policy", f"one of {', '.join(sorted(POLICIES))}", repr(name)) from None
+    given = params.for_policy(name) if params is not None else {}
+    try:
+        return make(**given)
+    except ValueError as e:  # the policy's own range check
+        check_params(name, params or PolicyParams())
+        raise InvalidInput("policy_params", str(e)) from e
+
+
+def check_params(policy: str, params: PolicyParams, changed: Iterable[str] = ()) -> None:
+    """Refuse, naming the field, a parameter in ``changed`` that ``policy`` does not take, and any value the policy
+    refuses (each is checked by building the policy with it alone)."""
+    takes = TAKES.get(policy, ())
+    for name in changed:
+        if name not in takes:
+            expected = f"a parameter of {policy} ({', '.join(takes) or 'it takes none'})"
+            raise InvalidInput(name, expected, f"{name} (set the policy first: set_app_policy)")
+    for name, value in params.for_policy(policy).items():
+        try:
+            POLICIES[policy](**{name: value})
+        except ValueError as e:
+            raise InvalidInput(name, str(e).removeprefix(f"{name} must be "), repr(value)) from e
 
 
 __all__ = [
@@ -257,8 +280,10 @@ __all__ = [
     "EpsilonGreedyPolicy",
     "Exp3Policy",
     "Exp4Policy",
+    "PolicyParams",
     "Selection",
     "SelectionPolicy",
     "SinglePolicy",
+    "check_params",
     "policy_for",
 ]

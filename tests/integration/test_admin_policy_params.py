@@ -1,0 +1,71 @@
+"""``set_policy_params`` over HTTP: stored with the application in the registry (DynamoDB, moto), answered with
+the parameters the policy runs with, refused with a 400 naming the field; and from the client and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.client import AdminError, ClipperConnection
+from clipper.selection import PolicyParams
+from tests.integration.test_admin_api import DIGITS, admin, ok  # noqa: F401  (fixture)
+from tests.integration.test_cli import TOKEN, api, clipper  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.integration
+
+
+def test_parameters_are_stored_with_the_app_and_used_by_its_policy(admin, aws) -> None:  # noqa: F811
+    ok(admin.post("/admin/add_app", json={**DIGITS, "policy": "exp3"}))
+    info = ok(admin.post("/admin/set_policy_params", json={"name": "digits", "eta": 0.5, "gamma": 0.1}))
+    assert info["policy_params"] == {"eta": 0.5, "gamma": 0.1, "epsilon": None, "k": None}
+    assert info["policy_params_in_use"] == {"gamma": 0.1, "eta": 0.5, "min_ratio": 1e-4}
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    assert registry.get_app("digits").policy_params == PolicyParams(eta=0.5, gamma=0.1)
+
+    # omitted: unchanged; null: back to the default
+    info = ok(admin.post("/admin/set_policy_params", json={"name": "digits", "gamma": None}))
+    assert info["policy_params_in_use"]["gamma"] == 0.02 and info["policy_params_in_use"]["eta"] == 0.5
+    # a later change of policy keeps them (exp4 takes eta too) and the app's answer shows them
+    ok(admin.post("/admin/set_app_policy", json={"name": "digits", "policy": "exp4"}))
+    assert ok(admin.post("/admin/get_application", json={"name": "digits"}))["policy_params"]["eta"] == 0.5
+    assert registry.get_app("digits").policy_params == PolicyParams(eta=0.5)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"eta": -1}, "eta"),
+        ({"eta": 0}, "eta"),
+        ({"gamma": 1.5}, "gamma"),
+        ({"epsilon": 0}, "epsilon"),
+        ({"k": 0}, "k"),
+        ({"k": 2}, "k"),  # exp3 takes no k
+        ({"epsilon": 0.2}, "epsilon"),  # nor epsilon
+        ({"temperature": 1}, "temperature"),
+    ],
+)
+def test_bad_parameters_are_refused_naming_the_field_and_change_nothing(admin, aws, body, field) -> None:  # noqa: F811
+    ok(admin.post("/admin/add_app", json={**DIGITS, "policy": "exp3"}))
+    refused = admin.post("/admin/set_policy_params", json={"name": "digits", **body})
+    assert refused.status_code == 400 and refused.json()["cause"].startswith(f"{field}:"), refused.text
+    assert DynamoDBRegistry(aws.dynamodb, aws.registry_table).get_app("digits").policy_params == PolicyParams()
+    assert admin.post("/admin/set_policy_params", json={"name": "nope", "eta": 1}).status_code == 404
+
+
+def test_the_client_and_the_cli_set_them(api, capsys) -> None:  # noqa: F811
+    conn = ClipperConnection(api["url"], TOKEN)
+    conn.set_app_policy("digits", "exp4")
+    assert conn.set_policy_params("digits", eta=0.3, k=1)["policy_params_in_use"]["k"] == 1
+    with pytest.raises(AdminError) as refused:
+        conn.set_policy_params("digits", gamma=0.5)
+    assert refused.value.status == 400 and refused.value.cause.startswith("gamma: expected a parameter of exp4")
+
+    assert clipper(api, "policy-params", "digits", "--eta", "0.8", "--default", "k") == 0
+    assert json.loads(capsys.readouterr().out)["policy_params_in_use"]["eta"] == 0.8
+    assert clipper(api, "policy-params", "digits") == 0
+    assert json.loads(capsys.readouterr().out) == {"eta": 0.8, "gamma": None, "epsilon": None, "k": None}
+    assert api["registry"].get_app("digits").policy_params == PolicyParams(eta=0.8)
+    assert clipper(api, "policy-params", "digits", "--epsilon", "0.2") == 2
+    assert "epsilon: expected a parameter of exp4" in capsys.readouterr().err
