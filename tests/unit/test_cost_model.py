@@ -43,11 +43,24 @@ def test_a_miss_pays_the_lambda_for_its_wait_and_sqs_per_model():
     assert hits["frontend Lambda"] == pytest.approx(0.2e-6 + 1 / 1000 * 0.0000166667)
 
 
-def test_dynamodb_replaces_the_cache_node_with_requests():
+def test_elasticache_is_priced_as_the_template_deploys_it_serverless():
+    prices = Prices.load()
+    valkey = stack_cost(prices, FIGURES, Deployment(store="redis"), rate_qps=10)
+    # the minimum stored data (100 MB on Valkey) an hour, and an ECPU a command: lookup + 4 a model asked
+    assert valkey.per_hour["ElastiCache (stored data)"] == pytest.approx(0.1 * 0.084)
+    assert valkey.per_query["ElastiCache (ECPUs)"] == pytest.approx(5 * 0.0023 / 1e6)
+    redis = stack_cost(prices, FIGURES, Deployment(cache_engine="redis", cache_gb=3, models_per_query=4), 10)
+    assert redis.per_hour["ElastiCache (stored data)"] == pytest.approx(3 * 0.125)
+    assert redis.per_query["ElastiCache (ECPUs)"] == pytest.approx(17 * 0.0034 / 1e6)
+    hits = stack_cost(prices, FIGURES, Deployment(cache_hit_ratio=1.0), rate_qps=10)
+    assert hits.per_query["ElastiCache (ECPUs)"] == pytest.approx(0.0023 / 1e6)
+
+
+def test_dynamodb_replaces_the_cache_with_requests():
     prices = Prices.load()
     redis = stack_cost(prices, FIGURES, Deployment(store="redis"), rate_qps=10)
     dynamo = stack_cost(prices, FIGURES, Deployment(store="dynamodb"), rate_qps=10)
-    assert "ElastiCache" in redis.per_hour and "ElastiCache" not in dynamo.per_hour
+    assert "ElastiCache (stored data)" in redis.per_hour and not any("ElastiCache" in k for k in dynamo.lines)
     # 3 writes (claim, result, reply); 1 lookup + (3.2 + 40) / 10 reply polls
     assert dynamo.per_query["DynamoDB (cache, replies)"] == pytest.approx((3 * 0.625 + (1 + 4.32) * 0.125) / 1e6)
 

@@ -23,6 +23,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--figures", type=Path, default=DEFAULT_FIGURES, help="bench-cost's JSON (its measured figures)")
     p.add_argument("--prices", type=Path, help="a prices file of your own (default: the package's prices.json)")
     p.add_argument("--store", choices=["redis", "dynamodb"], default="redis", help="cache and reply channel")
+    p.add_argument(
+        "--cache-engine", choices=["valkey", "redis"], default="valkey", help="ElastiCache Serverless engine"
+    )
+    p.add_argument("--cache-gb", type=float, default=0.0, help="GB the cache holds (default: the engine's minimum)")
     p.add_argument("--memory-mb", type=int, default=1024, help="the frontend Lambda's memory (FrontendMemorySize)")
     p.add_argument("--arch", choices=["x86_64", "arm64"], default="x86_64", help="the frontend Lambda's architecture")
     p.add_argument("--instance-type", default="ml.c5.large", help="the model endpoint's instance type")
@@ -49,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         frontend_memory_mb=args.memory_mb,
         architecture=args.arch,
         store=args.store,
+        cache_engine=args.cache_engine,
+        cache_gb=args.cache_gb,
         instance_type=args.instance_type,
         instance_vcpus=args.vcpus,
         cache_hit_ratio=args.hit_ratio,

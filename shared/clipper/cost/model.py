@@ -14,13 +14,14 @@ Per query, by what the code does (the requests are those ``tests/integration/tes
   requests' latency, docs/latency-on-aws.md);
 - a miss, per model asked: one SQS SendMessage per 64 KB of payload, and the receive and delete of its message
   shared by the messages of one receive (at most 10 on SQS);
-- the cache and the reply channel: nothing per request on ElastiCache (node-hours instead); on DynamoDB, a read
+- the cache and the reply channel: on ElastiCache Serverless (template.yaml's ``Cache``), an ECPU a command (the
+  lookup, and per model asked the reply's publish and read, the cache's fill and claim release); on DynamoDB, a read
   for the lookup, a conditional write for the claim and one for the result, a write for the reply and the
   frontend's reads while it waits (one every ``reply_poll_ms``);
 - the frontend's log line (EMF metrics), ``log_bytes_per_query``, at CloudWatch Logs' ingestion price.
 
 Per hour, whatever the traffic: the endpoint's instances (enough of them for the rate at the measured batched
-throughput of one instance), the ElastiCache node, the long-poll batchers' empty receives while idle (receivers x
+throughput of one instance), ElastiCache Serverless's stored data (at least the engine's minimum), the long-poll batchers' empty receives while idle (receivers x
 one per ``poll_wait_s``; counted in full, an upper bound) and their PutMetricData call a minute.
 
 The SageMaker real-time endpoint invoked directly: instances enough for the rate at one request per call (no
@@ -59,6 +60,9 @@ class Prices:
         return f"{self.raw['region']} list prices as of {self.raw['as_of']}"
 
 
+ECPUS_PER_SEND = 4  # ElastiCache commands per model asked on a miss: reply publish and read, cache SET and DEL
+
+
 @dataclass(frozen=True)
 class Measured:
     """The stack's own figures for one model (``make bench-cost`` measures them on the local stack)."""
@@ -80,8 +84,9 @@ class Measured:
 class Deployment:
     frontend_memory_mb: int = 1024  # template.yaml FrontendMemorySize
     architecture: str = "x86_64"
-    store: str = "redis"  # cache and replies: "redis" (ElastiCache) or "dynamodb"
-    cache_node: str = "cache.t4g.small"
+    store: str = "redis"  # cache and replies: "redis" (ElastiCache Serverless, as template.yaml) or "dynamodb"
+    cache_engine: str = "valkey"  # template.yaml's ElastiCacheEngine
+    cache_gb: float = 0.0  # data the cache holds (GB-hours billed; the engine's minimum when less)
     instance_type: str = "ml.c5.large"
     instance_vcpus: int = 2
     min_instances: int = 1
@@ -146,7 +151,12 @@ def stack_cost(prices: Prices, m: Measured, d: Deployment, rate_qps: float) -> C
             writes * p["dynamodb_write_unit_per_million"] + reads * p["dynamodb_read_unit_per_million"]
         ) / 1e6
     else:
-        c.per_hour["ElastiCache"] = p["elasticache_node_hour"][d.cache_node]
+        serverless = p["elasticache_serverless"][d.cache_engine]
+        c.per_hour["ElastiCache (stored data)"] = max(d.cache_gb, serverless["min_gb"]) * serverless["gb_hour"]
+        # An ECPU a command (each moves under 1 KB here): the lookup-and-claim, and per model asked the reply's
+        # publish and read and the cache's fill and claim release.
+        ecpus = 1 + sends * ECPUS_PER_SEND
+        c.per_query["ElastiCache (ECPUs)"] = ecpus * serverless["ecpu_per_million"] / 1e6
     c.per_query["CloudWatch Logs"] = _gb(m.log_bytes_per_query) * p["cloudwatch_logs_ingested_per_gb"]
     rows_per_s = rate_qps * sends
     c.instances = max(d.min_instances, math.ceil(rows_per_s / (m.instance_rows_per_s * d.instance_vcpus)))
