@@ -15,8 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-# infra/model-stack.yaml's ModelName: letters, digits and single hyphens, at most 30 characters.
+# infra/model-stack.yaml's ModelName: letters, digits and hyphens (not first or last), at most 30 characters.
 _MAX_STACK_MODEL_NAME = 30
+_PARAMETER = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")  # the parameter's AllowedPattern
+_PLAIN_VERSION = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,18 @@ class ServingStacks(Protocol):
 
 
 def stack_model_name(model: str, version: str) -> str:
-    """The model stack's ModelName for one version: ``<model>-v<version>`` when that fits the parameter's
-    pattern, else a shortened form with a hash that keeps versions apart (``1.0`` and ``1_0``)."""
-    tag = re.sub(r"-+", "-", re.sub(r"[^A-Za-z0-9]", "-", version)).strip("-")
-    name = f"{model}-v{tag}"
-    if tag == version and len(name) <= _MAX_STACK_MODEL_NAME:
+    """The model stack's ModelName for one version, unique per (model, version).
+
+    The readable ``<model>-v<version>`` when the version is lowercase letters and digits only (no hyphen) and the
+    whole fits the parameter's pattern and length: the last ``-v`` then splits it back into (model, version), so
+    two such names never meet. (With hyphens in versions, ``a-v1``:``2`` and ``a``:``1-v2`` both read
+    ``a-v1-v2``.) Any other version gets a shortened form ending in ``-<8 hex of sha256(model:version)>``: a hyphen
+    after its last ``-v``, which a readable name never has, so the two forms never meet either. Lowercase only,
+    since some of the names made from it (SageMaker's) compare without case."""
+    name = f"{model}-v{version}"
+    if _PLAIN_VERSION.fullmatch(version) and _PARAMETER.fullmatch(name) and len(name) <= _MAX_STACK_MODEL_NAME:
         return name
     digest = hashlib.sha256(f"{model}:{version}".encode()).hexdigest()[:8]
-    head = f"{model}-v{tag}"[: _MAX_STACK_MODEL_NAME - len(digest) - 1].rstrip("-")
+    tag = re.sub(r"[^a-z0-9]+", "-", f"{model}-v{version}".lower()).strip("-")
+    head = tag[: _MAX_STACK_MODEL_NAME - len(digest) - 1].rstrip("-")
     return f"{head}-{digest}"
