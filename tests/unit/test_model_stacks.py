@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.errors import Unavailable
-from clipper.models.serving import stack_model_name
+from clipper.models.serving import ModelArtifact, stack_model_name
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +43,7 @@ def test_a_stack_left_by_a_failed_creation_is_deleted_so_the_next_try_creates_it
     stacks = CloudFormationModelStacks(cfn, "svc", "{}", endpoint="http://m/{model}/{version}")  # type: ignore[arg-type]
 
     with pytest.raises(Unavailable, match=r"had failed to create .*Resource creation cancelled"):
-        stacks.create("mlp", "2", "s3://b/models/mlp/2/model.onnx", replicas=1)
+        stacks.create("mlp", "2", ModelArtifact("s3://b/models/mlp/2/model.onnx"), replicas=1)
 
     assert cfn.deleted == ["svc-model-mlp-v2"]
 
@@ -52,9 +52,41 @@ def test_an_existing_healthy_stack_is_reused():
     cfn = DeadStackCloudFormation("CREATE_COMPLETE")
     stacks = CloudFormationModelStacks(cfn, "svc", "{}", endpoint="http://m/{model}/{version}")  # type: ignore[arg-type]
 
-    serving = stacks.create("mlp", "2", "s3://b/models/mlp/2/model.onnx", replicas=1)
+    serving = stacks.create("mlp", "2", ModelArtifact("s3://b/models/mlp/2/model.onnx"), replicas=1)
 
     assert serving.queue_url == "https://queue" and serving.endpoint == "http://m/mlp/2" and cfn.deleted == []
+
+
+class RecordingCloudFormation(DeadStackCloudFormation):
+    """A CloudFormation that creates every stack at once, recording the requests."""
+
+    def __init__(self) -> None:
+        super().__init__("CREATE_COMPLETE")
+        self.requests: list[dict[str, Any]] = []
+
+    def create_stack(self, **request: Any) -> None:
+        self.requests.append(request)
+
+    def describe_stacks(self, StackName: str) -> dict[str, Any]:
+        outputs = [
+            {"OutputKey": "QueueUrl", "OutputValue": "https://q"},
+            {"OutputKey": "EndpointName", "OutputValue": "e"},
+        ]
+        return {"Stacks": [{"StackStatus": "CREATE_COMPLETE", "Outputs": outputs}]}
+
+
+def test_a_sagemaker_endpoint_gets_the_validated_files_sha256_to_check_before_it_loads():
+    """SageMaker downloads the version's folder as it is at creation (no S3 object version): the container refuses a
+    file whose sha256 is not the validated one (a later PUT to the key)."""
+    cfn = RecordingCloudFormation()
+    stacks = CloudFormationModelStacks(cfn, "svc", "{}", {"SageMakerEndpoint": "true"})  # type: ignore[arg-type]
+    artifact = ModelArtifact("s3://b/models/mlp/2/model.onnx", "v-3", "ab" * 32)
+
+    assert stacks.create("mlp", "2", artifact, replicas=1).endpoint == "sagemaker:e"
+
+    (request,) = cfn.requests
+    params = {p["ParameterKey"]: p["ParameterValue"] for p in request["Parameters"]}
+    assert params["ModelDataUrl"] == "s3://b/models/mlp/2/" and params["ModelSha256"] == "ab" * 32
 
 
 # -- stack names: one per (model, version) ----------------------------------------------------------------------

@@ -27,14 +27,26 @@ class Serving:
     endpoint: str  # URL or sagemaker:<endpoint name>
 
 
+@dataclass(frozen=True)
+class ModelArtifact:
+    """The model file a version serves, as the updater validated it: its ``s3://`` address, the S3 object version
+    it read (empty in an unversioned bucket) and its sha256. The serving resources load that object version, and
+    the endpoint refuses a file with another sha256 (a later PUT to the same key, which no one validated)."""
+
+    uri: str
+    version_id: str = ""
+    sha256: str = ""
+
+
 # An uploaded model file's S3 metadata key: "false" registers it inactive, "true" activates it (get_upload_url's
 # promote), over the model's auto_promote.
 PROMOTE_METADATA = "clipper-promote"
 
 
 class ServingStacks(Protocol):
-    def create(self, model: str, version: str, artifact: str, replicas: int) -> Serving:
-        """Create (or find, when it exists already) the version's serving resources; return their addresses."""
+    def create(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> Serving:
+        """Create (or find, when it exists already) the version's serving resources, serving exactly ``artifact``;
+        return their addresses."""
         ...
 
     def scale(self, model: str, version: str, replicas: int) -> None:
@@ -46,6 +58,19 @@ class ServingStacks(Protocol):
         ...
 
     def delete(self, model: str, version: str) -> None: ...
+
+
+def unserved_reason(model: str, version: str, active: str | None) -> str:
+    """Why an uploaded version is refused where no serving stacks are made for uploads (ModelStacks off): nothing
+    would load its file, and taking the active version's queue and endpoint would report it active while the
+    active version's model answers."""
+    what = f"{model}:{version} would have no serving resources of its own: this deployment creates none for uploads"
+    if active:
+        why = f"(ModelStacks is off), and sharing {model}:{active}'s queue and endpoint would leave {active} answering"
+    else:
+        why = "(ModelStacks is off) and sets no serving defaults for a new model"
+    how = "serve the file yourself and register it with add_model, its queue_url and endpoint"
+    return f"{what} {why}. To serve it, deploy with ModelStacks=on, or {how}"
 
 
 def stack_model_name(model: str, version: str) -> str:
