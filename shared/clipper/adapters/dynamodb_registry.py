@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.dynamodb_history import history_of, switch_update
 from clipper.core.domain import Application, BatchingSettings, InputType, Model, ModelRecord, ModelVersion
 from clipper.errors import Conflict, NotFound
 from clipper.models.history import VersionHistory
@@ -58,50 +59,6 @@ def _plain(attr: dict[str, Any]) -> Any:
 
 _ARTIFACT_ATTRS = ("status", "artifact", "artifact_version_id", "sha256", "etag", "size", "created_at", "promoted_at")
 _REJECTED_ATTRS = ("status", "reasons", "rejected_at", "artifact", "artifact_version_id", "sha256", "etag", "size")
-
-
-def history_of(item: dict[str, Any]) -> VersionHistory:
-    """The version history on a model item; an item of the older layout has its previous_version only."""
-    active = item.get("active_version", {}).get("S")
-    if "history" in item:
-        earlier = tuple(x["S"] for x in item["history"]["L"])
-    else:
-        previous = item.get("previous_version", {}).get("S")
-        earlier = (previous,) if previous and previous != active else ()
-    return VersionHistory(active, earlier, int(item.get("switches", {}).get("N", "0")))
-
-
-def switch_update(table: str, model: str, before: VersionHistory, after: VersionHistory) -> dict[str, Any]:
-    """The UpdateItem (also a transaction's Update) that replaces the history ``before`` with ``after``, on the
-    condition that the item still holds ``before`` (the same active version and count of switches)."""
-    values: dict[str, Any] = {
-        ":a": {"S": after.active or ""},
-        ":h": {"L": [{"S": v} for v in after.earlier]},
-        ":n": {"N": str(after.switches)},
-    }
-    update = "SET active_version = :a, history = :h, switches = :n"
-    if after.earlier:
-        update += ", previous_version = :p"
-        values[":p"] = {"S": after.earlier[-1]}
-    else:
-        update += " REMOVE previous_version"
-    if before.active is None:
-        condition = "attribute_not_exists(active_version)"
-    else:
-        values[":e"] = {"S": before.active}
-        condition = "active_version = :e AND "
-        if before.switches:
-            values[":s"] = {"N": str(before.switches)}
-            condition += "switches = :s"
-        else:
-            condition += "attribute_not_exists(switches)"
-    return {
-        "TableName": table,
-        "Key": {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}},
-        "UpdateExpression": update,
-        "ConditionExpression": condition,
-        "ExpressionAttributeValues": values,
-    }
 
 
 def _describe(item: dict[str, Any]) -> str:

@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
-from clipper.adapters.dynamodb_registry import DynamoDBRegistry, history_of, switch_update
+from clipper.adapters.dynamodb_history import history_of, switch_update
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.core.domain import Application, ModelVersion
 from clipper.errors import Conflict, NotFound, Throttled, Unavailable
 from clipper.models.history import VersionHistory
