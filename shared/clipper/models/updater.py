@@ -33,7 +33,7 @@ Items written in the registry table (layout of ``clipper.adapters.dynamodb_regis
                             signature ("" when the file did not load). Deleted when the version registers.
     MODEL#<m> MODEL         read: active_version and its history, auto_promote (BOOL, absent: false), replicas.
                             Created (active = the version) with a model's first version; promotion moves the
-                            old active_version into the history (``dynamodb_registry.switch_update``).
+                            old active_version into the history (``dynamodb_history.switch_update``).
 """
 
 from __future__ import annotations
