@@ -14,6 +14,7 @@ after a restart of moto, ``recreate_stacks`` creates their stacks again.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 import threading
@@ -21,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from botocore.exceptions import ClientError
+
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
-from clipper.errors import ClipperError, NotFound
+from clipper.errors import ClipperError, NotFound, Unavailable
 from clipper.models.serving import ModelArtifact, Serving
 from infra.local.supervisor import Child, Stage
 
@@ -205,13 +208,22 @@ class LocalModelServing:
 
     # -- processes -------------------------------------------------------------------------------------
     def _download(self, model: str, version: str, artifact: ModelArtifact) -> Path:
-        """The object version the updater validated (not whatever is at the key now: the upload URL may have
-        been used again since)."""
+        """The object version the updater validated (not whatever is at the key now: the upload URL may have been
+        used again since). The local stack's saved state puts objects back into a fresh moto under new version ids:
+        when the recorded one is gone, the object at the key is served if its sha256 is the validated one."""
         bucket, _, key = artifact.uri.removeprefix("s3://").partition("/")
-        pin = {"VersionId": artifact.version_id} if artifact.version_id else {}
+        try:
+            pin = {"VersionId": artifact.version_id} if artifact.version_id else {}
+            data: bytes = self._s3.get_object(Bucket=bucket, Key=key, **pin)["Body"].read()
+        except ClientError:
+            if not artifact.version_id or not artifact.sha256:
+                raise
+            data = self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        if artifact.sha256 and hashlib.sha256(data).hexdigest() != artifact.sha256:
+            raise Unavailable(f"{artifact.uri} is no longer the file validated for {model}:{version}: not served")
         path = self._dir / model / version / "model.onnx"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(self._s3.get_object(Bucket=bucket, Key=key, **pin)["Body"].read())
+        path.write_bytes(data)
         return path
 
     def _scale_processes(self, model: str, version: str, served: Served, replicas: int) -> None:

@@ -90,3 +90,13 @@ def test_the_validated_object_version_is_served_not_a_later_put_to_its_key(aws, 
     assert served.read_bytes() == validated
     (endpoint,) = [cmd for name, cmd in again.commands.items() if name.startswith("endpoint-mlp-2")]
     assert endpoint[endpoint.index("--sha256") + 1] == digest
+
+    # the local stack's saved state restores objects under new version ids: the object at the key serves if it
+    # is the validated file, and is refused if it is not
+    aws.s3.delete_object(Bucket=aws.bucket, Key=KEY, VersionId=first["VersionId"])  # now the key holds `later`
+    served.unlink()
+    assert serving(aws, tmp_path, RecordingHost()).restore() == []
+    assert not served.exists()
+    aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=validated)
+    assert serving(aws, tmp_path, RecordingHost()).restore() == ["mlp:2"]
+    assert served.read_bytes() == validated
