@@ -233,3 +233,27 @@ class InMemorySelectionStore:
         if feedback_id is not None:
             self.applied.add((key, feedback_id))
         return True
+
+
+@dataclass
+class InMemoryServingStacks:
+    """``ServingStacks`` that gives each version a queue and endpoint of its own and keeps what it serves."""
+
+    served: dict[tuple[str, str], Any] = field(default_factory=dict)  # (model, version) -> (ModelArtifact, replicas)
+
+    def create(self, model: str, version: str, artifact: Any, replicas: int) -> Any:
+        from clipper.models.serving import Serving
+
+        self.served.setdefault((model, version), (artifact, replicas))
+        return Serving(f"https://sqs.local/queue-{model}-v{version}", f"http://endpoint.local/{model}/{version}")
+
+    def scale(self, model: str, version: str, replicas: int) -> None:
+        if (model, version) not in self.served:
+            raise NotFound("model stack", f"{model}:{version}")
+        self.served[(model, version)] = (self.served[(model, version)][0], replicas)
+
+    def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
+        return False
+
+    def delete(self, model: str, version: str) -> None:
+        self.served.pop((model, version), None)

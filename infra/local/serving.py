@@ -1,19 +1,20 @@
 """The local stack's stand-ins for what AWS runs per model version, and its S3 -> model updater dispatch.
 
-``LocalModelServing`` is the updater's ``ServingStacks`` locally: a version's stack (infra/model-stack.yaml)
-is created in moto's CloudFormation by the same adapter the functions use on AWS (its queue and dead-letter
-queue are real moto queues), and where AWS would start the SageMaker endpoint's instances, it starts
-``replicas`` pairs of processes: the ONNX Runtime server over the version's own model file (downloaded from
-the model bucket) and a long-poll batcher on the version's queue, beside it - what one endpoint instance's
-container runs. ``reconcile`` follows the registry: a changed replica count (``set_num_replicas``, which also
-updates the stack) starts or stops pairs; a deleted version's processes stop. The processes are the local
-stack's supervised children (``infra/local/supervisor.py``): one that dies is started again on its port.
-After a restart of the stack, ``restore`` serves every uploaded version of the restored registry again; after a
-restart of moto, ``recreate_stacks`` creates their stacks again.
+``LocalModelServing`` is the updater's ``ServingStacks`` locally: a version's stack (infra/model-stack.yaml) is
+created in moto's CloudFormation by the same adapter the functions use on AWS (its queue and dead-letter queue are
+real moto queues), and where AWS would start the SageMaker endpoint's instances, it starts ``replicas`` pairs of
+processes: the ONNX Runtime server over the version's own model file (the object version the updater validated,
+downloaded from the model bucket; the server checks its sha256) and a long-poll batcher on the version's queue,
+beside it - what one endpoint instance's container runs. ``reconcile`` follows the registry: a changed replica count
+(``set_num_replicas``, which also updates the stack) starts or stops pairs; a deleted version's processes stop. The
+processes are the local stack's supervised children (``infra/local/supervisor.py``): one that dies is started again
+on its port. After a restart of the stack, ``restore`` serves every uploaded version of the restored registry again;
+after a restart of moto, ``recreate_stacks`` creates their stacks again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 import threading
@@ -21,10 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from botocore.exceptions import ClientError
+
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
-from clipper.errors import ClipperError, NotFound
-from clipper.models.serving import Serving
+from clipper.errors import ClipperError, NotFound, Unavailable
+from clipper.models.serving import ModelArtifact, Serving
 from infra.local.supervisor import Child, Stage
 
 logger = logging.getLogger("clipper.local")
@@ -69,9 +72,9 @@ def batcher_command(queue_url: str, endpoint_url: str, slo_ms: float, model: str
     ]
 
 
-def endpoint_command(model_path: Path | str, port: int) -> list[str]:
+def endpoint_command(model_path: Path | str, port: int, sha256: str = "") -> list[str]:
     server = [sys.executable, "-m", "clipper_endpoint", "--model-path", str(model_path)]
-    return [*server, "--host", "127.0.0.1", "--port", str(port)]
+    return [*server, "--host", "127.0.0.1", "--port", str(port), *(["--sha256", sha256] if sha256 else [])]
 
 
 @dataclass
@@ -85,7 +88,7 @@ class Replica:
 class Served:
     queue_url: str
     model_path: Path
-    artifact: str
+    artifact: ModelArtifact
     replicas: list[Replica] = field(default_factory=list)
     registered: bool = False  # seen in the registry (created before the updater registers it)
 
@@ -108,7 +111,7 @@ class LocalModelServing:
         self._lock = threading.RLock()
 
     # -- ServingStacks ---------------------------------------------------------------------------------
-    def create(self, model: str, version: str, artifact: str, replicas: int) -> Serving:
+    def create(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> Serving:
         with self._lock:
             serving = self._stacks.create(model, version, artifact, replicas)
             served = self._served.get((model, version))
@@ -165,11 +168,16 @@ class LocalModelServing:
         for model in self._registry.model_names():
             record = self._registry.model_record(model)
             for version in record.versions:
-                artifact = record.artifacts.get(version, {}).get("artifact")
-                if not artifact:
+                recorded = record.artifacts.get(version, {})
+                if not recorded.get("artifact"):
                     continue
+                artifact = ModelArtifact(
+                    str(recorded["artifact"]),
+                    str(recorded.get("artifact_version_id", "")),
+                    str(recorded.get("sha256", "")),
+                )
                 try:
-                    self.create(model, version, str(artifact), record.replicas)
+                    self.create(model, version, artifact, record.replicas)
                 except Exception as e:  # one version that cannot be served does not stop the others
                     logger.warning("%s:%s not served again: %s", model, version, e)
                     continue
@@ -199,11 +207,23 @@ class LocalModelServing:
                 self._stop(model, version)
 
     # -- processes -------------------------------------------------------------------------------------
-    def _download(self, model: str, version: str, artifact: str) -> Path:
-        bucket, _, key = artifact.removeprefix("s3://").partition("/")
+    def _download(self, model: str, version: str, artifact: ModelArtifact) -> Path:
+        """The object version the updater validated (not whatever is at the key now: the upload URL may have been
+        used again since). The local stack's saved state puts objects back into a fresh moto under new version ids:
+        when the recorded one is gone, the object at the key is served if its sha256 is the validated one."""
+        bucket, _, key = artifact.uri.removeprefix("s3://").partition("/")
+        try:
+            pin = {"VersionId": artifact.version_id} if artifact.version_id else {}
+            data: bytes = self._s3.get_object(Bucket=bucket, Key=key, **pin)["Body"].read()
+        except ClientError:
+            if not artifact.version_id or not artifact.sha256:
+                raise
+            data = self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        if artifact.sha256 and hashlib.sha256(data).hexdigest() != artifact.sha256:
+            raise Unavailable(f"{artifact.uri} is no longer the file validated for {model}:{version}: not served")
         path = self._dir / model / version / "model.onnx"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(self._s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        path.write_bytes(data)
         return path
 
     def _scale_processes(self, model: str, version: str, served: Served, replicas: int) -> None:
@@ -218,14 +238,15 @@ class LocalModelServing:
         name = f"{model}-{version}-{index}"
         port = self._host.port(f"endpoint-{name}")
         url = f"http://127.0.0.1:{port}"
-        endpoint = self._host.spawn(f"endpoint-{name}", endpoint_command(served.model_path, port), Stage.SERVERS)
+        command = endpoint_command(served.model_path, port, served.artifact.sha256)
+        endpoint = self._host.spawn(f"endpoint-{name}", command, Stage.SERVERS)
         try:
             self._host.wait_ready(url + "/ping", endpoint, f"endpoint server for {model}:{version}")
         except (RuntimeError, TimeoutError):
             self._host.stop_children([endpoint.name])
             raise
-        command = batcher_command(served.queue_url, url, self._slo_ms, model, version)
-        batcher = self._host.spawn(f"batcher-{name}", command, Stage.BATCHERS)
+        batcher_cmd = batcher_command(served.queue_url, url, self._slo_ms, model, version)
+        batcher = self._host.spawn(f"batcher-{name}", batcher_cmd, Stage.BATCHERS)
         return Replica(endpoint.name, batcher.name, url)
 
     def _stop(self, model: str, version: str) -> None:

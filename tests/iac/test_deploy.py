@@ -175,6 +175,7 @@ def test_sagemaker_container_knows_its_model_version_queue_and_tables(session: A
             "ExecutionRoleArn": SAGEMAKER_ROLE,
             "RegistryModelName": "cnn",
             "RegistryModelVersion": "3",
+            "ModelSha256": "ab" * 32,
         },
     )
     sagemaker = session.client("sagemaker")
@@ -190,6 +191,7 @@ def test_sagemaker_container_knows_its_model_version_queue_and_tables(session: A
     assert container["Environment"] == {
         "CLIPPER_MODEL_NAME": "cnn",  # the registry's names: the batcher reads its settings and SLO with them
         "CLIPPER_MODEL_VERSION": "3",
+        "CLIPPER_MODEL_SHA256": "ab" * 32,  # the validated file's: the server refuses another at load
         "CLIPPER_QUEUE_URL": outputs["QueueUrl"],
         "CLIPPER_CLOUDWATCH_METRICS": "true",
         "CLIPPER_REGISTRY_TABLE": service["RegistryTableName"],

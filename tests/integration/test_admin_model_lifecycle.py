@@ -19,7 +19,7 @@ from clipper.adapters.s3_uploads import S3ModelUploads
 from clipper.admin.api import create_admin_app
 from clipper.admin.service import AdminService
 from clipper.errors import NotFound
-from clipper.models.serving import stack_model_name
+from clipper.models.serving import ModelArtifact, stack_model_name
 from clipper.models.updater import ServingDefaults, build_model_updater
 from tests.fakes import digits_app
 
@@ -80,11 +80,13 @@ def test_stack_model_names_fit_the_template_and_keep_versions_apart():
 
 
 def test_a_version_stack_is_created_once_scaled_and_deleted(aws, stacks):
-    serving = stacks.create("mlp", "2", "s3://clipper-models/models/mlp/2/model.onnx", replicas=1)
+    serving = stacks.create("mlp", "2", ModelArtifact("s3://clipper-models/models/mlp/2/model.onnx"), replicas=1)
     attrs = aws.sqs.get_queue_attributes(QueueUrl=serving.queue_url, AttributeNames=["RedrivePolicy"])
     assert "clipper-model-mlp-v2-dlq" in attrs["Attributes"]["RedrivePolicy"]  # its own dead-letter queue
     assert serving.endpoint == "http://models.local/mlp/2"
-    assert stacks.create("mlp", "2", "s3://clipper-models/models/mlp/2/model.onnx", replicas=1) == serving
+    assert (
+        stacks.create("mlp", "2", ModelArtifact("s3://clipper-models/models/mlp/2/model.onnx"), replicas=1) == serving
+    )
 
     stacks.scale("mlp", "2", 3)
     assert stacks.replicas("mlp", "2") == 3
@@ -188,7 +190,7 @@ def test_stacks_are_created_and_updated_with_the_service_role_when_given(aws):
     cfn = boto3.client("cloudformation")
     role = "arn:aws:iam::123456789012:role/clipper-model-stacks"
     stacks = CloudFormationModelStacks(cfn, "clipper", TEMPLATE, poll_s=0.05, role_arn=role)
-    stacks.create("mlp", "2", "s3://clipper-models/models/mlp/2/model.onnx", replicas=1)
+    stacks.create("mlp", "2", ModelArtifact("s3://clipper-models/models/mlp/2/model.onnx"), replicas=1)
     assert cfn.describe_stacks(StackName=stacks.stack_name("mlp", "2"))["Stacks"][0]["RoleARN"] == role
     stacks.scale("mlp", "2", 2)
     stack = cfn.describe_stacks(StackName=stacks.stack_name("mlp", "2"))["Stacks"][0]
@@ -211,7 +213,7 @@ def test_a_stack_that_still_serves_a_kept_version_is_not_deleted(world, stacks):
 
 
 def test_scaling_changes_the_replicas_and_nothing_else(aws, stacks):
-    stacks.create("mlp", "1", "s3://clipper-models/models/mlp/1/model.onnx", replicas=1)
+    stacks.create("mlp", "1", ModelArtifact("s3://clipper-models/models/mlp/1/model.onnx"), replicas=1)
     # the functions' shared parameters changed since (a new deployment of the service stack)
     later = CloudFormationModelStacks(
         boto3.client("cloudformation"), "clipper", TEMPLATE, {"MaxReceiveCount": "7"}, poll_s=0.05

@@ -1,6 +1,7 @@
 """``clipper deploy`` end to end against moto's server (a real presigned PUT), with the model updater run on each
 upload as the S3 notification would: the state it prints is the one the API answers (``--no-promote`` with the
-model's auto-promote on leaves the version registered, not active)."""
+model's auto-promote on leaves the version registered, not active). Each uploaded version gets serving stacks of
+its own; where there are none (ModelStacks off), a later version is refused up front with the reason."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import threading
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,9 @@ from clipper.adapters.s3_uploads import S3ModelUploads
 from clipper.admin.api import create_admin_app
 from clipper.admin.service import AdminService
 from clipper.cli import main
+from clipper.models.serving import ServingStacks
 from clipper.models.updater import ServingDefaults, build_model_updater
-from tests.fakes import digits_app, model_version
+from tests.fakes import InMemoryServingStacks, digits_app, model_version
 from tests.integration.conftest import create_tables
 from tests.services import free_port, wait_for_port
 
@@ -43,6 +46,19 @@ def run_updater(s3: Any, updater: Any, stop: threading.Event) -> None:
 
 @pytest.fixture
 def api(aws_env: None) -> Iterator[str]:
+    with serving_api(InMemoryServingStacks()) as url:
+        yield url
+
+
+@pytest.fixture
+def api_without_stacks(aws_env: None) -> Iterator[str]:
+    with serving_api(None) as url:
+        yield url
+
+
+@contextmanager
+def serving_api(stacks: ServingStacks | None) -> Iterator[str]:
+    """The admin API and the model updater over moto's server, both with ``stacks`` (None: ModelStacks off)."""
     import uvicorn
     from moto.server import ThreadedMotoServer
 
@@ -59,8 +75,9 @@ def api(aws_env: None) -> Iterator[str]:
     registry.put_app(digits_app())
     registry.put_version(model_version("mlp", "1"), activate=True)
     registry.link("digits", "mlp")
-    admin = create_admin_app(AdminService(registry, uploads=S3ModelUploads(s3, BUCKET)), "token", TOKEN)
-    updater = build_model_updater(dynamodb, s3, TABLE, SystemClock(), ServingDefaults(), 10**8)
+    service = AdminService(registry, uploads=S3ModelUploads(s3, BUCKET), stacks=stacks)
+    admin = create_admin_app(service, "token", TOKEN)
+    updater = build_model_updater(dynamodb, s3, TABLE, SystemClock(), ServingDefaults(), 10**8, stacks)
     stop = threading.Event()
     watcher = threading.Thread(target=run_updater, args=(s3, updater, stop), daemon=True)
     watcher.start()
@@ -122,3 +139,37 @@ def test_deploy_a_joblib_file_and_a_version_the_updater_rejects_exits_3(api, tmp
     out, err = capsys.readouterr()
     assert out == "" and "clipper: mlp:6 was rejected" in err and "Traceback" not in err
     assert clipper("model", "mlp", "6") == 3
+
+
+def test_deploy_refuses_a_version_that_would_get_no_serving_resources_of_its_own(
+    api_without_stacks, demo_models, capsys
+):
+    """ModelStacks off: the new file would take mlp:1's queue and endpoint, and mlp:1's model would go on answering
+    while deploy reported mlp:2 active. The admin API refuses the upload URL; the CLI says why and exits 2."""
+    model = str(Path(demo_models["out_dir"]) / "logreg" / "1" / "model.onnx")
+
+    def clipper(*argv: str) -> int:
+        return main(["--url", api_without_stacks, "--token", TOKEN, *argv])
+
+    assert clipper("deploy", "mlp", "2", model, "--timeout", "10") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "mlp:2 active" not in err
+    assert "clipper: 409 conflict: mlp:2 would have no serving resources of its own" in err
+    assert "ModelStacks=on" in err and "add_model" in err and "Traceback" not in err
+    assert clipper("model", "mlp", "2") == 2  # nothing registered
+    assert clipper("model", "mlp", "1") == 0
+    assert json.loads(capsys.readouterr().out)["is_current_version"] is True
+
+
+def test_an_upload_url_is_refused_for_a_registered_version(api, demo_models, capsys):
+    """Versions are immutable: a second file at a registered version's key must never reach its endpoint."""
+    model = str(Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx")
+
+    def clipper(*argv: str) -> int:
+        return main(["--url", api, "--token", TOKEN, *argv])
+
+    assert clipper("deploy", "mlp", "2", model, "--timeout", "60") == 0
+    capsys.readouterr()
+    assert clipper("upload-url", "mlp", "2") == 2
+    assert "409 conflict: mlp:2 is registered already and versions are immutable" in capsys.readouterr().err
+    assert clipper("deploy", "mlp", "2", model, "--timeout", "10") == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import sys
@@ -25,7 +26,7 @@ from clipper.models.updater import (
     Upload,
 )
 from tests.events import EVENTS, LambdaContext
-from tests.fakes import digits_app, model_version
+from tests.fakes import InMemoryServingStacks, digits_app, model_version
 from tests.integration.conftest import AwsWorld
 
 pytestmark = pytest.mark.integration
@@ -44,6 +45,17 @@ class World:
     app: Any  # the handler module
     registry: DynamoDBRegistry
     demo: Path
+    stacks: InMemoryServingStacks | None
+
+    def serve_with(self, stacks: InMemoryServingStacks | None) -> None:
+        """The handler's updater with these serving stacks (None: a deployment with ModelStacks off)."""
+        self.stacks = stacks
+        self.app.updater = self.app.build(self.app.settings, self.aws.dynamodb, self.aws.s3, stacks=stacks)
+
+    def reload(self) -> None:
+        """The handler module imported again (for changed settings), with the same serving stacks."""
+        self.app = fresh_import("functions.model_updater.app")
+        self.serve_with(self.stacks)
 
     def upload(self, key: str, data: bytes) -> dict[str, Any]:
         """Put ``data`` at ``key`` and answer the S3 notification that upload sends (events/s3-model-upload.json)."""
@@ -96,14 +108,16 @@ def world(aws: AwsWorld, demo_models: dict[str, Any], monkeypatch: pytest.Monkey
     registry.put_app(digits_app())
     registry.put_version(model_version("mlp", "1", queue_url=aws.queue_url, labels=("0", "1")), activate=True)
     registry.link("digits", "mlp")
-    yield World(aws, fresh_import("functions.model_updater.app"), registry, Path(demo_models["out_dir"]))
+    world = World(aws, fresh_import("functions.model_updater.app"), registry, Path(demo_models["out_dir"]), None)
+    world.serve_with(InMemoryServingStacks())
+    yield world
     sys.modules.pop("functions.model_updater.app", None)
 
 
 # --- registration and promotion ------------------------------------------------------------------------------
 
 
-def test_an_uploaded_model_is_registered_with_its_signature_and_left_inactive(world: World) -> None:
+def test_an_uploaded_model_is_registered_with_its_own_serving_resources_and_left_inactive(world: World) -> None:
     data = world.model_bytes()
     event = world.upload(KEY, data)
 
@@ -113,7 +127,14 @@ def test_an_uploaded_model_is_registered_with_its_signature_and_left_inactive(wo
     assert world.active() == "1"
     served = world.registry.get_version("mlp", "2")  # what the batcher and frontend read
     v1 = world.registry.get_version("mlp", "1")
-    assert (served.queue_url, served.endpoint, served.labels) == (v1.queue_url, v1.endpoint, v1.labels)
+    # its own queue and endpoint, which serve exactly the object version validated here (never v1's)
+    assert served.queue_url != v1.queue_url and served.endpoint != v1.endpoint and served.labels == v1.labels
+    assert (served.queue_url, served.endpoint) == ("https://sqs.local/queue-mlp-v2", "http://endpoint.local/mlp/2")
+    assert world.stacks is not None
+    artifact, _ = world.stacks.served[("mlp", "2")]
+    obj = event["Records"][0]["s3"]["object"]
+    assert (artifact.uri, artifact.version_id) == (f"s3://{world.aws.bucket}/{KEY}", obj.get("versionId", ""))
+    assert artifact.sha256 == hashlib.sha256(data).hexdigest()
     assert served.input_shape == (64,) and served.input_type is v1.input_type
     item = world.item("VERSION#2")
     assert item is not None
@@ -147,6 +168,25 @@ def test_auto_promote_false_leaves_the_active_version(world: World) -> None:
 
     assert outcome["status"] == "registered" and not outcome["promoted"]
     assert world.active() == "1"
+
+
+def test_without_serving_stacks_a_later_version_is_refused_never_active_while_the_old_model_answers(
+    world: World,
+) -> None:
+    """ModelStacks off (AWS's default): nothing would load the file, and taking v1's queue and endpoint would
+    report v2 active while v1's model answers. Refused with the reason, even with auto-promote on."""
+    world.serve_with(None)
+    world.auto_promote(True)
+
+    (outcome,) = world.handle(world.upload(KEY, world.model_bytes("logreg")))
+
+    assert (outcome["status"], outcome["promoted"]) == ("rejected", False)
+    (reason,) = outcome["reasons"]
+    assert "mlp:2 would have no serving resources of its own" in reason and "ModelStacks" in reason
+    assert "add_model" in reason
+    assert world.active() == "1" and world.item("VERSION#2") is None
+    rejected = world.item("REJECTED#2")
+    assert rejected is not None and rejected["reasons"]["L"] == [{"S": reason}]
 
 
 # --- rejection -----------------------------------------------------------------------------------------------
@@ -331,7 +371,7 @@ def test_a_transient_failure_is_raised_for_a_retry_after_the_other_records_are_h
     failing = "models/logreg/7/model.onnx"
     registry = DynamoDBUpdaterRegistry(world.aws.dynamodb, world.aws.registry_table)
     store = FlakyStore(S3ArtifactStore(world.aws.s3), failing, Unavailable("s3.GetObject(model): SlowDown"))
-    flaky = ModelUpdater(registry, store, SystemClock())
+    flaky = ModelUpdater(registry, store, SystemClock(), stacks=world.stacks)
     monkeypatch.setattr(world.app, "updater", flaky)
     first, second = world.upload(failing, world.model_bytes()), world.upload(KEY, world.model_bytes())
     event = {"Records": first["Records"] + second["Records"]}
@@ -340,9 +380,10 @@ def test_a_transient_failure_is_raised_for_a_retry_after_the_other_records_are_h
         world.handle(event)
 
     assert world.item("VERSION#2") is not None  # the other record was handled
-    monkeypatch.setattr(world.app, "updater", ModelUpdater(registry, S3ArtifactStore(world.aws.s3), SystemClock()))
+    store = S3ArtifactStore(world.aws.s3)
+    monkeypatch.setattr(world.app, "updater", ModelUpdater(registry, store, SystemClock(), stacks=world.stacks))
     outcomes = world.handle(event)  # Lambda's retry of the whole event
-    assert [o["status"] for o in outcomes] == ["rejected", "duplicate"]  # logreg has no serving resources yet
+    assert [o["status"] for o in outcomes] == ["registered", "duplicate"]
 
 
 def test_a_defect_on_one_record_is_logged_and_the_others_are_handled(
@@ -351,7 +392,7 @@ def test_a_defect_on_one_record_is_logged_and_the_others_are_handled(
     failing = "models/logreg/7/model.onnx"
     registry = DynamoDBUpdaterRegistry(world.aws.dynamodb, world.aws.registry_table)
     store = FlakyStore(S3ArtifactStore(world.aws.s3), failing, RuntimeError("a bug"))
-    monkeypatch.setattr(world.app, "updater", ModelUpdater(registry, store, SystemClock()))
+    monkeypatch.setattr(world.app, "updater", ModelUpdater(registry, store, SystemClock(), stacks=world.stacks))
     first, second = world.upload(failing, world.model_bytes()), world.upload(KEY, world.model_bytes())
 
     outcomes = world.handle({"Records": first["Records"] + second["Records"]})
@@ -373,7 +414,7 @@ def test_an_object_in_another_bucket_is_ignored(world: World) -> None:
 
 def test_a_file_over_the_size_limit_is_rejected_unread(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLIPPER_MAX_MODEL_BYTES", "1000")
-    world.app = fresh_import("functions.model_updater.app")
+    world.reload()
 
     (outcome,) = world.handle(world.upload(KEY, world.model_bytes()))
 
@@ -403,7 +444,8 @@ def test_a_delivery_that_loses_a_race_looks_again(world: World, model: str, expe
     world.handle(world.upload(KEY, world.model_bytes()))  # the concurrent delivery that won
     table = world.table()
     put = world.aws.s3.put_object(Bucket=world.aws.bucket, Key=KEY, Body=world.model_bytes(model))
-    late = ModelUpdater(StaleFirstView(registry, before), S3ArtifactStore(world.aws.s3), SystemClock())
+    store = S3ArtifactStore(world.aws.s3)
+    late = ModelUpdater(StaleFirstView(registry, before), store, SystemClock(), stacks=world.stacks)
 
     outcome = late.handle_object(world.aws.bucket, KEY, 0, put["ETag"])
 
@@ -415,10 +457,12 @@ def test_a_delivery_that_loses_a_race_looks_again(world: World, model: str, expe
 # --- a model's first version ---------------------------------------------------------------------------------
 
 
-def test_a_new_models_first_version_needs_serving_defaults(world: World) -> None:
+def test_without_serving_stacks_a_new_models_first_version_needs_serving_defaults(world: World) -> None:
+    world.serve_with(None)
+
     (outcome,) = world.handle(world.upload("models/digits-lr/1/model.onnx", world.model_bytes("logreg")))
 
-    assert outcome["status"] == "rejected" and "no defaults" in outcome["reasons"][0]
+    assert outcome["status"] == "rejected" and "sets no serving defaults" in outcome["reasons"][0]
     with pytest.raises(NotFound):
         world.registry.model_and_versions("digits-lr")
 
@@ -430,7 +474,8 @@ def test_a_new_models_first_version_takes_the_defaults_and_becomes_active(
         "CLIPPER_DEFAULT_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/clipper-model-{model}"
     )
     monkeypatch.setenv("CLIPPER_DEFAULT_ENDPOINT", "sagemaker:clipper-{model}")
-    world.app = fresh_import("functions.model_updater.app")
+    world.stacks = None  # a deployment with ModelStacks off
+    world.reload()
 
     (outcome,) = world.handle(world.upload("models/digits-lr/1/model.onnx", world.model_bytes("logreg")))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 from typing import Any
@@ -340,3 +341,31 @@ def test_npy_decode_refuses_object_arrays_and_archives() -> None:
     np.savez(buf, x=np.zeros(2))
     with pytest.raises(InputError, match=r"not a \.npy array"):
         npy.decode(buf.getvalue())
+
+
+# --- the validated file, and only it ------------------------------------------------------------------------
+
+
+def test_a_file_with_another_sha256_than_the_validated_one_is_refused(models_dir: Path, tmp_path: Path) -> None:
+    """The model updater validated one file; a later PUT to its key (the same presigned URL) must not be served."""
+    validated = (models_dir / "mlp" / "1" / "model.onnx").read_bytes()
+    digest = hashlib.sha256(validated).hexdigest()
+    folder = tmp_path / "mlp" / "2"
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(validated)
+    assert OnnxModel.load(folder, sha256=digest, warmup=False).input_shape == (None, 64)
+
+    (folder / "model.onnx").write_bytes((models_dir / "logreg" / "1" / "model.onnx").read_bytes())  # replaced
+    with pytest.raises(ModelLoadError, match=rf"not the validated {digest}: it was replaced after validation"):
+        OnnxModel.load(folder, sha256=digest, warmup=False)
+    assert OnnxModel.load(folder, warmup=False).path == folder / "model.onnx"  # no digest given: not checked
+
+
+def test_the_server_exits_2_before_listening_when_the_file_is_not_the_validated_one(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from clipper_endpoint.__main__ import main
+
+    monkeypatch.setenv("CLIPPER_MODEL_SHA256", "0" * 64)  # as the model stack's container environment sets it
+    assert main(["--model-path", str(models_dir / "mlp" / "1"), "--port", "1"]) == 2
+    assert "not the validated " + "0" * 64 in caplog.text

@@ -1,15 +1,19 @@
-"""The per-version model stacks' adapter where CloudFormation's answers are awkward to produce under moto: a
-stack left in ROLLBACK_COMPLETE by a failed creation."""
+"""The per-version model stacks' adapter where CloudFormation's answers are awkward to produce under moto (a
+stack left in ROLLBACK_COMPLETE by a failed creation), and the stack names: one per (model, version)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.errors import Unavailable
+from clipper.models.serving import ModelArtifact, stack_model_name
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +43,7 @@ def test_a_stack_left_by_a_failed_creation_is_deleted_so_the_next_try_creates_it
     stacks = CloudFormationModelStacks(cfn, "svc", "{}", endpoint="http://m/{model}/{version}")  # type: ignore[arg-type]
 
     with pytest.raises(Unavailable, match=r"had failed to create .*Resource creation cancelled"):
-        stacks.create("mlp", "2", "s3://b/models/mlp/2/model.onnx", replicas=1)
+        stacks.create("mlp", "2", ModelArtifact("s3://b/models/mlp/2/model.onnx"), replicas=1)
 
     assert cfn.deleted == ["svc-model-mlp-v2"]
 
@@ -48,6 +52,72 @@ def test_an_existing_healthy_stack_is_reused():
     cfn = DeadStackCloudFormation("CREATE_COMPLETE")
     stacks = CloudFormationModelStacks(cfn, "svc", "{}", endpoint="http://m/{model}/{version}")  # type: ignore[arg-type]
 
-    serving = stacks.create("mlp", "2", "s3://b/models/mlp/2/model.onnx", replicas=1)
+    serving = stacks.create("mlp", "2", ModelArtifact("s3://b/models/mlp/2/model.onnx"), replicas=1)
 
     assert serving.queue_url == "https://queue" and serving.endpoint == "http://m/mlp/2" and cfn.deleted == []
+
+
+class RecordingCloudFormation(DeadStackCloudFormation):
+    """A CloudFormation that creates every stack at once, recording the requests."""
+
+    def __init__(self) -> None:
+        super().__init__("CREATE_COMPLETE")
+        self.requests: list[dict[str, Any]] = []
+
+    def create_stack(self, **request: Any) -> None:
+        self.requests.append(request)
+
+    def describe_stacks(self, StackName: str) -> dict[str, Any]:
+        outputs = [
+            {"OutputKey": "QueueUrl", "OutputValue": "https://q"},
+            {"OutputKey": "EndpointName", "OutputValue": "e"},
+        ]
+        return {"Stacks": [{"StackStatus": "CREATE_COMPLETE", "Outputs": outputs}]}
+
+
+def test_a_sagemaker_endpoint_gets_the_validated_files_sha256_to_check_before_it_loads():
+    """SageMaker downloads the version's folder as it is at creation (no S3 object version): the container refuses a
+    file whose sha256 is not the validated one (a later PUT to the key)."""
+    cfn = RecordingCloudFormation()
+    stacks = CloudFormationModelStacks(cfn, "svc", "{}", {"SageMakerEndpoint": "true"})  # type: ignore[arg-type]
+    artifact = ModelArtifact("s3://b/models/mlp/2/model.onnx", "v-3", "ab" * 32)
+
+    assert stacks.create("mlp", "2", artifact, replicas=1).endpoint == "sagemaker:e"
+
+    (request,) = cfn.requests
+    params = {p["ParameterKey"]: p["ParameterValue"] for p in request["Parameters"]}
+    assert params["ModelDataUrl"] == "s3://b/models/mlp/2/" and params["ModelSha256"] == "ab" * 32
+
+
+# -- stack names: one per (model, version) ----------------------------------------------------------------------
+MODEL_NAMES = st.from_regex(r"[a-z0-9][a-z0-9-]{0,63}", fullmatch=True)  # admin's AddModel rules
+VERSIONS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", fullmatch=True)
+STACK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,127}")  # CloudFormation's rule for a stack name
+
+
+def test_models_and_versions_that_read_alike_get_stacks_of_their_own():
+    stacks = CloudFormationModelStacks(DeadStackCloudFormation("CREATE_COMPLETE"), "svc", "{}")  # type: ignore[arg-type]
+    pairs = [("a-v1", "2"), ("a", "1-v2"), ("a", "1-V2"), ("mlp", "V1"), ("mlp", "v1"), ("mlp", "1.0"), ("mlp", "1_0")]
+    names = [stacks.stack_name(m, v) for m, v in pairs]
+    assert len(set(names)) == len(pairs), names
+    assert len({n.lower() for n in names}) == len(pairs), names  # SageMaker's names compare without case
+    assert stacks.stack_name("mlp", "2") == "svc-model-mlp-v2"  # the common case keeps its name
+    assert stacks.stack_name("digits-logreg", "12") == "svc-model-digits-logreg-v12"
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.tuples(MODEL_NAMES, VERSIONS), st.tuples(MODEL_NAMES, VERSIONS))
+def test_stack_names_are_unique_per_model_version_and_fit_cloudformation(a, b):
+    first, second = stack_model_name(*a), stack_model_name(*b)
+    for name in (first, second):
+        assert len(name) <= 30 and re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*", name), name  # the template's rule
+        assert STACK_NAME.fullmatch(f"clipper-model-{name}")
+    if a != b:
+        assert first.lower() != second.lower(), (a, b)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(MODEL_NAMES, st.from_regex(r"[a-z0-9]{1,5}", fullmatch=True), st.from_regex(r"[a-z0-9-]{1,6}", fullmatch=True))
+def test_names_built_to_collide_do_not(model, version, suffix):
+    """A version with a hyphen could be read back into a different (model, version) pair: it gets a hash."""
+    assert stack_model_name(model, f"{version}-v{suffix}") != stack_model_name(f"{model}-v{version}", suffix)

@@ -37,6 +37,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"port to listen on (default: $SAGEMAKER_BIND_TO_PORT, else {DEFAULT_PORT})",
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
+    parser.add_argument(
+        "--sha256",
+        default=os.environ.get("CLIPPER_MODEL_SHA256", ""),
+        help="refuse a model file with another sha256 (default: $CLIPPER_MODEL_SHA256; empty: not checked)",
+    )
     parser.add_argument("--output-name", help="the model output to answer with (default: its first output)")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default: 1)")
     parser.add_argument(
@@ -79,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
 
     providers = [p.strip() for p in args.providers.split(",") if p.strip()] if args.providers else None
     try:
-        model = OnnxModel.load(args.model_path, output_name=args.output_name, threads=args.threads, providers=providers)
+        model = OnnxModel.load(
+            args.model_path, output_name=args.output_name, threads=args.threads, providers=providers, sha256=args.sha256
+        )
     except ModelLoadError as e:
         logging.getLogger("clipper_endpoint").error("%s", e)
         return 2

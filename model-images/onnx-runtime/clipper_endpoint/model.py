@@ -14,6 +14,7 @@ Errors (drawn in the package docstring)::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,13 +134,25 @@ class OnnxModel:
         threads: int = 1,
         providers: Sequence[str] | None = None,
         warmup: bool = True,
+        sha256: str = "",
     ) -> OnnxModel:
         """Open ``model_path`` (a file, or a folder holding ``model.onnx``) in a new session.
 
         ``threads`` is ONNX Runtime's intra-op thread count; ``providers`` defaults to CUDA (when available)
         then CPU. With ``warmup`` one zero row is run, so the first request does not pay lazy initialisation.
+        With ``sha256`` (the digest of the file the model updater validated), a file with another digest is
+        refused, and the session is made from exactly the bytes checked.
         """
         path = resolve_model_file(model_path)
+        source: str | bytes = str(path)
+        if sha256:
+            source = path.read_bytes()
+            digest = hashlib.sha256(source).hexdigest()
+            if digest != sha256.lower():
+                raise ModelLoadError(
+                    f"model {str(path)!r} has sha256 {digest}, not the validated {sha256}: it was replaced after "
+                    "validation, and is not served"
+                )
         wanted = list(providers) if providers else default_providers()
         unknown = [p for p in wanted if p not in ort.get_available_providers()]
         if unknown:
@@ -150,7 +163,7 @@ class OnnxModel:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         try:
-            session = ort.InferenceSession(str(path), options, providers=wanted)
+            session = ort.InferenceSession(source, options, providers=wanted)
         except Exception as e:  # ONNX Runtime raises its own exception classes, all plain Exceptions
             raise ModelLoadError(f"cannot load model {str(path)!r}: {e}") from e
         model = cls(session, path, output_name)

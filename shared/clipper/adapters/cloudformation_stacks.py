@@ -19,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
 from clipper.errors import Conflict, NotFound, Unavailable
-from clipper.models.serving import Serving, stack_model_name
+from clipper.models.serving import ModelArtifact, Serving, stack_model_name
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudformation import CloudFormationClient
@@ -60,7 +60,7 @@ class CloudFormationModelStacks:
     def stack_name(self, model: str, version: str) -> str:
         return f"{self._service}-model-{stack_model_name(model, version)}"
 
-    def create(self, model: str, version: str, artifact: str, replicas: int) -> Serving:
+    def create(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> Serving:
         name = self.stack_name(model, version)
         params = self._stack_parameters(model, version, artifact, replicas)
         try:
@@ -83,7 +83,7 @@ class CloudFormationModelStacks:
         address = f"sagemaker:{endpoint}" if endpoint else self._endpoint.format(model=model, version=version)
         return Serving(outputs["QueueUrl"], address)
 
-    def _stack_parameters(self, model: str, version: str, artifact: str, replicas: int) -> dict[str, str]:
+    def _stack_parameters(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> dict[str, str]:
         params = {
             **self._parameters,
             "ServiceStackName": self._service,
@@ -93,8 +93,12 @@ class CloudFormationModelStacks:
             **_scale_parameters(replicas),
         }
         if self._parameters.get("SageMakerEndpoint") == "true":
-            # the version's folder, uncompressed (ModelDataSource S3Prefix): model.onnx lands in /opt/ml/model
-            params["ModelDataUrl"] = artifact if artifact.endswith("/") else artifact.rsplit("/", 1)[0] + "/"
+            # the version's folder, uncompressed (ModelDataSource S3Prefix): model.onnx lands in /opt/ml/model.
+            # SageMaker reads the folder as it is then (no object version): the endpoint checks the file's sha256
+            # against the validated one before it loads it, so a later PUT to the key is never served.
+            uri = artifact.uri
+            params["ModelDataUrl"] = uri if uri.endswith("/") else uri.rsplit("/", 1)[0] + "/"
+            params["ModelSha256"] = artifact.sha256
         return params
 
     def _clear_failed(self, name: str) -> None:

@@ -4,8 +4,10 @@ Items (``pk``, ``sk``):
     APP#<app>     APP            the application (input type, shape, default output, SLO, policy)
     APP#<app>     LINK#<model>   a link from the application to a model
     MODEL#<model> APP#<app>      the same link seen from the model (written and deleted with it)
-    MODEL#<model> MODEL          the model: active_version, previous_version, auto_promote (BOOL),
-                                 replicas (N, absent: 1)
+    MODEL#<model> MODEL          the model: active_version, history (L of S: the versions active before, oldest
+                                 first), switches (N: changes of the active version, the condition of the next;
+                                 ``clipper.models.history``), previous_version (the last of history, for
+                                 readers of the older layout), auto_promote (BOOL), replicas (N, absent: 1)
     MODEL#<model> VERSION#<v>    a deployed version (input type, shape, queue URL, endpoint, labels; artifact
                                  and sha256 when the model updater registered it from an upload)
     MODEL#<model> REJECTED#<v>   the latest rejected upload of a version (``clipper.models.updater``)
@@ -21,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.dynamodb_history import history_of, switch_update
 from clipper.core.domain import Application, BatchingSettings, InputType, Model, ModelRecord, ModelVersion
 from clipper.errors import Conflict, NotFound
+from clipper.models.history import VersionHistory
 from clipper.selection.params import PolicyParams
 
 if TYPE_CHECKING:
@@ -270,16 +274,48 @@ class DynamoDBRegistry:
         if activate:
             self.set_active_version(mv.name, mv.version)
 
-    def set_active_version(self, model: str, version: str) -> None:
-        """Make ``version`` active; the one it replaces becomes ``previous_version`` (for rollback). Other
-        attributes of the model item are kept."""
-        with aws_call("dynamodb.UpdateItem(registry)"):
-            self._client.update_item(
-                TableName=self._table,
-                Key={"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}},
-                UpdateExpression="SET previous_version = if_not_exists(active_version, :v), active_version = :v",
-                ExpressionAttributeValues={":v": {"S": version}},
-            )
+    def set_active_version(self, model: str, version: str) -> str | None:
+        """Make ``version`` active (creating the model item for a first version); the one it replaces joins the
+        version history (for rollback). Returns that one. A concurrent change of the active version is read again
+        and the switch retried; other attributes of the model item are kept."""
+        for _ in range(5):
+            before = self.version_history(model, missing_ok=True)
+            if before.active == version:
+                return version
+            try:
+                self.switch_version(model, before, before.switched_to(version))
+            except Conflict:
+                continue
+            return before.active
+        raise Conflict(f"model {model}: its active version kept changing; {version} was not made active")
+
+    def version_history(self, model: str, missing_ok: bool = False) -> VersionHistory:
+        """The model's active version and those before it (a consistent read); ``NotFound`` without the model
+        item unless ``missing_ok`` (then an empty history)."""
+        with aws_call("dynamodb.GetItem(registry)"):
+            item = self._client.get_item(
+                TableName=self._table, Key={"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}}, ConsistentRead=True
+            ).get("Item")
+        if item is None:
+            if missing_ok:
+                return VersionHistory(None)
+            raise NotFound("model", model)
+        return history_of(item)
+
+    def switch_version(self, model: str, before: VersionHistory, after: VersionHistory) -> None:
+        """Replace the history ``before`` with ``after``; ``Conflict`` when the active version changed since
+        ``before`` was read (nothing is written)."""
+        try:
+            self._client.update_item(**switch_update(self._table, model, before, after))
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                raise Conflict(
+                    f"model {model}: the active version changed meanwhile (it was {before.active}); "
+                    f"{after.active} was not made active - look at the model again and retry"
+                ) from e
+            raise translate(e, "dynamodb.UpdateItem(registry)") from e
+        except BotoCoreError as e:
+            raise translate(e, "dynamodb.UpdateItem(registry)") from e
 
     def set_model_settings(
         self,
@@ -318,12 +354,9 @@ class DynamoDBRegistry:
             raise translate(e, "dynamodb.UpdateItem(registry)") from e
 
     def previous_version(self, model: str) -> str | None:
-        with aws_call("dynamodb.GetItem(registry)"):
-            item = self._client.get_item(
-                TableName=self._table, Key={"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}}, ConsistentRead=True
-            ).get("Item", {})
-        prev = item.get("previous_version", {}).get("S")
-        return prev if prev and prev != item.get("active_version", {}).get("S") else None
+        """The version a rollback returns to first (if it is still registered)."""
+        earlier = self.version_history(model, missing_ok=True).earlier
+        return earlier[-1] if earlier else None
 
     def _scan(self, sk: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []

@@ -15,8 +15,8 @@ from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
 from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
 from clipper.core.domain import Application, BatchingSettings, InputType, ModelVersion
-from clipper.errors import InvalidInput, NotFound, Unavailable
-from clipper.models.serving import PROMOTE_METADATA, ServingStacks
+from clipper.errors import Conflict, InvalidInput, NotFound, Unavailable
+from clipper.models.serving import PROMOTE_METADATA, ServingStacks, unserved_reason
 
 
 class AdminService:
@@ -173,9 +173,19 @@ class AdminService:
     ) -> dict[str, Any]:
         """A presigned PUT of the version's model file; with ``promote``, the object carries the wish as metadata
         (signed into the URL: the PUT must send ``headers``), which the model updater follows over the model's
-        auto_promote."""
+        auto_promote. Refused (``Conflict``) for a version registered already (versions are immutable: another
+        file there would be rejected, and must never be served), and, where uploads get no serving stacks, for
+        a later version of a model (the updater would reject it: nothing would load its file)."""
         if self._uploads is None:
             raise Unavailable("model uploads: this deployment has no model bucket (CLIPPER_MODEL_BUCKET is not set)")
+        try:
+            head, versions = self._registry.model_and_versions(model)
+        except NotFound:
+            head, versions = None, {}
+        if version in versions:
+            raise Conflict(f"{model}:{version} is registered already and versions are immutable: upload a new version")
+        if head is not None and self._stacks is None:
+            raise Conflict(unserved_reason(model, version, head.active_version))
         key = f"models/{model}/{version}/model.onnx"
         metadata = None if promote is None else {PROMOTE_METADATA: "true" if promote else "false"}
         url = self._uploads.upload_url(key, expires_s, metadata)
@@ -224,19 +234,23 @@ class AdminService:
         return {"model_name": model, "batching": self._registry.model_record(model).batching.to_dict()}
 
     def set_model_version(self, model: str, version: str) -> dict[str, Any]:
-        head, versions = self._registry.model_and_versions(model)
+        _, versions = self._registry.model_and_versions(model)
         if version not in versions:
             raise NotFound("model version", f"{model}:{version}")
-        if version != head.active_version:
-            self._registry.set_active_version(model, version)
-        return {"model_name": model, "active_version": version, "previous_version": head.active_version}
+        previous = self._registry.set_active_version(model, version)
+        return {"model_name": model, "active_version": version, "previous_version": previous}
 
     def rollback_model(self, model: str) -> dict[str, Any]:
-        self._registry.model_and_versions(model)  # NotFound
-        previous = self._registry.previous_version(model)
-        if previous is None:
+        """Return to the version active before the current one, one step further back each time (3 -> 2 -> 1),
+        skipping versions deleted since. A conditional write: ``Conflict`` (409) when the active version changed
+        meanwhile (an auto-promotion, another rollback), and nothing is changed."""
+        _, versions = self._registry.model_and_versions(model)  # NotFound
+        now = self._registry.version_history(model)
+        after = now.rolled_back(versions.keys())
+        if after is None or after.active is None:
             raise InvalidInput("model_name", f"a model with an earlier active version to return to ({model} has none)")
-        return self.set_model_version(model, previous)
+        self._registry.switch_version(model, now, after)
+        return {"model_name": model, "active_version": after.active, "previous_version": now.active}
 
     def delete_versioned_model(self, model: str, version: str) -> dict[str, Any]:
         head, versions = self._registry.model_and_versions(model)

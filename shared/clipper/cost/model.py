@@ -21,8 +21,9 @@ Per query, by what the code does (the requests are those ``tests/integration/tes
 - the frontend's log line (EMF metrics), ``log_bytes_per_query``, at CloudWatch Logs' ingestion price.
 
 Per hour, whatever the traffic: the endpoint's instances (enough of them for the rate at the measured batched
-throughput of one instance), ElastiCache Serverless's stored data (at least the engine's minimum), the long-poll batchers' empty receives while idle (receivers x
-one per ``poll_wait_s``; counted in full, an upper bound) and their PutMetricData call a minute.
+throughput of one instance), ElastiCache Serverless's stored data (at least the engine's minimum), the long-poll
+batchers' empty receives while idle (receivers x one per ``poll_wait_s``; counted in full, an upper bound) and
+their PutMetricData call a minute.
 
 The SageMaker real-time endpoint invoked directly: instances enough for the rate at one request per call (no
 batching), and data processed in and out. Serverless Inference: memory x duration per request (the inference,

@@ -15,8 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-# infra/model-stack.yaml's ModelName: letters, digits and single hyphens, at most 30 characters.
+# infra/model-stack.yaml's ModelName: letters, digits and hyphens (not first or last), at most 30 characters.
 _MAX_STACK_MODEL_NAME = 30
+_PARAMETER = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")  # the parameter's AllowedPattern
+_PLAIN_VERSION = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True)
@@ -25,14 +27,26 @@ class Serving:
     endpoint: str  # URL or sagemaker:<endpoint name>
 
 
+@dataclass(frozen=True)
+class ModelArtifact:
+    """The model file a version serves, as the updater validated it: its ``s3://`` address, the S3 object version
+    it read (empty in an unversioned bucket) and its sha256. The serving resources load that object version, and
+    the endpoint refuses a file with another sha256 (a later PUT to the same key, which no one validated)."""
+
+    uri: str
+    version_id: str = ""
+    sha256: str = ""
+
+
 # An uploaded model file's S3 metadata key: "false" registers it inactive, "true" activates it (get_upload_url's
 # promote), over the model's auto_promote.
 PROMOTE_METADATA = "clipper-promote"
 
 
 class ServingStacks(Protocol):
-    def create(self, model: str, version: str, artifact: str, replicas: int) -> Serving:
-        """Create (or find, when it exists already) the version's serving resources; return their addresses."""
+    def create(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> Serving:
+        """Create (or find, when it exists already) the version's serving resources, serving exactly ``artifact``;
+        return their addresses."""
         ...
 
     def scale(self, model: str, version: str, replicas: int) -> None:
@@ -46,13 +60,32 @@ class ServingStacks(Protocol):
     def delete(self, model: str, version: str) -> None: ...
 
 
+def unserved_reason(model: str, version: str, active: str | None) -> str:
+    """Why an uploaded version is refused where no serving stacks are made for uploads (ModelStacks off): nothing
+    would load its file, and taking the active version's queue and endpoint would report it active while the
+    active version's model answers."""
+    what = f"{model}:{version} would have no serving resources of its own: this deployment creates none for uploads"
+    if active:
+        why = f"(ModelStacks is off), and sharing {model}:{active}'s queue and endpoint would leave {active} answering"
+    else:
+        why = "(ModelStacks is off) and sets no serving defaults for a new model"
+    how = "serve the file yourself and register it with add_model, its queue_url and endpoint"
+    return f"{what} {why}. To serve it, deploy with ModelStacks=on, or {how}"
+
+
 def stack_model_name(model: str, version: str) -> str:
-    """The model stack's ModelName for one version: ``<model>-v<version>`` when that fits the parameter's
-    pattern, else a shortened form with a hash that keeps versions apart (``1.0`` and ``1_0``)."""
-    tag = re.sub(r"-+", "-", re.sub(r"[^A-Za-z0-9]", "-", version)).strip("-")
-    name = f"{model}-v{tag}"
-    if tag == version and len(name) <= _MAX_STACK_MODEL_NAME:
+    """The model stack's ModelName for one version, unique per (model, version).
+
+    The readable ``<model>-v<version>`` when the version is lowercase letters and digits only (no hyphen) and the
+    whole fits the parameter's pattern and length: the last ``-v`` then splits it back into (model, version), so
+    two such names never meet. (With hyphens in versions, ``a-v1``:``2`` and ``a``:``1-v2`` both read
+    ``a-v1-v2``.) Any other version gets a shortened form ending in ``-<8 hex of sha256(model:version)>``: a hyphen
+    after its last ``-v``, which a readable name never has, so the two forms never meet either. Lowercase only,
+    since some of the names made from it (SageMaker's) compare without case."""
+    name = f"{model}-v{version}"
+    if _PLAIN_VERSION.fullmatch(version) and _PARAMETER.fullmatch(name) and len(name) <= _MAX_STACK_MODEL_NAME:
         return name
     digest = hashlib.sha256(f"{model}:{version}".encode()).hexdigest()[:8]
-    head = f"{model}-v{tag}"[: _MAX_STACK_MODEL_NAME - len(digest) - 1].rstrip("-")
+    tag = re.sub(r"[^a-z0-9]+", "-", f"{model}-v{version}".lower()).strip("-")
+    head = tag[: _MAX_STACK_MODEL_NAME - len(digest) - 1].rstrip("-")
     return f"{head}-{digest}"

@@ -8,14 +8,17 @@ registered as a new version or recorded as rejected. A rejected file is never se
 - ``duplicate``: this upload (its S3 version id, else its ETag) was handled already, or the version is
   registered with the same bytes (sha256). Nothing is written: a redelivered event changes nothing.
 - ``rejected``: the file fails validation, or the version exists with other bytes (versions are immutable),
-  or the model has no serving resources to give it. Recorded on ``REJECTED#<v>``; nothing is registered.
+  or there are no serving resources to give it. Recorded on ``REJECTED#<v>``; nothing is registered.
 - ``registered``: ``VERSION#<v>`` is written. With ``ServingStacks`` (``clipper.models.serving``), the version
-  gets its own queue and endpoint, created (with the model's ``replicas``) before it is registered. Without,
-  it takes the active version's queue URL and endpoint (same serving resources, new artifact), and a model's
-  first version takes ``ServingDefaults`` (settings; ``{model}`` in them is the model's name). Labels come
-  from the active version. A model's first version becomes active, as with ``add_model``. When the model item
-  says ``auto_promote``, the new version becomes active in the same transaction. Registered versions are
-  never changed, so a query in flight finishes on the version that accepted it.
+  gets its own queue and endpoint, created (with the model's ``replicas``) before it is registered; the endpoint
+  loads exactly the object version read here and checks its sha256 before serving it. Without stacks (a
+  deployment with ModelStacks off), nothing would load the file: a later version is rejected with the reason
+  (taking the active version's queue and endpoint would report it active while the old model answers), and
+  only a model's first version may take ``ServingDefaults`` (settings; ``{model}`` in them is the model's name:
+  resources its operator runs for that model). Labels come from the active version. A model's first version
+  becomes active, as with ``add_model``. When the model item says ``auto_promote``, the new version becomes
+  active in the same transaction (conditional on the version history read, ``clipper.models.history``).
+  Registered versions are never changed, so a query in flight finishes on the version that accepted it.
 
 Items written in the registry table (layout of ``clipper.adapters.dynamodb_registry``):
 
@@ -28,9 +31,9 @@ Items written in the registry table (layout of ``clipper.adapters.dynamodb_regis
                             status "rejected", reasons (L of S), rejected_at N, and artifact,
                             artifact_version_id, etag, size, sha256 ("" when not read), upload_id,
                             signature ("" when the file did not load). Deleted when the version registers.
-    MODEL#<m> MODEL         read: active_version, auto_promote (BOOL, absent: false), replicas. Created (active = the
-                            version) with a model's first version; promotion sets previous_version to the
-                            old active_version and active_version to the new one.
+    MODEL#<m> MODEL         read: active_version and its history, auto_promote (BOOL, absent: false), replicas.
+                            Created (active = the version) with a model's first version; promotion moves the
+                            old active_version into the history (``dynamodb_history.switch_update``).
 """
 
 from __future__ import annotations
@@ -39,16 +42,18 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.dynamodb_history import history_of, switch_update
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.core.domain import Application, ModelVersion
 from clipper.errors import Conflict, NotFound, Throttled, Unavailable
-from clipper.models.serving import PROMOTE_METADATA, ServingStacks
+from clipper.models.history import VersionHistory
+from clipper.models.serving import PROMOTE_METADATA, ModelArtifact, ServingStacks, unserved_reason
 from clipper.models.validation import Signature, validate_model
 from clipper.ports import Clock
 
@@ -128,6 +133,7 @@ class ModelView:
     active: ModelVersion | None = None
     registered: Seen | None = None  # VERSION#<v>; upload_id and sha256 "" when added without an artifact
     rejected: Seen | None = None  # REJECTED#<v>
+    history: VersionHistory = field(default_factory=lambda: VersionHistory(None))  # active and earlier versions
 
 
 class UpdaterRegistry(Protocol):
@@ -135,9 +141,10 @@ class UpdaterRegistry(Protocol):
 
     def apps_linked_to(self, model: str) -> list[Application]: ...
 
-    def register(self, mv: ModelVersion, record: ArtifactRecord, create_model: bool) -> None:
+    def register(self, mv: ModelVersion, record: ArtifactRecord, create_model: bool, history: VersionHistory) -> None:
         """Write the version with the new model item, or with its promotion (``record.promoted``), atomically;
-        ``Conflict`` when the version (or, with ``create_model``, the model) exists."""
+        ``Conflict`` when the version (or, with ``create_model``, the model) exists, or the model's version
+        ``history`` changed since it was read."""
         ...
 
     def reject(self, record: ArtifactRecord) -> bool:
@@ -219,14 +226,16 @@ class ModelUpdater:
         if input_type is None:
             return self._reject(up, digest, sig, f"no input type suits the model's input ({sig.input.element_type})")
         if self._stacks is not None:  # Unavailable when it cannot be created: the event is retried
-            serving = self._stacks.create(up.model, up.version, f"s3://{up.bucket}/{up.key}", view.replicas)
+            artifact = ModelArtifact(f"s3://{up.bucket}/{up.key}", up.version_id, digest)
+            serving = self._stacks.create(up.model, up.version, artifact, view.replicas)
             queue_url, endpoint = serving.queue_url, serving.endpoint
+        elif not view.exists:
+            queue_url = self._defaults.queue_url.replace("{model}", up.model)
+            endpoint = self._defaults.endpoint.replace("{model}", up.model)
         else:
-            queue_url = current.queue_url if current else self._defaults.queue_url.replace("{model}", up.model)
-            endpoint = current.endpoint if current else self._defaults.endpoint.replace("{model}", up.model)
+            queue_url = endpoint = ""
         if not queue_url or not endpoint:
-            why = f"model {up.model} has no active version to take a queue and endpoint from, and no defaults are set"
-            return self._reject(up, digest, sig, why)
+            return self._reject(up, digest, sig, unserved_reason(up.model, up.version, view.history.active))
         shape = sig.fixed_row_shape or next((a.input_shape for a in apps if a.input_shape), None)
         labels = current.labels if current else ()
         mv = ModelVersion(up.model, up.version, input_type, queue_url, endpoint, shape, labels)
@@ -234,7 +243,7 @@ class ModelUpdater:
         promote = view.exists and (view.auto_promote if wish is None else wish)
         record = ArtifactRecord(up, digest, sig, int(self._clock.now()), promoted=promote)
         try:
-            self._registry.register(mv, record, create_model=not view.exists)
+            self._registry.register(mv, record, create_model=not view.exists, history=view.history)
         except Conflict:
             return None
         logger.info("registered %s:%s from s3://%s/%s (promoted: %s)", up.model, up.version, up.bucket, up.key, promote)
@@ -324,6 +333,7 @@ class DynamoDBUpdaterRegistry:
         rejected = _seen(items.get(f"REJECTED#{version}"))
         if head is None:
             return ModelView(rejected=rejected)
+        history = history_of(head)
         active = head.get("active_version", {}).get("S")
         try:
             current = self._registry.get_version(model, active) if active else None
@@ -331,7 +341,7 @@ class DynamoDBUpdaterRegistry:
             current = None
         auto = bool(head.get("auto_promote", {}).get("BOOL", False))
         replicas = int(head.get("replicas", {}).get("N", "1"))
-        return ModelView(True, auto, replicas, current, _seen(items.get(f"VERSION#{version}")), rejected)
+        return ModelView(True, auto, replicas, current, _seen(items.get(f"VERSION#{version}")), rejected, history)
 
     def apps_linked_to(self, model: str) -> list[Application]:
         names = self._registry.apps_linked_to(model)
@@ -343,7 +353,7 @@ class DynamoDBUpdaterRegistry:
                 continue
         return apps
 
-    def register(self, mv: ModelVersion, record: ArtifactRecord, create_model: bool) -> None:
+    def register(self, mv: ModelVersion, record: ArtifactRecord, create_model: bool, history: VersionHistory) -> None:
         pk, at = {"S": f"MODEL#{mv.name}"}, {"N": str(record.at)}
         item = _record_attrs(record) | {
             "sk": {"S": f"VERSION#{mv.version}"},
@@ -362,19 +372,12 @@ class DynamoDBUpdaterRegistry:
             {"Put": {"TableName": self._table, "Item": item, "ConditionExpression": new}},
             {"Delete": {"TableName": self._table, "Key": {"pk": pk, "sk": {"S": f"REJECTED#{mv.version}"}}}},
         ]
-        head = {"pk": pk, "sk": {"S": "MODEL"}}
+        head: dict[str, Any] = {"pk": pk, "sk": {"S": "MODEL"}}
         if create_model:
-            head["active_version"] = {"S": mv.version}
+            head |= {"active_version": {"S": mv.version}, "history": {"L": []}, "switches": {"N": "1"}}
             actions.append({"Put": {"TableName": self._table, "Item": head, "ConditionExpression": new}})
         elif record.promoted:
-            promote = {
-                "TableName": self._table,
-                "Key": head,
-                "UpdateExpression": "SET previous_version = active_version, active_version = :v",
-                "ConditionExpression": "attribute_exists(active_version) AND active_version <> :v",
-                "ExpressionAttributeValues": {":v": {"S": mv.version}},
-            }
-            actions.append({"Update": promote})
+            actions.append({"Update": switch_update(self._table, mv.name, history, history.switched_to(mv.version))})
         try:
             self._client.transact_write_items(TransactItems=actions)
         except ClientError as e:

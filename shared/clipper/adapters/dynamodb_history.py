@@ -1,0 +1,56 @@
+"""A model's version history on its registry item (``MODEL#<model>`` / ``MODEL``): how it is read, and the one
+conditional update that changes it, shared by the registry (``set_model_version``, rollback) and the model updater
+(auto-promotion, inside its registration transaction). The history itself: ``clipper.models.history``.
+
+Attributes: active_version (S), history (L of S, oldest first), switches (N), previous_version (S: the last of
+history, for readers of the older layout, which had it alone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clipper.models.history import VersionHistory
+
+
+def history_of(item: dict[str, Any]) -> VersionHistory:
+    """The version history on a model item; an item of the older layout has its previous_version only."""
+    active = item.get("active_version", {}).get("S")
+    if "history" in item:
+        earlier = tuple(x["S"] for x in item["history"]["L"])
+    else:
+        previous = item.get("previous_version", {}).get("S")
+        earlier = (previous,) if previous and previous != active else ()
+    return VersionHistory(active, earlier, int(item.get("switches", {}).get("N", "0")))
+
+
+def switch_update(table: str, model: str, before: VersionHistory, after: VersionHistory) -> dict[str, Any]:
+    """The UpdateItem (also a transaction's Update) that replaces the history ``before`` with ``after``, on the
+    condition that the item still holds ``before`` (the same active version and count of switches)."""
+    values: dict[str, Any] = {
+        ":a": {"S": after.active or ""},
+        ":h": {"L": [{"S": v} for v in after.earlier]},
+        ":n": {"N": str(after.switches)},
+    }
+    update = "SET active_version = :a, history = :h, switches = :n"
+    if after.earlier:
+        update += ", previous_version = :p"
+        values[":p"] = {"S": after.earlier[-1]}
+    else:
+        update += " REMOVE previous_version"
+    if before.active is None:
+        condition = "attribute_not_exists(active_version)"
+    else:
+        values[":e"] = {"S": before.active}
+        condition = "active_version = :e AND "
+        if before.switches:
+            values[":s"] = {"N": str(before.switches)}
+            condition += "switches = :s"
+        else:
+            condition += "attribute_not_exists(switches)"
+    return {
+        "TableName": table,
+        "Key": {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}},
+        "UpdateExpression": update,
+        "ConditionExpression": condition,
+        "ExpressionAttributeValues": values,
+    }

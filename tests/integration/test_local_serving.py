@@ -1,0 +1,102 @@
+"""The local stack's serving of uploaded versions (infra/local/serving.py) loads exactly the file the model updater
+validated: the S3 object version it read, checked by its sha256 in the model server, even when the same key was
+written again since (a second PUT with the same presigned URL). Under moto, with the processes recorded instead of
+started."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from clipper.adapters.clock import SystemClock
+from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.models.updater import ServingDefaults, build_model_updater
+from infra.local.serving import LocalModelServing
+from infra.local.supervisor import Child, ChildSpec, Stage
+from tests.fakes import digits_app, model_version
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings(
+        r"ignore:Tried to parse AWS..CloudWatch..Alarm but it's not supported by moto's CloudFormation implementation"
+        ":UserWarning"
+    ),
+]
+TEMPLATE = (Path(__file__).resolve().parents[2] / "infra" / "model-stack.yaml").read_text()
+KEY = "models/mlp/2/model.onnx"
+
+
+class RecordingHost:
+    """The local stack's process host, recording the commands instead of starting them."""
+
+    def __init__(self) -> None:
+        self.commands: dict[str, list[str]] = {}
+
+    def spawn(self, name: str, cmd: list[str], stage: Stage) -> Child:
+        self.commands[name] = cmd
+        return Child(ChildSpec(name, cmd, {}, stage), Path("/dev/null"))
+
+    def stop_children(self, names: list[str]) -> None:
+        for name in names:
+            self.commands.pop(name, None)
+
+    def port(self, name: str) -> int:
+        return 20000 + len(self.commands)
+
+    def wait_ready(self, url: str, child: Child, what: str) -> None:
+        return None
+
+
+def serving(aws: Any, tmp_path: Path, host: RecordingHost) -> LocalModelServing:
+    stacks = CloudFormationModelStacks(boto3.client("cloudformation"), "clipper", TEMPLATE, poll_s=0.05)
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    return LocalModelServing(stacks, aws.s3, registry, tmp_path, host, slo_ms=100)
+
+
+def test_the_validated_object_version_is_served_not_a_later_put_to_its_key(aws, demo_models, tmp_path):
+    aws.s3.put_bucket_versioning(Bucket=aws.bucket, VersioningConfiguration={"Status": "Enabled"})
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app())
+    registry.put_version(model_version("mlp", "1", queue_url=aws.queue_url), activate=True)
+    registry.link("digits", "mlp")
+    demo = Path(demo_models["out_dir"])
+    validated, later = ((demo / m / "1" / "model.onnx").read_bytes() for m in ("mlp", "logreg"))
+    first = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=validated)
+    aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=later)  # the same URL used again, before the event is handled
+    host = RecordingHost()
+    local = serving(aws, tmp_path, host)
+    updater = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8, local
+    )
+
+    outcome = updater.handle_object(aws.bucket, KEY, len(validated), first["ETag"], first["VersionId"])
+
+    assert outcome.status == "registered"
+    digest = hashlib.sha256(validated).hexdigest()
+    served = tmp_path / "mlp" / "2" / "model.onnx"
+    assert served.read_bytes() == validated
+    (endpoint,) = [cmd for name, cmd in host.commands.items() if name.startswith("endpoint-mlp-2")]
+    assert endpoint[endpoint.index("--sha256") + 1] == digest  # the server refuses any other file
+
+    # after a restart of the stack, the registry's record pins the same object version
+    served.unlink()
+    again = RecordingHost()
+    assert serving(aws, tmp_path, again).restore() == ["mlp:2"]
+    assert served.read_bytes() == validated
+    (endpoint,) = [cmd for name, cmd in again.commands.items() if name.startswith("endpoint-mlp-2")]
+    assert endpoint[endpoint.index("--sha256") + 1] == digest
+
+    # the local stack's saved state restores objects under new version ids: the object at the key serves if it
+    # is the validated file, and is refused if it is not
+    aws.s3.delete_object(Bucket=aws.bucket, Key=KEY, VersionId=first["VersionId"])  # now the key holds `later`
+    served.unlink()
+    assert serving(aws, tmp_path, RecordingHost()).restore() == []
+    assert not served.exists()
+    aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=validated)
+    assert serving(aws, tmp_path, RecordingHost()).restore() == ["mlp:2"]
+    assert served.read_bytes() == validated
