@@ -101,11 +101,13 @@ def test_duplicate_sqs_delivery_produces_one_answer(stack, capsys, monkeypatch):
     assert body["debug"]["model"] == "mlp" and "enqueue" in body["debug"]["timings_ms"]
     got = stack.sqs.receive_message(QueueUrl=stack.queue_url, MessageSystemAttributeNames=["All"])["Messages"]
     assert len(got) == 1
-    # a fresh copy of the same query, with a future deadline, delivered twice in one event and again later
+    # a fresh copy of the same query, with a future deadline, delivered twice in one event and again later (a
+    # redelivery: its receive count says so, and the batcher looks it up rather than computing it again)
     msg = json.loads(got[0]["Body"])
     msg["deadline_ms"] = int((time.time() + 30) * 1000)
     record = dict(got[0], Body=json.dumps(msg))
-    twice = [record, dict(record, MessageId="dup-1"), dict(record, MessageId="dup-2")]
+    again = dict(record, MessageId="dup-2", Attributes={**record["Attributes"], "ApproximateReceiveCount": "2"})
+    twice = [record, dict(record, MessageId="dup-1"), again]
     from tests.events import sqs_event
 
     frontend_replies = stack.frontend.processor._replies

@@ -330,6 +330,7 @@ def test_a_copy_delivered_twice_as_first_is_answered_once():
     clock, endpoint, replies = FakeClock(), FakeEndpoint(), CountingReplies()
     batcher = Batcher(FakeResolver(endpoint), replies, clock)
     copy = dataclasses.replace(message(1, one_hot(3), clock), first_delivery=True)
-    batcher.process([copy])
-    batcher.process([copy])
+    assert batcher.process([copy]).answered == 1
+    second = batcher.process([copy])
     assert [r.outputs for r in replies.lists["1"]] == [[3]]
+    assert second.answered == 0 and second.duplicates == 1  # counted as what it was

@@ -298,20 +298,24 @@ class Batcher:
     ) -> None:
         """Publish one reply per member in one call (with ``entries``, the cache fill in the same round trip);
         when the channel fails, every member is reported failed (left for a retry: one delivered meanwhile is a
-        duplicate then, answered once); so is a failed batch."""
+        duplicate then, answered once); so is a failed batch. A reply the channel dropped as a duplicate (a copy
+        delivered as a first delivery twice) counts as a duplicate, not an answer."""
         addressed = [(w.message.reply_to, r) for w, r in zip(members, replies, strict=True)]
+        delivered: list[bool] = []
         try:
             if entries is not None and self._fused is not None:
-                self._fused.publish_and_fill(addressed, entries)
+                delivered = self._fused.publish_and_fill(addressed, entries)
             else:
-                self._replies.publish_many(addressed)
+                delivered = self._replies.publish_many(addressed)
         except ClipperError as e:
             logger.warning("replies not delivered", extra={"count": len(replies), "error": str(e)})
             failed = True
         if failed:
             report.failed.extend(w.message_id for w in members)
         else:
-            report.answered += len(members)
+            dropped = sum(1 for ok in delivered if not ok)
+            report.answered += len(members) - dropped
+            report.duplicates += dropped
 
 
 def _cache_entries(model: str, version: str, members: list[_Work], outputs: list[Any]) -> dict[str, Any]:
