@@ -276,17 +276,8 @@ class Batcher:
                 )
             )
             offset += n
-        if self._fused is not None:
-            self._deliver(
-                members, replies, report, failed=False, entries=_cache_entries(model, version, members, outputs)
-            )
-            return
-        self._deliver(members, replies, report, failed=False)
-        if self._cache is not None:
-            try:
-                self._cache.put_many(_cache_entries(model, version, members, outputs))
-            except ClipperError as e:  # the replies went out; a cache miss later only costs a recomputation
-                logger.warning("cache not filled", extra={"model": model, "error": str(e)})
+        entries = _cache_entries(model, version, members, outputs) if self._cache is not None else None
+        self._deliver(members, replies, report, failed=False, entries=entries)
 
     def _deliver(
         self,
@@ -296,20 +287,27 @@ class Batcher:
         failed: bool,
         entries: dict[str, Any] | None = None,
     ) -> None:
-        """Publish one reply per member in one call (with ``entries``, the cache fill in the same round trip);
-        when the channel fails, every member is reported failed (left for a retry: one delivered meanwhile is a
-        duplicate then, answered once); so is a failed batch. A reply the channel dropped as a duplicate (a copy
-        delivered as a first delivery twice) counts as a duplicate, not an answer."""
+        """Publish one reply per member in one call, and fill the cache with ``entries`` (in the same round trip
+        where the channel and the cache are one Redis); when the channel fails, every member is reported failed
+        (left for a retry: one delivered meanwhile is a duplicate then, answered once); so is a failed batch. A
+        reply the channel dropped as a duplicate (a copy delivered as a first delivery twice) counts as a
+        duplicate, not an answer."""
         addressed = [(w.message.reply_to, r) for w, r in zip(members, replies, strict=True)]
         delivered: list[bool] = []
+        fused = self._fused if entries is not None else None
         try:
-            if entries is not None and self._fused is not None:
-                delivered = self._fused.publish_and_fill(addressed, entries)
+            if fused is not None and entries is not None:
+                delivered = fused.publish_and_fill(addressed, entries)
             else:
                 delivered = self._replies.publish_many(addressed)
         except ClipperError as e:
             logger.warning("replies not delivered", extra={"count": len(replies), "error": str(e)})
             failed = True
+        if entries and fused is None and self._cache is not None:
+            try:
+                self._cache.put_many(entries)
+            except ClipperError as e:  # a cache miss later only costs a recomputation
+                logger.warning("cache not filled", extra={"error": str(e)})
         if failed:
             report.failed.extend(w.message_id for w in members)
         else:

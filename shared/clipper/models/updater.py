@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.aws_errors import aws_call, cancellation_codes, error_code, translate
 from clipper.adapters.dynamodb_history import history_of, switch_update
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.core.domain import Application, ModelVersion
@@ -383,7 +383,7 @@ class DynamoDBUpdaterRegistry:
         except ClientError as e:
             if error_code(e) != "TransactionCanceledException":
                 raise translate(e, "dynamodb.TransactWriteItems(updater)") from e
-            codes = {str(r.get("Code", "None")) for r in e.response.get("CancellationReasons", [])}
+            codes = set(cancellation_codes(e))
             if codes - {"None", "ConditionalCheckFailed", "TransactionConflict"}:
                 raise Unavailable(f"dynamodb.TransactWriteItems(updater): cancelled, {sorted(codes)}") from e
             raise Conflict(f"{mv.name}:{mv.version} was registered concurrently") from e
