@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from clipper.core.domain import Application, InputType, ModelVersion
+from clipper.core.domain import Application, Canary, InputType, ModelVersion
 from clipper.core.messages import Reply
 from clipper.core.validation import Rows
 from clipper.errors import EndpointError, NotFound, Unavailable
@@ -31,6 +31,7 @@ class InMemoryRegistry:
     links: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     versions: dict[tuple[str, str], ModelVersion] = field(default_factory=dict)
     active: dict[str, str] = field(default_factory=dict)
+    canaries: dict[str, Canary] = field(default_factory=dict)
     reads: int = 0
 
     def get_app(self, name: str) -> Application:
@@ -51,6 +52,9 @@ class InMemoryRegistry:
         if (model, version) not in self.versions:
             raise NotFound("model version", f"{model}:{version}")
         return self.versions[(model, version)]
+
+    def canary(self, model: str) -> Canary | None:
+        return self.canaries.get(model)
 
 
 @dataclass

@@ -6,7 +6,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from clipper.core.domain import Application, ModelVersion
+from clipper.canary.evidence import VersionEvidence
+from clipper.core.domain import Application, Canary, ModelVersion
 from clipper.core.messages import Reply
 from clipper.core.validation import Rows
 
@@ -178,6 +179,21 @@ class Registry(Protocol):
     def active_version(self, model: str) -> ModelVersion: ...
 
     def get_version(self, model: str, version: str) -> ModelVersion: ...
+
+    def canary(self, model: str) -> Canary | None:
+        """The model's running canary, or None (also for an unknown model: ``active_version`` says that)."""
+        ...
+
+
+class CanaryEvidenceStore(Protocol):
+    """Per-version counters of a canary trial (``Canary.trial``), added atomically from many writers (the
+    frontends' query outcomes, the feedback worker's losses) and read whole by the one that decides."""
+
+    def add(self, model: str, trial: str, version: str, delta: VersionEvidence) -> None: ...
+
+    def load(self, model: str, trial: str) -> dict[str, VersionEvidence]:
+        """The evidence of each version counted in the trial so far (versions with none are absent)."""
+        ...
 
 
 class ModelEndpoint(Protocol):

@@ -169,6 +169,10 @@ def test_ready_for_says_whether_choosing_an_apps_models_would_read_the_registry(
     cached.active_version("mlp")  # the model's version read first...
     clock.advance(3)
     cached.linked_models("digits")  # ... the app and its links 3 s later (entries age apart)
+    assert cached.ready_for("digits") is False  # whether the model has a canary is not known yet
+    clock.advance(-3)
+    cached.canary("mlp")
+    clock.advance(3)
     assert cached.ready_for("digits") and inline_now()
     # the registry hangs: the version's reload (it was stale) never completes, the runner's task never runs
     clock.advance(1.5)  # the app is fresh, the version past ttl + max_stale: choosing would read the registry

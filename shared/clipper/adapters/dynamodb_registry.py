@@ -24,7 +24,15 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
 from clipper.adapters.dynamodb_history import history_of, switch_update
-from clipper.core.domain import Application, BatchingSettings, InputType, Model, ModelRecord, ModelVersion
+from clipper.core.domain import (
+    Application,
+    BatchingSettings,
+    Canary,
+    InputType,
+    Model,
+    ModelRecord,
+    ModelVersion,
+)
 from clipper.errors import Conflict, NotFound
 from clipper.models.history import VersionHistory
 from clipper.selection.params import PolicyParams
@@ -95,6 +103,14 @@ def _batching_of(attr: dict[str, Any] | None) -> BatchingSettings:
         max_batch_size=int(m["max_batch_size"]["N"]),
         batch_wait_ms=float(m["batch_wait_ms"]["N"]),
     )
+
+
+def _canary_of(attr: dict[str, Any] | None) -> Canary | None:
+    """A model item's ``canary`` map (version S, share N, started_at N), absent while none runs."""
+    if not attr:
+        return None
+    m = attr["M"]
+    return Canary(m["version"]["S"], float(m["share"]["N"]), float(m["started_at"]["N"]))
 
 
 class DynamoDBRegistry:
@@ -176,7 +192,7 @@ class DynamoDBRegistry:
             )
             artifacts[v] = {a: _plain(i[a]) for a in _ARTIFACT_ATTRS if a in i}
         return ModelRecord(
-            Model(name, head["active_version"]["S"]),
+            Model(name, head["active_version"]["S"], _canary_of(head.get("canary"))),
             versions,
             auto_promote=bool(head.get("auto_promote", {}).get("BOOL", False)),
             replicas=int(head.get("replicas", {}).get("N", "1")),
@@ -207,6 +223,12 @@ class DynamoDBRegistry:
         if head.active_version not in versions:
             raise NotFound("model version", f"{model}:{head.active_version}")
         return versions[head.active_version]
+
+    def canary(self, model: str) -> Canary | None:
+        try:
+            return self.model_record(model).head.canary
+        except NotFound:
+            return None
 
     def get_version(self, model: str, version: str) -> ModelVersion:
         _, versions = self.model_and_versions(model)

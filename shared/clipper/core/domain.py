@@ -67,11 +67,30 @@ class ModelVersion:
 
 
 @dataclass(frozen=True)
+class Canary:
+    """A version of a model taking ``share`` of the model's queries (0 < share < 1) beside the active version,
+    until live evidence promotes it or rolls it back. A version canaried twice is two trials: evidence is kept
+    per ``trial`` (the version and the moment the canary started), so an earlier trial's counts never mix in."""
+
+    version: str
+    share: float
+    started_at: float  # seconds since the epoch
+
+    @property
+    def trial(self) -> str:
+        return f"{self.version}@{int(self.started_at * 1000)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "share": self.share, "started_at": self.started_at, "trial": self.trial}
+
+
+@dataclass(frozen=True)
 class Model:
-    """A model name with its active version."""
+    """A model name with its active version, and its canary while one runs."""
 
     name: str
     active_version: str
+    canary: Canary | None = None
 
 
 CONTROLLERS = ("aimd", "quantile", "fixed")

@@ -4,7 +4,8 @@ Entries are trusted for ``ttl_s`` seconds (the frontend's config refresh interva
 whatever clients send: at most ``max_entries`` entries, least recently used first out; misses (``NotFound``:
 an unknown application name in a URL) are remembered apart, at most ``max_negative`` of them, for
 ``negative_ttl_s`` only. An application and its links are one item collection (``APP#<app>``), read by one
-query when the registry offers ``app_and_links``.
+query when the registry offers ``app_and_links``; so are a model's active version, its canary and the canary's
+version, when it offers ``model_record``.
 
 With a ``refresh`` runner (e.g. a one-thread executor's ``submit``), an entry older than ``ttl_s`` is
 still answered while it is reloaded off the query path (stale-while-revalidate), so no query waits for a
@@ -21,13 +22,27 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from clipper.core.domain import Application, ModelVersion
+from clipper.core.domain import Application, Canary, ModelRecord, ModelVersion
 from clipper.errors import ClipperError, NotFound
 from clipper.ports import Clock, Registry
 
 Key = tuple[str, ...]
+# A model without a canary, as an entry (None would read as "not held")
+_NO_CANARY = object()
 
 logger = logging.getLogger(__name__)
+
+
+def _model_entries(record: ModelRecord) -> dict[Key, object]:
+    name, head = record.head.name, record.head
+    active = record.versions.get(head.active_version)
+    entries: dict[Key, object] = {
+        ("active", name): active or NotFound("model version", f"{name}:{head.active_version}"),
+        ("canary", name): head.canary or _NO_CANARY,
+    }
+    if head.canary is not None and head.canary.version in record.versions:
+        entries[("version", name, head.canary.version)] = record.versions[head.canary.version]
+    return entries
 
 
 class CachedRegistry:
@@ -57,6 +72,8 @@ class CachedRegistry:
         self._app_and_links: Callable[[str], tuple[Application, list[str]]] | None = getattr(
             inner, "app_and_links", None
         )
+        # a model's active version, its canary and the canary's version: one read where the registry offers it
+        self._model_record: Callable[[str], ModelRecord] | None = getattr(inner, "model_record", None)
 
     # -- loading -----------------------------------------------------------------------------------------
     def _load(self, key: Key) -> dict[Key, object]:
@@ -68,11 +85,18 @@ class CachedRegistry:
             except NotFound as e:
                 return {("app", name): e, ("links", name): e}
             return {("app", name): app, ("links", name): links}
+        if kind in ("active", "canary") and self._model_record is not None:
+            try:
+                record = self._model_record(name)
+            except NotFound as e:
+                return {("active", name): e, ("canary", name): _NO_CANARY}
+            return _model_entries(record)
         loaders: dict[str, Callable[[], object]] = {
             "app": lambda: self._inner.get_app(name),
             "links": lambda: self._inner.linked_models(name),
             "active": lambda: self._inner.active_version(name),
             "version": lambda: self._inner.get_version(name, key[2]),
+            "canary": lambda: self._inner.canary(name) or _NO_CANARY,
         }
         try:
             return {key: loaders[kind]()}
@@ -174,7 +198,8 @@ class CachedRegistry:
 
     def ready_for(self, app: str) -> bool:
         """Whether choosing the models of ``app`` reads nothing from the registry now: its links and each linked
-        model's active version are held (fresh, or stale within ``max_stale_s`` and reloading off the path). A
+        model's active version and canary (and the canary's version) are held (fresh, or stale within
+        ``max_stale_s`` and reloading off the path). A
         query that would read the registry must not run on the event loop: a hung registry would hold the loop,
         and with it every other query and the watchdog that answers late ones with their default."""
         now = self._clock.now()
@@ -183,7 +208,15 @@ class CachedRegistry:
             return False
         if isinstance(links, NotFound):
             return True  # answered at once, from memory
-        return all(self._cached(("active", m), now) is not None for m in links)  # type: ignore[attr-defined]
+        return all(self._holds_model(m, now) for m in links)  # type: ignore[attr-defined]
+
+    def _holds_model(self, model: str, now: float) -> bool:
+        if self._cached(("active", model), now) is None:
+            return False
+        canary = self._cached(("canary", model), now)
+        if canary is None:
+            return False
+        return not isinstance(canary, Canary) or self._cached(("version", model, canary.version), now) is not None
 
     # -- the Registry port -------------------------------------------------------------------------------
     def get_app(self, name: str) -> Application:
@@ -200,6 +233,10 @@ class CachedRegistry:
     def get_version(self, model: str, version: str) -> ModelVersion:
         mv: ModelVersion = self._get(("version", model, version))
         return mv
+
+    def canary(self, model: str) -> Canary | None:
+        canary = self._get(("canary", model))
+        return None if canary is _NO_CANARY else canary
 
     def invalidate(self) -> None:
         with self._lock:

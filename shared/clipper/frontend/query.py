@@ -350,8 +350,9 @@ class QueryProcessor:
         entries = {}
         for row, key in enumerate(record_keys(app.name, user, query.rows)):
             outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
-            if outputs:
-                entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs}
+            if outputs:  # with the version that answered for each model: a canary's feedback is its own
+                versions = {a.model.name: a.model.version for a in answers if a.model.name in outputs}
+                entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs, "versions": versions}
         # past the deadline the answer is ready: a short bound, not the query's remaining time
         timeout = max(0.05, (deadline or 0.0) - self._clock.now())
         try:

@@ -4,10 +4,15 @@ bandit state (per application, or per (application, user) when the query carries
 States are read from the store and kept for ``ttl_s`` in the warm container (a bandit tolerates weights a
 moment old), at most ``max_states`` of them (least recently used out first: there is one per user, and users
 are unbounded); the single-model policy needs no state at all.
+
+While a model has a canary (``Registry.canary``), the canary's share of the model's queries go to the canary's
+version: drawn per query, or fixed per user when the query carries a user id (a hash of the user, the model and
+the trial), so one user sees one version throughout a trial.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 from collections import OrderedDict
@@ -115,7 +120,28 @@ class Selector:
         models = []
         for name in selection.models:
             try:
-                models.append(self._registry.active_version(name))
+                models.append(self._version_for(name, user))
             except ClipperError:
                 continue  # a linked model without an active version cannot answer; the others can
         return Choice(policy, state, selection, models) if models else None
+
+    def _version_for(self, model: str, user: str | None) -> ModelVersion:
+        """The version that answers this query for ``model``: its canary for the canary's share of queries (the
+        same for every query of one user: a user sees one version, not a mix), else the active version."""
+        active = self._registry.active_version(model)
+        canary = self._registry.canary(model)
+        if canary is None or canary.version == active.version:
+            return active
+        draw = self._rng.random() if user is None else sticky_draw(user, model, canary.trial)
+        if draw >= canary.share:
+            return active
+        try:
+            return self._registry.get_version(model, canary.version)
+        except ClipperError:
+            return active  # the canary's version is gone (deleted meanwhile): the active one answers
+
+
+def sticky_draw(user: str, model: str, trial: str) -> float:
+    """A user's fixed draw in [0, 1) for one canary trial: a new trial (or model) draws anew."""
+    digest = hashlib.blake2b(f"{trial}\x00{model}\x00{user}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
