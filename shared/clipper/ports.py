@@ -196,6 +196,21 @@ class CanaryEvidenceStore(Protocol):
         ...
 
 
+class CanaryControl(Protocol):
+    """What ends a canary trial and keeps its record (the registry, on the model's item)."""
+
+    def end_canary(self, model: str, trial: str, promote: bool) -> bool:
+        """End the model's canary if ``trial`` is still the one running: promote makes the canary's version the
+        active one (a version switch, in the history that rollback walks back), else the active version keeps
+        every query. True when this call ended it; False when that trial was no longer running (another
+        reviewer, or an operator, ended it first)."""
+        ...
+
+    def add_canary_event(self, model: str, event: dict[str, Any]) -> None:
+        """Keep a decision (or a start, an abort) with its evidence, for ``inspect`` and the CLI."""
+        ...
+
+
 class ModelEndpoint(Protocol):
     def predict(self, rows: Rows) -> list[Any]:
         """Exactly one output per row, or raise ``EndpointError`` for the whole batch."""
