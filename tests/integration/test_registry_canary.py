@@ -159,3 +159,26 @@ def test_the_end_is_conditional_on_the_trial_read(aws, registry, promote):
 
     assert registry.canary("mlp").started_at == T0 + 60
     assert registry.version_history("mlp").active == "2"
+
+
+class StartedAfterRead(DynamoDBRegistry):
+    """The registry, except that right after delete_version's first read an operator starts the version as the
+    canary."""
+
+    raced = False
+
+    def running_canary(self, model):
+        seen = super().running_canary(model)
+        if not self.raced:
+            self.raced = True
+            DynamoDBRegistry(self._client, self._table).start_canary(model, "3", 0.1, T0)
+        return seen
+
+
+def test_a_canary_started_on_a_version_while_it_is_deleted_ends_with_it(aws, registry):
+    racing = StartedAfterRead(aws.dynamodb, aws.registry_table)
+
+    ended = racing.delete_version("mlp", "3")
+
+    assert ended is not None and ended.version == "3"
+    assert registry.canary("mlp") is None and "3" not in registry.model_record("mlp").versions

@@ -4,6 +4,7 @@ events. A mixin of ``DynamoDBRegistry`` (the ``CanaryControl`` port and the admi
 Items (``pk``, ``sk``):
     MODEL#<model> MODEL                  canary (M: version S, share N, started_at N, params M of N), absent while
                                          none runs; the version history beside it (``dynamodb_history``)
+    MODEL#<model> VERSION#<v>            canaried_at (N): when the version last started as a canary
     MODEL#<model> EVENT#<iso time>#<id>  a canary event: at (N, seconds since the epoch), kind (S), event (S: the
                                          event as JSON). The registry table has no TTL: events stay (a few a trial)
 
@@ -18,6 +19,8 @@ Every write is conditional on what it read, so two deciders (a reviewer and an o
   ``add_model`` with activate): the registry's ``switch_version`` carries ``attribute_not_exists(canary)``
   (:func:`unless_canary`) and a refusal raises :class:`CanaryRunning` (409), naming the canary.
 - ``delete_version`` of the canary's version ends the canary in the same transaction (and answers it).
+Only GetItem, Query, PutItem, UpdateItem and DeleteItem are used (what the admin function's role grants: a
+transaction needs the permission of each of its actions, and a ConditionCheck would need ConditionCheckItem).
 """
 
 from __future__ import annotations
@@ -126,11 +129,13 @@ class DynamoDBCanaryControl:
             raise InvalidInput("share", "a fraction of the model's queries in (0, 1)", repr(share))
         canary = Canary(version, share, now, params or CanaryParams())
         actions: list[Any] = [
-            {
-                "ConditionCheck": {
+            {  # an Update, not a ConditionCheck: the admin function's role has UpdateItem (no ConditionCheckItem)
+                "Update": {
                     "TableName": self._table,
                     "Key": self._key(model, f"VERSION#{version}"),
+                    "UpdateExpression": "SET canaried_at = :t",
                     "ConditionExpression": "attribute_exists(pk)",
+                    "ExpressionAttributeValues": {":t": {"N": repr(float(now))}},
                 }
             },
             {
@@ -217,43 +222,37 @@ class DynamoDBCanaryControl:
     # -- deleting a version ----------------------------------------------------------------------------
     def delete_version(self, model: str, version: str) -> Canary | None:
         """Delete a version; when it is the running canary's, the canary ends with it (one transaction), and
-        that canary is answered (None otherwise)."""
+        that canary is answered (None otherwise). A canary started on the version between the read and the delete
+        is ended right after it (the frontend serves the active version for a canary whose version is gone)."""
         for _ in range(_RETRIES):
             running = self.running_canary(model)
+            if running is None or running.version != version:
+                with aws_call("dynamodb.DeleteItem(registry)"):
+                    self._client.delete_item(TableName=self._table, Key=self._key(model, f"VERSION#{version}"))
+                late = self.running_canary(model)
+                if late is not None and late.version == version and self.end_canary(model, late.trial, False):
+                    return late
+                return None
+            ending = {
+                "Update": {
+                    "TableName": self._table,
+                    "Key": self._key(model),
+                    "UpdateExpression": "REMOVE #c",
+                    "ConditionExpression": "#c.#v = :v AND #c.#s = :s",
+                    "ExpressionAttributeNames": _NAMES,
+                    "ExpressionAttributeValues": {":v": {"S": version}, ":s": {"N": repr(float(running.started_at))}},
+                }
+            }
             delete = {"Delete": {"TableName": self._table, "Key": self._key(model, f"VERSION#{version}")}}
-            if running is not None and running.version == version:
-                guard: dict[str, Any] = {
-                    "Update": {
-                        "TableName": self._table,
-                        "Key": self._key(model),
-                        "UpdateExpression": "REMOVE #c",
-                        "ConditionExpression": "#c.#v = :v AND #c.#s = :s",
-                        "ExpressionAttributeNames": _NAMES,
-                        "ExpressionAttributeValues": {
-                            ":v": {"S": version},
-                            ":s": {"N": repr(float(running.started_at))},
-                        },
-                    }
-                }
-            else:
-                guard = {
-                    "ConditionCheck": {
-                        "TableName": self._table,
-                        "Key": self._key(model),
-                        "ConditionExpression": "attribute_not_exists(#c) OR #c.#v <> :v",
-                        "ExpressionAttributeNames": {"#c": "canary", "#v": "version"},
-                        "ExpressionAttributeValues": {":v": {"S": version}},
-                    }
-                }
             try:
-                self._client.transact_write_items(TransactItems=[delete, guard])
+                self._client.transact_write_items(TransactItems=[delete, ending])
             except ClientError as e:
                 if cancellation_codes(e):  # the canary changed since it was read (or a concurrent write): again
                     continue
                 raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
             except BotoCoreError as e:
                 raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
-            return running if running is not None and running.version == version else None
+            return running
         raise Conflict(f"model {model}: its canary kept changing; {model}:{version} was not deleted - retry")
 
     # -- events ----------------------------------------------------------------------------------------
