@@ -58,6 +58,13 @@ def test_deploy_as_a_canary_then_look_promote_and_roll_back(api, demo_models, ca
     assert clipper("canary", "mlp", "--abort") == 2  # none runs: refused, naming the field
     assert "400 invalid input: model_name" in capsys.readouterr().err
 
+    # a registered version started as the canary by hand, then aborted
+    assert clipper("canary", "mlp", "--start", "2", "--share", "20", "--max-feedback", "900") == 0
+    started = json.loads(capsys.readouterr().out)["canary"]
+    assert started["share"] == 0.2 and started["params"]["max_feedback"] == 900
+    assert clipper("canary", "mlp", "--abort") == 0
+    assert json.loads(capsys.readouterr().out)["active_version"] == "1"
+
 
 def test_a_canary_needs_a_model_with_an_active_version(api, demo_models, capsys):  # noqa: F811
     model = str(Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx")
