@@ -44,8 +44,9 @@ class FrontendSettings(CommonSettings):
 
 
 class BatcherSettings(CommonSettings):
-    # how often the long-poll batcher reads its model's batching settings again (0 would read without pause)
-    config_ttl_s: float = Field(10.0, gt=0)
+    # how long the registry's answers are trusted (0: read every time); the long-poll batcher also reads its
+    # model's batching settings again this often (at least every FOLLOW_MIN_S, however small this is)
+    config_ttl_s: float = Field(10.0, ge=0)
     endpoint_timeout_s: float = Field(25.0, gt=0)
     # The long-poll batcher's counters (EndpointErrors by queue) sent with PutMetricData, namespace Clipper: on
     # in the SageMaker container (infra/model-stack.yaml), off locally.

@@ -83,15 +83,13 @@ def test_the_registry_is_the_source_of_a_named_models_settings_unless_ignored(se
     assert (fixed.batching.controller, fixed.batching.batch_size, fixed.slo_s) == ("fixed", 8, 0.04)
 
 
-def test_a_zero_config_refresh_interval_is_refused_rather_than_read_as_ten_seconds(monkeypatch):
-    import pydantic
-
+def test_a_zero_config_ttl_follows_the_batching_settings_twice_a_second_rather_than_every_ten_seconds(monkeypatch):
+    from clipper.entrypoints.batcher import FOLLOW_MIN_S, follow_interval
     from clipper.settings import BatcherSettings
 
     monkeypatch.setenv("CLIPPER_REGISTRY_TABLE", "registry")
     monkeypatch.setenv("CLIPPER_REPLIES_TABLE", "replies")
     monkeypatch.setenv("CLIPPER_CONFIG_TTL_S", "0")
-    with pytest.raises(pydantic.ValidationError, match="config_ttl_s"):
-        BatcherSettings()
-    monkeypatch.setenv("CLIPPER_CONFIG_TTL_S", "0.5")
-    assert BatcherSettings().config_ttl_s == 0.5
+    assert follow_interval(BatcherSettings()) == FOLLOW_MIN_S == 0.5
+    monkeypatch.setenv("CLIPPER_CONFIG_TTL_S", "3")
+    assert follow_interval(BatcherSettings()) == 3.0

@@ -15,13 +15,16 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clipper.adapters.cloudwatch_metrics import CloudWatchCounters
 from clipper.batching.longpoll import LongPollDriver
 from clipper.batching.model_config import BatcherConfig, ConfigFollower, RegistryBatcherConfig
 from clipper.core.domain import BatchingSettings
 from clipper.errors import ClipperError
+
+if TYPE_CHECKING:
+    from clipper.settings import BatcherSettings
 
 logger = logging.getLogger("clipper.batcher")
 
@@ -200,6 +203,15 @@ def build_driver(
     )
 
 
+# The shortest pause between two reads of the batching settings: a config TTL of 0 (read every time) must not
+# make the follower read the registry in a loop.
+FOLLOW_MIN_S = 0.5
+
+
+def follow_interval(settings: BatcherSettings) -> float:
+    return max(settings.config_ttl_s, FOLLOW_MIN_S)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -221,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("batching: %s", config.describe())
     follower = None
     if source is not None:
-        follower = ConfigFollower(source, driver, settings.config_ttl_s, current=config)
+        follower = ConfigFollower(source, driver, follow_interval(settings), current=config)
         follower.start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
