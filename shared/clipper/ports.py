@@ -196,6 +196,15 @@ class CanaryEvidenceStore(Protocol):
         ...
 
 
+class CanaryFeedbackEvidence(Protocol):
+    """Where the feedback worker adds a canary trial's losses: once per feedback id, though a message is
+    delivered at least once."""
+
+    def add_once(self, model: str, trial: str, version: str, delta: VersionEvidence, token: str) -> bool:
+        """Add ``delta`` unless ``token`` was added to this trial of ``model`` before; True when this call added."""
+        ...
+
+
 class CanaryControl(Protocol):
     """What ends a canary trial and keeps its record (the registry, on the model's item)."""
 
