@@ -220,6 +220,13 @@ class CanaryControl(Protocol):
         ...
 
 
+class CanaryDecisionMetrics(Protocol):
+    """Counts a canary decision that ended a trial (``CanaryDecisions`` by model and kind; by kind alone too,
+    for an alarm on every rollback)."""
+
+    def decision(self, model: str, kind: str) -> None: ...
+
+
 class ModelEndpoint(Protocol):
     def predict(self, rows: Rows) -> list[Any]:
         """Exactly one output per row, or raise ``EndpointError`` for the whole batch."""
