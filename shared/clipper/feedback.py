@@ -34,13 +34,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from clipper.canary.evidence import VersionEvidence
 from clipper.core.cache_keys import record_keys
-from clipper.core.domain import Application
+from clipper.core.domain import Application, Canary
 from clipper.core.messages import Payload, decode_rows, encode_rows
 from clipper.core.validation import validate_query
 from clipper.errors import Conflict, InvalidInput, MalformedMessage, NotFound, Unavailable
-from clipper.canary.evidence import VersionEvidence
-from clipper.core.domain import Canary
 from clipper.ports import CanaryFeedbackEvidence, PredictionCache, Registry, RequestQueue, SelectionStore
 from clipper.selection import Selection, ensure_state, policy_for, state_for_user, state_key
 from clipper.selection.combining import loss
@@ -179,8 +178,8 @@ class FeedbackProcessor:
                 continue  # no trial running, or a record from before versions were kept
             if version != canary.version and version != self.registry.active_version(model).version:
                 continue  # a version that is in neither side of the trial (switched since the query)
-            value = min(1.0, max(0.0, loss(output, msg.label)))
-            if self.evidence.add_once(model, canary.trial, version, VersionEvidence.of_feedback(value), msg.feedback_id):
+            delta = VersionEvidence.of_feedback(min(1.0, max(0.0, loss(output, msg.label))))
+            if self.evidence.add_once(model, canary.trial, version, delta, msg.feedback_id):
                 self.touched.add(model)
 
     def _apply(

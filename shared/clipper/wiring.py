@@ -254,14 +254,20 @@ def build_query_processor(
     background_refresh: bool = True,
 ) -> QueryProcessor:
     """``background_refresh``: the registry copy is reloaded off the query path once past its TTL
-    (``clipper.core.registry_cache``); tests that step a fake clock can turn it off."""
+    (``clipper.core.registry_cache``), and the canaries' tally flushed each second by its thread; tests that step
+    a fake clock can turn both off (the tally is then flushed by whoever calls its ``tick``)."""
     from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
+    from clipper.frontend.canary_tally import CanaryTally
     from clipper.frontend.query import QueryProcessor
     from clipper.frontend.selection import Selector
 
     clock = clock or SystemClock()
     refresh = background_runner() if background_refresh else None
     registry = _registry(settings, dynamodb, clock, settings.config_ttl_s, refresh)
+    tally = CanaryTally(registry, DynamoDBCanaryEvidence(dynamodb, settings.registry_table))
+    if background_refresh:
+        tally.start()
     selector = Selector(registry, selection_store(settings, dynamodb), clock, random.Random(), settings.selection_ttl_s)
     queue, cache = request_queue(settings, sqs), prediction_cache(settings, dynamodb)
     return QueryProcessor(
@@ -279,6 +285,7 @@ def build_query_processor(
         # on the event loop only when every query-path dependency is Redis (the lean client bounds each call)
         inline=replies is None and bool(settings.redis_url) and settings.queue_transport == "redis",
         fused=_lookup_or_send(settings, cache, queue),
+        tally=tally,
     )
 
 

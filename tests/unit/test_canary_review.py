@@ -100,7 +100,7 @@ def test_the_error_guard_rolls_back_without_any_feedback():
 
 
 def test_no_canary_no_review():
-    reviewer, registry, evidence, control, metrics = world()
+    reviewer, registry, _evidence, control, metrics = world()
     del registry.canaries["mlp"]
     assert reviewer.review("mlp") is None and reviewer.review("unknown") is None
     assert control.events == {} and metrics.counted == []
@@ -112,7 +112,7 @@ class CanaryWithParams(Canary):
 
 
 def test_a_canary_with_its_own_params_is_decided_with_them():
-    reviewer, registry, evidence, control, metrics = world()
+    reviewer, registry, evidence, _control, _metrics = world()
     counts(evidence, VersionEvidence(feedback=10, loss_sum=0.0), VersionEvidence(feedback=10, loss_sum=0.0))
     assert reviewer.review("mlp").kind == "continue"  # the default waits for 50 labels each
     registry.canaries["mlp"] = CanaryWithParams("2", 0.1, CANARY.started_at, CanaryParams(min_feedback=5))
@@ -120,7 +120,7 @@ def test_a_canary_with_its_own_params_is_decided_with_them():
 
 
 def test_review_all_reviews_every_model_and_survives_a_failing_one():
-    reviewer, registry, evidence, control, metrics = world("a", "b", "c")
+    reviewer, registry, evidence, _control, metrics = world("a", "b", "c")
     reviewer._model_names = lambda: ["a", "b", "c", "none"]
     del registry.versions[("a", "1")]  # its active version cannot be read: logged, the others go on
     for m in ("a", "b", "c"):
@@ -132,7 +132,7 @@ def test_review_all_reviews_every_model_and_survives_a_failing_one():
 
 
 def test_the_loop_survives_failures_and_stops():
-    reviewer, registry, evidence, control, metrics = world()
+    reviewer, registry, evidence, _control, metrics = world()
     counts(evidence, VersionEvidence(queries=900, errors=9), VersionEvidence(queries=100, errors=10))
     stop = threading.Event()
     rounds = []
