@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clipper.adapters.resp import RespClient
     from clipper.batching.core import Batcher
+    from clipper.canary.review import CanaryReviewer
     from clipper.feedback import FeedbackProcessor, FeedbackReceiver
     from clipper.frontend.query import QueryListener, QueryProcessor
     from clipper.ports import (
+        CanaryDecisionMetrics,
         Clock,
         LookupOrSend,
         PredictionCache,
@@ -233,7 +235,28 @@ def build_feedback_processor(settings: CommonSettings, dynamodb: Any) -> Feedbac
         raise ValueError(
             "feedback needs CLIPPER_SELECTION_TABLE and a prediction cache (REDIS_URL or CLIPPER_CACHE_TABLE)"
         )
-    return FeedbackProcessor(_registry(settings, dynamodb, SystemClock(), 2.0), store, cache)
+    from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
+
+    evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table)
+    return FeedbackProcessor(_registry(settings, dynamodb, SystemClock(), 2.0), store, cache, evidence=evidence)
+
+
+def build_canary_reviewer(settings: CommonSettings, dynamodb: Any, metrics: CanaryDecisionMetrics) -> CanaryReviewer:
+    """The canary reviewer over the registry table, read fresh (no copy: a decision acts on the trial it read):
+    the registry ends trials and keeps their events (it implements ``CanaryControl``), the evidence is the
+    trial's counters (``clipper.adapters.dynamodb_canary``)."""
+    from typing import cast
+
+    from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
+    from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+    from clipper.canary.review import CanaryReviewer
+    from clipper.ports import CanaryControl
+
+    registry = DynamoDBRegistry(dynamodb, settings.registry_table)
+    evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table)
+    control = cast("CanaryControl", registry)
+    return CanaryReviewer(registry, evidence, control, metrics, SystemClock(), model_names=registry.model_names)
 
 
 def build_feedback_receiver(settings: FrontendSettings, registry: Registry, sqs: Any) -> FeedbackReceiver:
