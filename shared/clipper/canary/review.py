@@ -21,6 +21,7 @@ from typing import Any
 from clipper.canary.decision import CanaryParams, Decision, decide
 from clipper.canary.evidence import CanaryEvidence, VersionEvidence
 from clipper.core.domain import Canary
+from clipper.errors import NotFound
 from clipper.ports import CanaryControl, CanaryDecisionMetrics, CanaryEvidenceStore, Clock, Registry
 
 logger = logging.getLogger(__name__)
@@ -59,10 +60,10 @@ class CanaryReviewer:
     def review(self, model: str) -> Decision | None:
         """Decide on the model's running canary: None when none runs, or when another reviewer (or an operator)
         ended the trial first; else the decision (``continue`` changes nothing)."""
-        canary = self._registry.canary(model)
-        if canary is None:
+        running = self._running(model)
+        if running is None:
             return None
-        active = self._registry.active_version(model).version
+        canary, active = running
         counts = self._evidence.load(model, canary.trial)
         evidence = CanaryEvidence(counts.get(active, VersionEvidence()), counts.get(canary.version, VersionEvidence()))
         params = getattr(canary, "params", None) or CanaryParams()
@@ -81,6 +82,20 @@ class CanaryReviewer:
         finally:  # the trial ended either way: the metric (and its alarm) must say so
             self._metrics.decision(model, decision.kind)
         return decision
+
+    def _running(self, model: str) -> tuple[Canary, str] | None:
+        """The model's canary and active version, in one read where the registry offers ``model_record``."""
+        record_of = getattr(self._registry, "model_record", None)
+        if record_of is not None:
+            try:
+                head = record_of(model).head
+            except NotFound:
+                return None
+            return (head.canary, head.active_version) if head.canary is not None else None
+        canary = self._registry.canary(model)
+        if canary is None:
+            return None
+        return canary, self._registry.active_version(model).version
 
     def review_all(self) -> dict[str, Decision]:
         """Review every model with a canary; one model's failure is logged and the others are reviewed."""
