@@ -379,3 +379,14 @@ def test_every_table_expires_or_is_recoverable_as_its_data_needs(
 
 def test_every_table_is_in_the_durability_list(translated: dict[str, Any]) -> None:
     assert set(of_type(translated, "AWS::DynamoDB::Table")) == set(TABLE_DURABILITY)
+
+
+def test_the_local_stack_drops_scheduled_rules_and_keeps_the_upload_rule(translated: dict[str, Any]) -> None:
+    local = cfn.without_schedules(translated)["Resources"]
+    rules = {k: r["Properties"] for k, r in local.items() if r["Type"] == "AWS::Events::Rule"}
+    assert (
+        list(rules) == ["ModelUpdaterFunctionModelUpload"]
+        and "EventPattern" in rules["ModelUpdaterFunctionModelUpload"]
+    )
+    assert "CanaryReviewFunctionEveryMinutePermission" not in local and "CanaryReviewFunction" in local
+    assert "ModelUpdaterFunctionModelUploadPermission" in local
