@@ -204,7 +204,8 @@ class LocalStack:
                 "CLIPPER_SELECTION_TABLE": o["SelectionTableName"],
                 "CLIPPER_FEEDBACK_QUEUE_URL": o["FeedbackQueueUrl"],
                 "CLIPPER_MODEL_BUCKET": o["ModelBucketName"],
-                "CLIPPER_CONFIG_TTL_S": "2",
+                # how soon a switch reaches the frontends and batchers: 2 s unless the environment says otherwise
+                "CLIPPER_CONFIG_TTL_S": os.environ.get("CLIPPER_CONFIG_TTL_S", "2"),
                 "POWERTOOLS_LOG_LEVEL": "WARNING",
                 "POWERTOOLS_METRICS_DISABLED": "true",
                 "CLIPPER_ADMIN_TOKEN": admin_token(self.dir),

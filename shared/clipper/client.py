@@ -16,7 +16,8 @@ given (:mod:`clipper.client_auth`). ``sign`` replaces the signer with any callab
 The deployers (``deploy_sklearn_model``, ``deploy_onnx_model``, ``deploy_pytorch_model``) convert a model to
 ONNX, check it on a sample input, PUT it to the presigned URL ``get_upload_url`` gives (the model bucket's
 ``models/<name>/<version>/model.onnx``) and wait until the model updater registered it, or raise
-``DeployError`` with the reasons it recorded. They import numpy, onnxruntime (and skl2onnx or torch) when called.
+``DeployError`` with the reasons it recorded; with ``canary=10`` the new version starts as a canary on 10 % of
+the model's queries instead of becoming active. They import numpy, onnxruntime (and skl2onnx or torch) when called.
 """
 
 from __future__ import annotations
@@ -246,6 +247,29 @@ class ClipperConnection:
     def get_model_batching(self, name: str) -> Any:
         return self._call("get_model_batching", {"model_name": name})
 
+    # -- canary ----------------------------------------------------------------------------------------
+    def start_canary(self, name: str, version: str, share_percent: float, **params: float) -> Any:
+        """Give a registered version (not the active one) ``share_percent`` of the model's queries until live
+        evidence promotes or rolls it back; ``params`` tune the decision (alpha, beta, margin, min_feedback,
+        max_feedback: ``clipper.canary.CanaryParams``). 409 while another canary runs."""
+        body: dict[str, Any] = {"model_name": name, "model_version": version, "share_percent": share_percent}
+        if params:
+            body["params"] = params
+        return self._call("start_canary", body)
+
+    def get_canary(self, name: str, events: int = 10) -> Any:
+        """The model's canary (null when none runs) with its evidence and the decision it would get now (where
+        the API counts evidence), and the model's last ``events`` canary events, newest first."""
+        return self._call("get_canary", {"model_name": name, "events": events})
+
+    def promote_canary(self, name: str) -> Any:
+        """Make the running canary the active version now (``rollback_model`` returns to the one before)."""
+        return self._call("promote_canary", {"model_name": name})
+
+    def abort_canary(self, name: str) -> Any:
+        """End the running canary now; the active version keeps every query."""
+        return self._call("abort_canary", {"model_name": name})
+
     # -- queries ---------------------------------------------------------------------------------------
     def predict(self, app: str, input: Any, uid: int | str | None = None, debug: bool = False) -> Any:
         """One query (``input``: a list, a numpy array, a string, or bytes for a bytes app), or a batch of them
@@ -292,6 +316,8 @@ class ClipperConnection:
         promote: bool = True,
         timeout_s: float = 120.0,
         progress: Progress | None = None,
+        canary: float | None = None,
+        canary_params: dict[str, float] | None = None,
     ) -> Any:
         """Convert a fitted scikit-learn model with skl2onnx (input rows shaped like ``sample_input``'s) and
         deploy it as :meth:`deploy_onnx_model` does."""
@@ -300,7 +326,7 @@ class ClipperConnection:
         sample = as_sample(sample_input, input_type)
         _say(progress, f"converting {type(model).__name__} to ONNX")
         data = sklearn_to_onnx(model, sample, name)
-        return self._deploy(name, version, data, sample, promote, timeout_s, progress)
+        return self._deploy(name, version, data, sample, promote, timeout_s, progress, canary, canary_params)
 
     def deploy_pytorch_model(
         self,
@@ -312,6 +338,8 @@ class ClipperConnection:
         promote: bool = True,
         timeout_s: float = 120.0,
         progress: Progress | None = None,
+        canary: float | None = None,
+        canary_params: dict[str, float] | None = None,
     ) -> Any:
         """Export a ``torch.nn.Module`` with ``torch.onnx.export`` (batch dimension free) and deploy it; needs
         torch installed (``DeployError`` says so otherwise)."""
@@ -320,7 +348,7 @@ class ClipperConnection:
         sample = as_sample(sample_input, input_type)
         _say(progress, f"exporting {type(model).__name__} to ONNX")
         data = pytorch_to_onnx(model, sample)
-        return self._deploy(name, version, data, sample, promote, timeout_s, progress)
+        return self._deploy(name, version, data, sample, promote, timeout_s, progress, canary, canary_params)
 
     def deploy_onnx_model(
         self,
@@ -332,15 +360,19 @@ class ClipperConnection:
         promote: bool = True,
         timeout_s: float = 120.0,
         progress: Progress | None = None,
+        canary: float | None = None,
+        canary_params: dict[str, float] | None = None,
     ) -> Any:
         """Deploy an ONNX file (a path, or its bytes): check it on ``sample_input`` (default: two rows of zeros
         when its rows have a fixed shape), upload it, wait for its registration and, with ``promote``, make it
-        the active version. Returns the version's ``get_model_info``."""
+        the active version. Returns the version's ``get_model_info``. With ``canary`` (a percent), the version is
+        never made active: once registered it starts as the model's canary on that share of the queries
+        (``canary_params`` tune the decision, as ``start_canary``'s); the answer carries it as ``canary``."""
         from clipper.models.convert import as_sample
 
         data = model if isinstance(model, bytes) else Path(model).read_bytes()
         sample = None if sample_input is None else as_sample(sample_input, input_type)
-        return self._deploy(name, version, data, sample, promote, timeout_s, progress)
+        return self._deploy(name, version, data, sample, promote, timeout_s, progress, canary, canary_params)
 
     def _deploy(
         self,
@@ -351,10 +383,15 @@ class ClipperConnection:
         promote: bool,
         timeout_s: float,
         progress: Progress | None,
+        canary: float | None = None,
+        canary_params: dict[str, float] | None = None,
     ) -> Any:
-        from clipper.client_deploy import Uploader
+        from clipper.client_deploy import Canary, Uploader
 
-        return Uploader(self, max(self._timeout, 120), progress).deploy(name, version, data, sample, promote, timeout_s)
+        trial = None if canary is None else Canary(canary, canary_params or {})
+        return Uploader(self, max(self._timeout, 120), progress).deploy(
+            name, version, data, sample, promote, timeout_s, trial
+        )
 
 
 def _say(progress: Progress | None, message: str) -> None:

@@ -1,6 +1,8 @@
 """The deployers' last steps (``ClipperConnection.deploy_*_model``): check the ONNX bytes on a sample, PUT them
 to the presigned URL the admin API gives (with the promote wish signed in as object metadata), wait until the
-model updater registered them or recorded why not, and report the state the API answers."""
+model updater registered them or recorded why not, and report the state the API answers. A canary deployment
+(:class:`Canary`) uploads with the promote wish false (the updater never makes it active, whatever the model's
+auto_promote), then starts the registered version as the model's canary."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import hashlib
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clipper.client import AdminError, Progress
@@ -23,6 +26,18 @@ class ModelAdmin(Protocol):
 
     def set_model_version(self, name: str, version: str) -> Any: ...
 
+    def get_canary(self, name: str, events: int = 10) -> Any: ...
+
+    def start_canary(self, name: str, version: str, share_percent: float, **params: float) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Canary:
+    """Deploy as a canary on ``percent`` of the model's queries, judged with ``params`` (``CanaryParams``)."""
+
+    percent: float
+    params: dict[str, float] = field(default_factory=dict)
+
 
 class Uploader:
     def __init__(self, admin: ModelAdmin, upload_timeout_s: float, progress: Progress | None = None) -> None:
@@ -34,9 +49,21 @@ class Uploader:
         if self._progress is not None:
             self._progress(message)
 
-    def deploy(self, name: str, version: str, data: bytes, sample: Any, promote: bool, timeout_s: float) -> Any:
+    def deploy(
+        self,
+        name: str,
+        version: str,
+        data: bytes,
+        sample: Any,
+        promote: bool,
+        timeout_s: float,
+        canary: Canary | None = None,
+    ) -> Any:
         checked = check_on_sample(data, sample)
         self._say(f"checked on {checked.rows} sample rows: {checked.outputs[:5]}")
+        if canary is not None:
+            self._can_start_canary(name)
+            promote = False
         target = self._admin.get_upload_url(name, version, promote)
         self._say(f"uploading {len(data)} bytes to s3://{target['bucket']}/{target['key']}")
         etag = self._put(target, data)
@@ -48,7 +75,36 @@ class Uploader:
             info = self._admin.get_model_info(name, version)
         state = "active" if info.get("is_current_version") else "registered, not active"
         self._say(f"{name}:{version} {state} (queue {info.get('queue_url')}, endpoint {info.get('endpoint')})")
+        if canary is not None:
+            started = self._admin.start_canary(name, version, canary.percent, **canary.params)
+            c = started["canary"]
+            self._say(
+                f"{name}:{version} is the canary on {c['share_percent']:g}% of {name}'s queries beside "
+                f"{started['active_version']} (trial {c['trial']}); `clipper canary {name}` follows it"
+            )
+            info = {**info, "canary": c}
         return info
+
+    def _can_start_canary(self, name: str) -> None:
+        """Before uploading: the model exists (a first version becomes active, it cannot be a canary) and runs no
+        canary; else the refusal the API would give after the upload."""
+        try:
+            running = self._admin.get_canary(name, 0)["canary"]
+        except AdminError as e:
+            if e.status != 404:
+                raise
+            raise AdminError(
+                404,
+                "not found",
+                f"model {name} does not exist: a first version becomes active (deploy it without a canary)",
+            ) from e
+        if running is not None:
+            raise AdminError(
+                409,
+                "conflict",
+                f"model {name} has a canary running already ({name}:{running['version']}, trial "
+                f"{running['trial']}): promote or abort it first",
+            )
 
     def _put(self, target: dict[str, Any], data: bytes) -> str:
         req = urllib.request.Request(target["url"], data=data, method="PUT")

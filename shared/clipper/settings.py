@@ -44,7 +44,8 @@ class FrontendSettings(CommonSettings):
 
 
 class BatcherSettings(CommonSettings):
-    config_ttl_s: float = Field(10.0, ge=0)
+    # how often the long-poll batcher reads its model's batching settings again (0 would read without pause)
+    config_ttl_s: float = Field(10.0, gt=0)
     endpoint_timeout_s: float = Field(25.0, gt=0)
     # The long-poll batcher's counters (EndpointErrors by queue) sent with PutMetricData, namespace Clipper: on
     # in the SageMaker container (infra/model-stack.yaml), off locally.

@@ -81,3 +81,17 @@ def test_the_registry_is_the_source_of_a_named_models_settings_unless_ignored(se
     assert config_source(parse_args([*REQUIRED, "--model", ""]), chosen) is None
     fixed = args_config(parse_args([*REQUIRED, "--batch-size", "8", "--slo-ms", "40"]))
     assert (fixed.batching.controller, fixed.batching.batch_size, fixed.slo_s) == ("fixed", 8, 0.04)
+
+
+def test_a_zero_config_refresh_interval_is_refused_rather_than_read_as_ten_seconds(monkeypatch):
+    import pydantic
+
+    from clipper.settings import BatcherSettings
+
+    monkeypatch.setenv("CLIPPER_REGISTRY_TABLE", "registry")
+    monkeypatch.setenv("CLIPPER_REPLIES_TABLE", "replies")
+    monkeypatch.setenv("CLIPPER_CONFIG_TTL_S", "0")
+    with pytest.raises(pydantic.ValidationError, match="config_ttl_s"):
+        BatcherSettings()
+    monkeypatch.setenv("CLIPPER_CONFIG_TTL_S", "0.5")
+    assert BatcherSettings().config_ttl_s == 0.5

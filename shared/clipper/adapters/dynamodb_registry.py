@@ -12,6 +12,8 @@ Items (``pk``, ``sk``):
                                  and sha256 when the model updater registered it from an upload)
     MODEL#<model> REJECTED#<v>   the latest rejected upload of a version (``clipper.models.updater``)
     MODEL#<model> BATCHER#<v>    the batching controller's state for that version (survives cold starts)
+    MODEL#<model> EVENT#<t>#<id> a canary event; the model item's ``canary`` map and every canary write:
+                                 ``clipper.adapters.dynamodb_canary_control`` (a mixin of the registry)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.dynamodb_canary_control import CanaryRunning, DynamoDBCanaryControl, canary_of, unless_canary
 from clipper.adapters.dynamodb_history import history_of, switch_update
 from clipper.core.domain import (
     Application,
@@ -105,15 +108,7 @@ def _batching_of(attr: dict[str, Any] | None) -> BatchingSettings:
     )
 
 
-def _canary_of(attr: dict[str, Any] | None) -> Canary | None:
-    """A model item's ``canary`` map (version S, share N, started_at N), absent while none runs."""
-    if not attr:
-        return None
-    m = attr["M"]
-    return Canary(m["version"]["S"], float(m["share"]["N"]), float(m["started_at"]["N"]))
-
-
-class DynamoDBRegistry:
+class DynamoDBRegistry(DynamoDBCanaryControl):
     def __init__(self, client: DynamoDBClient, table: str) -> None:
         self._client = client
         self._table = table
@@ -192,7 +187,7 @@ class DynamoDBRegistry:
             )
             artifacts[v] = {a: _plain(i[a]) for a in _ARTIFACT_ATTRS if a in i}
         return ModelRecord(
-            Model(name, head["active_version"]["S"], _canary_of(head.get("canary"))),
+            Model(name, head["active_version"]["S"], canary_of(head.get("canary"))),
             versions,
             auto_promote=bool(head.get("auto_promote", {}).get("BOOL", False)),
             replicas=int(head.get("replicas", {}).get("N", "1")),
@@ -306,6 +301,8 @@ class DynamoDBRegistry:
                 return version
             try:
                 self.switch_version(model, before, before.switched_to(version))
+            except CanaryRunning:
+                raise
             except Conflict:
                 continue
             return before.active
@@ -326,11 +323,14 @@ class DynamoDBRegistry:
 
     def switch_version(self, model: str, before: VersionHistory, after: VersionHistory) -> None:
         """Replace the history ``before`` with ``after``; ``Conflict`` when the active version changed since
-        ``before`` was read (nothing is written)."""
+        ``before`` was read (nothing is written); ``CanaryRunning`` while a canary runs."""
         try:
-            self._client.update_item(**switch_update(self._table, model, before, after))
+            self._client.update_item(**unless_canary(switch_update(self._table, model, before, after)))
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
+                running = self.running_canary(model)
+                if running is not None:
+                    raise CanaryRunning(model, running) from e
                 raise Conflict(
                     f"model {model}: the active version changed meanwhile (it was {before.active}); "
                     f"{after.active} was not made active - look at the model again and retry"
@@ -419,9 +419,6 @@ class DynamoDBRegistry:
                 self.unlink(name, sk.removeprefix("LINK#"))
             else:
                 self._delete(item["pk"]["S"], sk)
-
-    def delete_version(self, model: str, version: str) -> None:
-        self._delete(f"MODEL#{model}", f"VERSION#{version}")
 
 
 class DynamoDBControllerStore:

@@ -81,7 +81,10 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
         401: {"model": schemas.ErrorBody, "description": "no credentials"},
         403: {"model": schemas.ErrorBody, "description": "not the admin token"},
         404: {"model": schemas.ErrorBody, "description": "unknown application, model, version or replica"},
-        409: {"model": schemas.ErrorBody, "description": "conflict (a duplicate, or a stack being updated)"},
+        409: {
+            "model": schemas.ErrorBody,
+            "description": "conflict (a duplicate, a stack being updated, a canary running or ended meanwhile)",
+        },
         503: {"model": schemas.ErrorBody, "description": "a dependency (registry, stacks, bucket) is unavailable"},
     }
 
@@ -189,6 +192,22 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
     @op("get_model_batching", "A model's batching settings")
     def get_model_batching(body: schemas.ModelName) -> dict[str, Any]:
         return service.get_model_batching(body.model_name)
+
+    @op("start_canary", "Give a registered version a share of a model's queries until evidence decides")
+    def start_canary(body: schemas.StartCanary) -> dict[str, Any]:
+        return service.start_canary(body)
+
+    @op("get_canary", "A model's canary: its evidence, the decision it would get now, the last events")
+    def get_canary(body: schemas.CanaryRef) -> dict[str, Any]:
+        return service.get_canary(body.model_name, body.events)
+
+    @op("promote_canary", "Make the running canary the active version now (rollback_model returns)")
+    def promote_canary(body: schemas.ModelName) -> dict[str, Any]:
+        return service.end_canary(body.model_name, promote=True)
+
+    @op("abort_canary", "End the running canary now; the active version keeps every query")
+    def abort_canary(body: schemas.ModelName) -> dict[str, Any]:
+        return service.end_canary(body.model_name, promote=False)
 
     @op("get_state", "Applications, models, versions and links")
     def get_state(body: schemas.Verbose) -> dict[str, Any]:

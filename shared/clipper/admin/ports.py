@@ -3,9 +3,10 @@ resources, and the model bucket's upload URLs (the serving stacks' port is ``cli
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
-from clipper.core.domain import Application, BatchingSettings, Model, ModelRecord, ModelVersion
+from clipper.canary import CanaryParams
+from clipper.core.domain import Application, BatchingSettings, Canary, Model, ModelRecord, ModelVersion
 from clipper.models.history import VersionHistory
 
 
@@ -36,7 +37,16 @@ class AdminRegistry(Protocol):
     def app_names(self) -> list[str]: ...
     def model_names(self) -> list[str]: ...
     def delete_app(self, name: str) -> None: ...
-    def delete_version(self, model: str, version: str) -> None: ...
+    def delete_version(self, model: str, version: str) -> Canary | None:
+        """Delete a version; the canary it ended (when it was the canary's version), else None."""
+        ...
+
+    def start_canary(
+        self, model: str, version: str, share: float, now: float, params: CanaryParams | None = None
+    ) -> Canary: ...
+    def end_canary(self, model: str, trial: str, promote: bool) -> bool: ...
+    def add_canary_event(self, model: str, event: dict[str, Any]) -> None: ...
+    def canary_events(self, model: str, limit: int = 20) -> list[dict[str, Any]]: ...
 
 
 class ServingProbe(Protocol):

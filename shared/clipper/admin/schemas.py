@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 InputTypeName = Literal["integers", "bytes", "floats", "doubles", "strings"]
 PolicyName = Literal["single", "epsilon_greedy", "exp3", "exp4"]
+
+
+def _storable(x: float) -> float:
+    """DynamoDB numbers go down to 1e-130: a smaller non-zero one (5e-324) would fail the write (a 503)."""
+    if 0.0 < abs(x) < 1e-100:
+        raise ValueError("a number of magnitude at least 1e-100, or 0 (the registry stores no smaller)")
+    return x
+
+
+Number = Annotated[float, AfterValidator(_storable)]
 
 
 class Body(BaseModel):
@@ -28,14 +38,14 @@ class AddApp(Body):
     latency_slo_micros: int = Field(gt=0, le=30_000_000, description="at most 30 s (API Gateway's limit)")
     input_shape: list[int] | None = Field(None, description="fixed input shape, e.g. [64]; omit for any length")
     policy: PolicyName = "single"
-    confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)
+    confidence_threshold: Number = Field(0.0, ge=0.0, le=1.0)
     default_when_unsure: bool = False
 
 
 class SetPolicy(Body):
     name: str
     policy: PolicyName
-    confidence_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    confidence_threshold: Number | None = Field(None, ge=0.0, le=1.0)
     default_when_unsure: bool | None = None
 
 
@@ -44,9 +54,9 @@ class SetPolicyParams(Body):
     one keeps its value. Each policy takes its own: epsilon_greedy epsilon; exp3 gamma and eta; exp4 eta and k."""
 
     name: str
-    eta: float | None = Field(None, gt=0.0, allow_inf_nan=False, description="Exp3's and Exp4's learning rate")
-    gamma: float | None = Field(None, gt=0.0, le=1.0, description="Exp3's exploration: each model gets gamma / K")
-    epsilon: float | None = Field(None, gt=0.0, le=1.0, description="epsilon-greedy's share of random choices")
+    eta: Number | None = Field(None, gt=0.0, allow_inf_nan=False, description="Exp3's and Exp4's learning rate")
+    gamma: Number | None = Field(None, gt=0.0, le=1.0, description="Exp3's exploration: each model gets gamma / K")
+    epsilon: Number | None = Field(None, gt=0.0, le=1.0, description="epsilon-greedy's share of random choices")
     k: int | None = Field(None, ge=1, description="Exp4: how many of the heaviest models answer (null: all)")
 
 
@@ -126,4 +136,31 @@ class ModelBatching(Body):
     controller: Literal["aimd", "quantile", "fixed"] = "aimd"
     batch_size: int = Field(0, ge=0, description="the fixed controller's size (0 otherwise)")
     max_batch_size: int = Field(256, ge=1, le=10_000, description="the adaptive size's upper bound")
-    batch_wait_ms: float = Field(1.0, ge=0, le=1_000, description="how long a batch waits for more after its first")
+    batch_wait_ms: Number = Field(1.0, ge=0, le=1_000, description="how long a batch waits for more after its first")
+
+
+class CanaryParamsBody(Body):
+    """How the automatic decision judges a canary (``clipper.canary.CanaryParams``); an omitted one: the default."""
+
+    alpha: Number | None = Field(None, gt=0.0, lt=0.5, description="chance of rolling back a canary as good (5%)")
+    beta: Number | None = Field(None, gt=0.0, lt=0.5, description="chance of promoting one worse by margin (10%)")
+    margin: Number | None = Field(None, gt=0.0, le=1.0, description="the loss-rate difference called worse (0.05)")
+    min_feedback: int | None = Field(None, ge=1, description="labels each version needs before the test (50)")
+    max_feedback: int | None = Field(None, ge=1, description="canary labels after which the lean decides (5000)")
+    guard_alpha: Number | None = Field(None, gt=0.0, lt=0.5, description="level of the error and SLO guards")
+    guard_ratio: Number | None = Field(None, gt=1.0, allow_inf_nan=False, description="rate ratio the guards detect")
+    guard_min_events: int | None = Field(None, ge=1, description="errors (or misses) before a guard speaks")
+
+
+class StartCanary(Body):
+    model_name: str
+    model_version: str = Field(description="a registered version, not the active one")
+    share_percent: Number = Field(
+        gt=0.0, lt=100.0, allow_inf_nan=False, description="the canary's share of the model's queries, in percent"
+    )
+    params: CanaryParamsBody | None = None
+
+
+class CanaryRef(Body):
+    model_name: str
+    events: int = Field(10, ge=0, le=100, description="how many of the last canary events to answer")

@@ -5,18 +5,21 @@ anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
 from clipper.admin import schemas
 from clipper.admin.batching import set_model_batching
+from clipper.admin.canary import deleted_canary_event, end_by_hand, get_canary, refuse_switch_while_canary, start_canary
 from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
 from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
-from clipper.core.domain import Application, BatchingSettings, InputType, ModelVersion
+from clipper.core.domain import Application, BatchingSettings, Canary, InputType, ModelVersion
 from clipper.errors import Conflict, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks, unserved_reason
+from clipper.ports import CanaryEvidenceStore, Clock
 
 
 class AdminService:
@@ -26,11 +29,16 @@ class AdminService:
         probe: ServingProbe | None = None,
         uploads: ModelUploads | None = None,
         stacks: ServingStacks | None = None,
+        evidence: CanaryEvidenceStore | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        """``evidence``: where a canary's live evidence is counted (``get_canary`` shows it when given)."""
         self._registry = registry
         self._probe = probe
         self._uploads = uploads
         self._stacks = stacks
+        self._evidence = evidence
+        self._now = clock.now if clock is not None else time.time
 
     # -- applications ----------------------------------------------------------------------------------
     def add_app(self, req: schemas.AddApp) -> dict[str, Any]:
@@ -104,6 +112,8 @@ class AdminService:
         )
         for app in self._apps_linked_to(req.model_name):
             self._check_compatible(app, mv, "input_type")
+        if req.activate and head is not None:
+            refuse_switch_while_canary(head)
         fixed = req.batch_size or 0  # Clipper's batch_size: > 0 fixes it, -1 adapts
         batching = BatchingSettings("fixed", fixed, max(fixed, 256)) if fixed > 0 else None
         if batching is not None and batching.problems():
@@ -234,9 +244,10 @@ class AdminService:
         return {"model_name": model, "batching": self._registry.model_record(model).batching.to_dict()}
 
     def set_model_version(self, model: str, version: str) -> dict[str, Any]:
-        _, versions = self._registry.model_and_versions(model)
+        head, versions = self._registry.model_and_versions(model)
         if version not in versions:
             raise NotFound("model version", f"{model}:{version}")
+        refuse_switch_while_canary(head)  # and the registry's write is conditional on no canary
         previous = self._registry.set_active_version(model, version)
         return {"model_name": model, "active_version": version, "previous_version": previous}
 
@@ -244,7 +255,8 @@ class AdminService:
         """Return to the version active before the current one, one step further back each time (3 -> 2 -> 1),
         skipping versions deleted since. A conditional write: ``Conflict`` (409) when the active version changed
         meanwhile (an auto-promotion, another rollback), and nothing is changed."""
-        _, versions = self._registry.model_and_versions(model)  # NotFound
+        head, versions = self._registry.model_and_versions(model)  # NotFound
+        refuse_switch_while_canary(head)
         now = self._registry.version_history(model)
         after = now.rolled_back(versions.keys())
         if after is None or after.active is None:
@@ -258,7 +270,7 @@ class AdminService:
             raise NotFound("model version", f"{model}:{version}")
         if version == head.active_version:
             raise InvalidInput("model_version", "an inactive version (set another version active first)", version)
-        self._registry.delete_version(model, version)
+        self._deleted(model, self._registry.delete_version(model, version))
         self._retire(model, versions[version], [v for k, v in versions.items() if k != version])
         return {"deleted": f"{model}:{version}"}
 
@@ -266,9 +278,23 @@ class AdminService:
         head, versions = self._registry.model_and_versions(model)
         gone = [v for v in versions if v != head.active_version]
         for v in gone:
-            self._registry.delete_version(model, v)
+            self._deleted(model, self._registry.delete_version(model, v))
             self._retire(model, versions[v], [versions[k] for k in versions if k not in gone])
         return {"deleted": [f"{model}:{v}" for v in gone]}
+
+    def _deleted(self, model: str, ended: Canary | None) -> None:
+        if ended is not None:  # the deleted version was the canary's: the canary ended with it
+            self._registry.add_canary_event(model, deleted_canary_event(model, ended, self._now()))
+
+    # -- canary ----------------------------------------------------------------------------------------
+    def start_canary(self, req: schemas.StartCanary) -> dict[str, Any]:
+        return start_canary(self._registry, req, self._now())
+
+    def get_canary(self, model: str, events: int = 10) -> dict[str, Any]:
+        return get_canary(self._registry, self._evidence, model, events)
+
+    def end_canary(self, model: str, promote: bool) -> dict[str, Any]:
+        return end_by_hand(self._registry, model, promote, self._now())
 
     # -- links -----------------------------------------------------------------------------------------
     def add_model_links(self, app_name: str, model_names: list[str]) -> dict[str, Any]:

@@ -87,6 +87,8 @@ def models_state(registry: AdminRegistry, probe: ServingProbe | None) -> dict[st
                 v: version_info(mv, head.active_version) | record.artifacts.get(v, {}) for v, mv in versions.items()
             },
             "rejected": {v: rejection(r) for v, r in record.rejected.items()},
+            "canary": head.canary.to_dict() if head.canary else None,
+            "last_canary_event": next(iter(registry.canary_events(name, 1)), None),
         }
         active = versions.get(head.active_version)
         if probe is not None and active is not None:

@@ -10,6 +10,22 @@ from clipper.cli.files import load_estimator, load_npy
 from clipper.client import ClipperConnection
 
 POLICY_PARAMS = ("eta", "gamma", "epsilon", "k")
+CANARY_PARAMS = (
+    ("alpha", float, "chance of rolling back a canary as good as the active version (default 0.05)"),
+    ("beta", float, "chance of promoting a canary worse by the margin (default 0.10)"),
+    ("margin", float, "the loss-rate difference called worse (default 0.05)"),
+    ("min_feedback", int, "feedback labels each version needs before the loss test (default 50)"),
+    ("max_feedback", int, "canary labels after which the side the evidence leans to wins (default 5000)"),
+)
+
+
+def _canary_options(p: argparse.ArgumentParser) -> None:
+    for name, kind, what in CANARY_PARAMS:
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=what)
+
+
+def _canary_params(args: argparse.Namespace) -> dict[str, float]:
+    return {name: getattr(args, name) for name, _, _ in CANARY_PARAMS if getattr(args, name) is not None}
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,6 +72,24 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     dp.add_argument("--sample-npy", help=".npy of sample input rows (required for a scikit-learn model)")
     dp.add_argument("--no-promote", action="store_true", help="register without making it the active version")
     dp.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the registration")
+    dp.add_argument(
+        "--canary",
+        type=float,
+        metavar="PERCENT",
+        help="never make it active: once registered, start it as the model's canary on PERCENT %% of its queries "
+        "(the decision options below tune when evidence promotes or rolls it back)",
+    )
+    _canary_options(dp)
+    cn = sub.add_parser("canary", help="a model's canary: its evidence and events (promote, abort or start one)")
+    cn.add_argument("name")
+    act = cn.add_mutually_exclusive_group()
+    act.add_argument("--promote", action="store_true", help="make the canary the active version now")
+    act.add_argument("--abort", action="store_true", help="end the canary now; the active version keeps every query")
+    act.add_argument("--start", metavar="VERSION", help="start a registered version as the canary")
+    cn.add_argument("--share", type=float, default=10.0, metavar="PERCENT", help="--start's share (default 10)")
+    cn.add_argument("--events", type=int, default=10, help="how many of the last events to show (default 10)")
+    cn.add_argument("--json", action="store_true", help="the API's answer, as JSON")
+    _canary_options(cn)
     rp = sub.add_parser("replicas", help="a model's number of replicas (set it with a second argument)")
     rp.add_argument("name")
     rp.add_argument("num_replicas", nargs="?", type=int)
@@ -148,6 +182,14 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         return conn.get_linked_models(args.app)
     if c == "metrics":
         return conn.get_metrics()
+    if c == "canary":
+        if args.promote:
+            return conn.promote_canary(args.name)
+        if args.abort:
+            return conn.abort_canary(args.name)
+        if args.start:
+            return conn.start_canary(args.name, args.start, args.share, **_canary_params(args))
+        return conn.get_canary(args.name, args.events)
     if c == "batching":
         changes = {k: getattr(args, k) for k in ("controller", "batch_size", "max_batch_size", "batch_wait_ms")}
         if all(v is None for v in changes.values()):
@@ -161,7 +203,9 @@ def deploy(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         print(f"clipper: {message}", file=sys.stderr, flush=True)
 
     sample = load_npy(args.sample_npy, "--sample-npy") if args.sample_npy else None
-    options = {"promote": not args.no_promote, "timeout_s": args.timeout, "progress": progress}
+    options: dict[str, Any] = {"promote": not args.no_promote, "timeout_s": args.timeout, "progress": progress}
+    if args.canary is not None:
+        options |= {"canary": args.canary, "canary_params": _canary_params(args)}
     if args.file.endswith((".pkl", ".pickle", ".joblib")):
         if sample is None:
             raise SystemExit("clipper: a scikit-learn model needs --sample-npy (rows of its input)")

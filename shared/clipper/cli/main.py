@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from clipper.cli import admin, local, query
-from clipper.cli.tables import inspect_table, metrics_table
+from clipper.cli.tables import canary_table, inspect_table, metrics_table
 from clipper.client import AdminError, ClipperConnection
 from clipper.client_auth import AUTH_MODES, SigningError
 from clipper.client_query import ApiError
@@ -88,6 +88,9 @@ def _main(argv: list[str] | None) -> int:
         return 2
     if args.command == "metrics":
         print(metrics_table(result))
+        return 0
+    if args.command == "canary" and not args.json and "events" in result:  # the status, not an action's answer
+        print(canary_table(result))
         return 0
     print(json.dumps(result, indent=2))
     if args.command == "model" and isinstance(result, dict) and result.get("status") == "rejected":

@@ -1,4 +1,4 @@
-"""Text tables of what the API answers: ``clipper metrics`` and ``clipper inspect``."""
+"""Text tables of what the API answers: ``clipper metrics``, ``clipper inspect`` and ``clipper canary``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,77 @@ def _batching(b: dict[str, Any] | None) -> str:
     return f"{b['controller']} {size}, wait {b['batch_wait_ms']:g} ms"
 
 
+def _ago(at: Any, now: float) -> str:
+    if not isinstance(at, int | float):
+        return "-"
+    seconds = max(0.0, now - at)
+    return (
+        f"{seconds:.0f} s ago"
+        if seconds < 120
+        else f"{seconds / 60:.0f} min ago"
+        if seconds < 7200
+        else (f"{seconds / 3600:.1f} h ago")
+    )
+
+
+def _canary_cell(c: dict[str, Any] | None) -> str:
+    return "-" if not c else f"{c['version']} @ {c['share'] * 100:g}%"
+
+
+def _event_line(e: dict[str, Any] | None, now: float) -> str:
+    if not e:
+        return "-"
+    return f"{e.get('kind', '?')} by {e.get('who', '?')} {_ago(e.get('at'), now)}: {e.get('reason', '')}".rstrip(": ")
+
+
+def _rate(n: float, of: int) -> str:
+    return f"{n / of:.4f}" if of else "-"
+
+
+def canary_table(answer: dict[str, Any], now: float | None = None) -> str:
+    """``get_canary`` as text: the canary, its params, its evidence per version, the decision it would get now,
+    and the last events."""
+    now = time.time() if now is None else now
+    name, c = answer["model_name"], answer.get("canary")
+    if c is None:
+        out = [f"{name}: no canary running (active version {answer['active_version']})"]
+    else:
+        out = [
+            f"{name}: canary {c['version']} on {c['share'] * 100:g}% of the queries beside "
+            f"{answer['active_version']} (trial {c['trial']}, started {_ago(c['started_at'], now)})",
+            "params: " + ", ".join(f"{k} {v:g}" for k, v in c.get("params", {}).items()),
+        ]
+    evidence = answer.get("evidence")
+    if c is not None and evidence is not None:
+        rows = [
+            [
+                v + (" (canary)" if v == c["version"] else " (active)" if v == answer["active_version"] else ""),
+                e["feedback"],
+                _rate(e["loss_sum"], e["feedback"]),
+                e["queries"],
+                e["errors"],
+                e["slo_misses"],
+            ]
+            for v, e in sorted(evidence.items())
+        ]
+        out += ["", "evidence"]
+        out += (
+            _table(["version", "feedback", "loss rate", "queries", "errors", "SLO misses"], rows)
+            if rows
+            else ["  (none counted yet)"]
+        )
+        d = answer.get("decision_now")
+        if d:
+            out += ["", f"decision now: {d['kind']} ({d['rule']}): {d['reason']}"]
+    elif c is not None:
+        out += ["", "evidence: not available from this API"]
+    events = answer.get("events", [])
+    out += ["", f"last events ({len(events)})"]
+    rows = [[_ago(e.get("at"), now), e.get("kind", "?"), e.get("who", "?"), e.get("reason", "")] for e in events]
+    out += _table(["when", "event", "who", "why"], rows) if rows else ["  (none)"]
+    return "\n".join(out)
+
+
 def inspect_table(state: dict[str, Any], processes: list[dict[str, Any]] | None = None) -> str:
     """``get_state`` (and the local stack's processes) as tables: applications, models, versions, rejected
     uploads, processes."""
@@ -76,10 +147,20 @@ def inspect_table(state: dict[str, Any], processes: list[dict[str, Any]] | None 
                 depth,
                 m.get("endpoint_health", "-"),
                 ", ".join(m.get("linked_apps", [])) or "-",
+                _canary_cell(m.get("canary")),
             ]
         )
     header = ["name", "active", "versions", "replicas", "auto-promote", "batching", "queued", "endpoint", "apps"]
-    out += _table(header, rows) if rows else ["  (none)"]
+    out += _table([*header, "canary"], rows) if rows else ["  (none)"]
+    now = time.time()
+    rows = [
+        [n, _canary_cell(m.get("canary")), _event_line(m.get("last_canary_event"), now)]
+        for n, m in sorted(models.items())
+        if m.get("canary") or m.get("last_canary_event")
+    ]
+    if rows:
+        out += ["", "canaries (last decision)"]
+        out += _table(["model", "canary", "last event"], rows)
     rows = []
     for n, m in sorted(models.items()):
         for v, info in sorted(m.get("versions", {}).items()):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from clipper.canary.decision import CanaryParams
 from clipper.selection.params import PolicyParams
 
 
@@ -75,13 +76,20 @@ class Canary:
     version: str
     share: float
     started_at: float  # seconds since the epoch
+    params: CanaryParams = field(default_factory=CanaryParams)  # how the decision judges this trial
 
     @property
     def trial(self) -> str:
         return f"{self.version}@{int(self.started_at * 1000)}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "share": self.share, "started_at": self.started_at, "trial": self.trial}
+        return {
+            "version": self.version,
+            "share": self.share,
+            "started_at": self.started_at,
+            "trial": self.trial,
+            "params": asdict(self.params),
+        }
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("batching: %s", config.describe())
     follower = None
     if source is not None:
-        follower = ConfigFollower(source, driver, settings.config_ttl_s or 10.0, current=config)
+        follower = ConfigFollower(source, driver, settings.config_ttl_s, current=config)
         follower.start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,0 +1,135 @@
+"""The canary operations of the management API: start a canary (a registered version takes a share of a model's
+queries beside the active version), look at it (with its live evidence, what the decision would say now, and its
+last events), and promote or abort it by hand. Every start and every end by hand is a canary event
+(``who: "operator"``); the automatic decisions are the reviewer's (``clipper.canary``).
+
+While a canary runs the active version is not switched by hand (``set_model_version``, ``rollback_model``,
+``add_model`` with activate): 409 naming the canary; promote or abort it first. Deleting the canary's version
+aborts the canary (an event says so)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from clipper.admin import schemas
+from clipper.canary import CanaryEvidence, CanaryParams, VersionEvidence, decide
+from clipper.core.domain import Canary, Model, ModelRecord
+from clipper.errors import Conflict, InvalidInput
+from clipper.ports import CanaryEvidenceStore
+
+EVENTS_SHOWN = 10
+
+
+class CanaryRegistry(Protocol):
+    def model_record(self, name: str) -> ModelRecord: ...
+
+    def start_canary(
+        self, model: str, version: str, share: float, now: float, params: CanaryParams | None = None
+    ) -> Canary: ...
+
+    def end_canary(self, model: str, trial: str, promote: bool) -> bool: ...
+
+    def add_canary_event(self, model: str, event: dict[str, Any]) -> None: ...
+
+    def canary_events(self, model: str, limit: int = 20) -> list[dict[str, Any]]: ...
+
+
+def refuse_switch_while_canary(head: Model) -> None:
+    """``Conflict`` (409) naming the running canary: the active version is not switched by hand under it."""
+    c = head.canary
+    if c is not None:
+        raise Conflict(
+            f"model {head.name} has a canary running ({head.name}:{c.version} on {c.share:.0%} of its queries, "
+            f"trial {c.trial}): promote or abort it first (clipper canary {head.name} --promote or --abort)"
+        )
+
+
+def canary_info(canary: Canary) -> dict[str, Any]:
+    return {**canary.to_dict(), "share_percent": round(canary.share * 100, 6)}
+
+
+def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float) -> dict[str, Any]:
+    """Start the canary; refused (nothing written) for an unknown model or version (404), the active version or a
+    bad parameter (400, naming it), or while another canary runs (409)."""
+    given = req.params.model_dump(exclude_none=True) if req.params is not None else {}
+    params = CanaryParams(**given)  # InvalidInput naming the parameter (max_feedback below min_feedback...)
+    record = registry.model_record(req.model_name)  # NotFound
+    active = record.head.active_version
+    canary = registry.start_canary(req.model_name, req.model_version, req.share_percent / 100, now, params)
+    registry.add_canary_event(
+        req.model_name,
+        {
+            "kind": "start",
+            "who": "operator",
+            "at": now,
+            "trial": canary.trial,
+            "version": canary.version,
+            "share": canary.share,
+            "active_version": active,
+            "params": canary.to_dict()["params"],
+            "reason": f"{canary.version} started on {canary.share:.0%} of the queries beside {active}",
+        },
+    )
+    return {"model_name": req.model_name, "active_version": active, "canary": canary_info(canary)}
+
+
+def get_canary(
+    registry: CanaryRegistry, evidence: CanaryEvidenceStore | None, model: str, events: int = EVENTS_SHOWN
+) -> dict[str, Any]:
+    """The model's canary (null when none runs), its evidence per version and the decision it would get now
+    (when an evidence store is wired), and the model's last canary events, newest first."""
+    head = registry.model_record(model).head  # NotFound
+    out: dict[str, Any] = {
+        "model_name": model,
+        "active_version": head.active_version,
+        "canary": canary_info(head.canary) if head.canary else None,
+    }
+    if head.canary is not None and evidence is not None:
+        counted = evidence.load(model, head.canary.trial)
+        pair = CanaryEvidence(
+            counted.get(head.active_version, VersionEvidence()), counted.get(head.canary.version, VersionEvidence())
+        )
+        verdict = decide(pair, head.canary.params)
+        out["evidence"] = {version: e.to_dict() for version, e in sorted(counted.items())}
+        out["decision_now"] = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
+    out["events"] = registry.canary_events(model, events) if events else []
+    return out
+
+
+def end_by_hand(registry: CanaryRegistry, model: str, promote: bool, now: float) -> dict[str, Any]:
+    """Promote (the canary's version becomes the active one; ``rollback_model`` returns to the one before) or
+    abort (the active version keeps every query) the running canary. 400 naming ``model_name`` when none runs;
+    409 when it ended meanwhile (a reviewer's decision)."""
+    head = registry.model_record(model).head  # NotFound
+    canary = head.canary
+    if canary is None:
+        raise InvalidInput("model_name", f"a model with a canary running ({model} has none)")
+    if not registry.end_canary(model, canary.trial, promote):
+        raise Conflict(f"model {model}: canary trial {canary.trial} ended meanwhile; look at the model again")
+    active = canary.version if promote else head.active_version
+    kind = "promote" if promote else "abort"
+    registry.add_canary_event(
+        model,
+        {
+            "kind": kind,
+            "who": "operator",
+            "at": now,
+            "trial": canary.trial,
+            "version": canary.version,
+            "active_version": active,
+            "previous_version": head.active_version,
+            "reason": f"{kind} by hand: {active} is active",
+        },
+    )
+    return {"model_name": model, "ended": kind, "canary": canary_info(canary), "active_version": active}
+
+
+def deleted_canary_event(model: str, canary: Canary, now: float) -> dict[str, Any]:
+    return {
+        "kind": "abort",
+        "who": "operator",
+        "at": now,
+        "trial": canary.trial,
+        "version": canary.version,
+        "reason": f"its version {canary.version} was deleted",
+    }
