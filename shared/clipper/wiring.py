@@ -245,18 +245,14 @@ def build_canary_reviewer(settings: CommonSettings, dynamodb: Any, metrics: Cana
     """The canary reviewer over the registry table, read fresh (no copy: a decision acts on the trial it read):
     the registry ends trials and keeps their events (it implements ``CanaryControl``), the evidence is the
     trial's counters (``clipper.adapters.dynamodb_canary``)."""
-    from typing import cast
-
     from clipper.adapters.clock import SystemClock
     from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
     from clipper.adapters.dynamodb_registry import DynamoDBRegistry
     from clipper.canary.review import CanaryReviewer
-    from clipper.ports import CanaryControl
 
     registry = DynamoDBRegistry(dynamodb, settings.registry_table)
     evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table)
-    control = cast("CanaryControl", registry)
-    return CanaryReviewer(registry, evidence, control, metrics, SystemClock(), model_names=registry.model_names)
+    return CanaryReviewer(registry, evidence, registry, metrics, SystemClock(), model_names=registry.model_names)
 
 
 def build_feedback_receiver(settings: FrontendSettings, registry: Registry, sqs: Any) -> FeedbackReceiver:

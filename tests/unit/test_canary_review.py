@@ -55,8 +55,9 @@ def test_a_worse_canary_is_rolled_back_with_an_event_and_a_metric():
     (event,) = control.events["mlp"]
     assert event["kind"] == "rollback" and event["rule"] == "loss-sprt" and event["reason"] == decision.reason
     assert event["trial"] == CANARY.trial and event["versions"] == {"current": "1", "canary": "2"}
-    assert event["evidence"]["canary"]["loss_sum"] == 15.0 and event["time"] == FakeClock().t
+    assert event["evidence"]["canary"]["loss_sum"] == 15.0 and event["at"] == FakeClock().t
     assert event["statistic"] >= event["threshold"]
+    assert (event["who"], event["active_version"], event["previous_version"]) == ("reviewer", "1", "1")
     assert metrics.counted == [("mlp", "rollback")]
 
 
@@ -106,16 +107,11 @@ def test_no_canary_no_review():
     assert control.events == {} and metrics.counted == []
 
 
-@dataclass(frozen=True)
-class CanaryWithParams(Canary):
-    params: CanaryParams | None = None
-
-
 def test_a_canary_with_its_own_params_is_decided_with_them():
     reviewer, registry, evidence, _control, _metrics = world()
     counts(evidence, VersionEvidence(feedback=10, loss_sum=0.0), VersionEvidence(feedback=10, loss_sum=0.0))
     assert reviewer.review("mlp").kind == "continue"  # the default waits for 50 labels each
-    registry.canaries["mlp"] = CanaryWithParams("2", 0.1, CANARY.started_at, CanaryParams(min_feedback=5))
+    registry.canaries["mlp"] = Canary("2", 0.1, CANARY.started_at, CanaryParams(min_feedback=5))
     assert reviewer.review("mlp").rule != "min-feedback"
 
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from clipper.canary.decision import CanaryParams, Decision, decide
+from clipper.canary.decision import Decision, decide
 from clipper.canary.evidence import CanaryEvidence, VersionEvidence
 from clipper.core.domain import Canary
 from clipper.errors import NotFound
@@ -29,12 +29,17 @@ logger = logging.getLogger(__name__)
 
 def decision_event(model: str, canary: Canary, active: str, decision: Decision, at: float) -> dict[str, Any]:
     """The event of a decision: its kind, rule, reason, statistic, threshold, figures and evidence, with the
-    trial, the two versions compared and when (seconds since the epoch)."""
+    trial, the two versions compared, the version active after it, who decided ("reviewer", as the operator's
+    events say "operator") and when (``at``, seconds since the epoch)."""
     return decision.to_dict() | {
+        "who": "reviewer",
+        "at": at,
         "model": model,
         "trial": canary.trial,
+        "version": canary.version,
         "versions": {"current": active, "canary": canary.version},
-        "time": at,
+        "active_version": canary.version if decision.kind == "promote" else active,
+        "previous_version": active,
     }
 
 
@@ -66,8 +71,7 @@ class CanaryReviewer:
         canary, active = running
         counts = self._evidence.load(model, canary.trial)
         evidence = CanaryEvidence(counts.get(active, VersionEvidence()), counts.get(canary.version, VersionEvidence()))
-        params = getattr(canary, "params", None) or CanaryParams()
-        decision = decide(evidence, params)
+        decision = decide(evidence, canary.params)
         if decision.kind == "continue":
             return decision
         if not self._control.end_canary(model, canary.trial, promote=decision.kind == "promote"):
