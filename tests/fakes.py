@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from clipper.canary.evidence import VersionEvidence
 from clipper.core.domain import Application, Canary, InputType, ModelVersion
 from clipper.core.messages import Reply
 from clipper.core.validation import Rows
@@ -261,3 +262,52 @@ class InMemoryServingStacks:
 
     def delete(self, model: str, version: str) -> None:
         self.served.pop((model, version), None)
+
+
+@dataclass
+class InMemoryCanaryEvidence:
+    """The CanaryEvidenceStore (and the feedback worker's ``add_once``) in memory."""
+
+    counts: dict[tuple[str, str, str], VersionEvidence] = field(default_factory=dict)
+    tokens: set[tuple[str, str, str]] = field(default_factory=set)
+    fail: bool = False  # every call raises Unavailable (a store that cannot be reached)
+
+    def add(self, model: str, trial: str, version: str, delta: VersionEvidence) -> None:
+        if self.fail:
+            raise Unavailable("canary evidence store down")
+        key = (model, trial, version)
+        self.counts[key] = self.counts.get(key, VersionEvidence()) + delta
+
+    def add_once(self, model: str, trial: str, version: str, delta: VersionEvidence, token: str) -> bool:
+        if self.fail:
+            raise Unavailable("canary evidence store down")
+        if (model, trial, token) in self.tokens:
+            return False
+        self.tokens.add((model, trial, token))
+        self.add(model, trial, version, delta)
+        return True
+
+    def load(self, model: str, trial: str) -> dict[str, VersionEvidence]:
+        if self.fail:
+            raise Unavailable("canary evidence store down")
+        return {v: e for (m, t, v), e in self.counts.items() if (m, t) == (model, trial)}
+
+
+@dataclass
+class InMemoryCanaryControl:
+    """The CanaryControl port over an InMemoryRegistry: ending a trial promotes (or not) and removes the canary."""
+
+    registry: InMemoryRegistry
+    events: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+
+    def end_canary(self, model: str, trial: str, promote: bool) -> bool:
+        canary = self.registry.canaries.get(model)
+        if canary is None or canary.trial != trial:
+            return False
+        del self.registry.canaries[model]
+        if promote:
+            self.registry.active[model] = canary.version
+        return True
+
+    def add_canary_event(self, model: str, event: dict[str, Any]) -> None:
+        self.events[model].append(event)

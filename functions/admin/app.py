@@ -9,6 +9,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from mangum import Mangum
 
 from clipper.adapters.cloudformation_stacks import build_model_stacks
+from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.adapters.s3_uploads import S3ModelUploads
 from clipper.adapters.serving_probe import AwsServingProbe
@@ -28,7 +29,8 @@ def build(config: AdminFunctionSettings, dynamodb: Any, s3: Any, sqs: Any, sagem
     uploads = S3ModelUploads(s3, config.model_bucket) if config.model_bucket else None
     stacks = build_model_stacks(cfn, config)
     registry = DynamoDBRegistry(dynamodb, config.registry_table)
-    return AdminService(registry, AwsServingProbe(sqs, sagemaker), uploads, stacks)
+    evidence = DynamoDBCanaryEvidence(dynamodb, config.registry_table)  # a canary's live evidence (get_canary)
+    return AdminService(registry, AwsServingProbe(sqs, sagemaker), uploads, stacks, evidence)
 
 
 logger = Logger(service="clipper-admin")

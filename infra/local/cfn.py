@@ -20,7 +20,11 @@ moto traps this module works around (see also the handbook):
   stack keeps the model stacks' LambdaBatcher 'false' and runs the long-poll batcher instead;
 - moto's CloudFormation has no AWS::Lambda::Alias (the frontend's AutoPublishAlias), and a permission on a
   skipped alias fails the stack, so deploy_service points whatever names an alias at the alias's function
-  (locally the FrontendAliasArn output is the function's name; nothing local invokes through the alias).
+  (locally the FrontendAliasArn output is the function's name; nothing local invokes through the alias);
+- moto's EventBridge takes a rule without an event pattern (a schedule: CanaryReviewFunction's) as matching
+  every event, and fails PutEvents on its Lambda target, so the bucket's upload events would never reach the
+  local dispatcher: deploy_service drops scheduled rules and their invoke permissions (nothing local runs a
+  schedule; the local feedback worker reviews the canaries each second instead).
 
 Nothing here runs at import time.
 """
@@ -313,7 +317,7 @@ def deploy_service(
         translated = with_physical_names(translated, stack_name)
     bucket = artifacts_bucket_name(stack_name)
     _ensure_bucket(s3, bucket)
-    packaged = without_aliases(package_code(translated, repo_root, s3, bucket))
+    packaged = without_schedules(without_aliases(package_code(translated, repo_root, s3, bucket)))
     outputs = deploy_stack(cfn, stack_name, packaged, parameters)
     _enable_declared_ttl(dynamodb, translated, stack_resources(cfn, stack_name))
     if lambda_client is not None:
@@ -387,6 +391,30 @@ def without_aliases(template: dict[str, Any]) -> dict[str, Any]:
     rewritten: dict[str, Any] = rewrite({k: v for k, v in template.items()})
     rewritten["Resources"] = {k: v for k, v in rewritten["Resources"].items() if k not in targets}
     return rewritten
+
+
+def without_schedules(template: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a translated template without its scheduled EventBridge rules and the permissions that let them
+    invoke a function; for moto (see the module docstring)."""
+    resources = template.get("Resources", {})
+    rules = {
+        logical_id
+        for logical_id, resource in resources.items()
+        if resource.get("Type") == "AWS::Events::Rule" and "ScheduleExpression" in resource.get("Properties", {})
+    }
+    if not rules:
+        return template
+
+    def invoked_by_rule(resource: Mapping[str, Any]) -> bool:
+        source = resource.get("Properties", {}).get("SourceArn")
+        return (
+            resource.get("Type") == "AWS::Lambda::Permission"
+            and isinstance(source, dict)
+            and (source.get("Fn::GetAtt", [None])[0] in rules)
+        )
+
+    kept = {k: v for k, v in resources.items() if k not in rules and not invoked_by_rule(v)}
+    return {**template, "Resources": kept}
 
 
 def model_stack_name(service_stack: str, model_name: str) -> str:

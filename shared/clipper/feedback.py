@@ -14,6 +14,14 @@ and no concurrent update is lost. A per-user update also updates the app-wide st
 users start: the user's state is written first, so a new user's state is a copy of the app-wide state
 *before* this feedback, and the feedback moves it once (written after, the copy would already hold it and
 the feedback would move the user's weights twice).
+
+A model with a running canary (``Registry.canary``) learns from feedback whatever the application's policy (a
+single-model application too): the loss of each output recorded for a model whose answering version (the
+record's ``versions``; older records have none and are skipped) is the canary's or the active one is added to
+the trial's evidence for that version (``clipper.canary``), once per feedback id (``add_once``: a redelivered
+message counts nothing). Losses are ``clipper.selection.combining.loss``'s, already in [0, 1] (0/1 for classes,
+the absolute error capped at 1 for scores); they are clipped to [0, 1] again so no output can corrupt the counts.
+The models whose evidence grew are kept in ``touched`` until ``take_touched``, so the caller can review them.
 """
 
 from __future__ import annotations
@@ -21,22 +29,24 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from clipper.canary.evidence import VersionEvidence
 from clipper.core.cache_keys import record_keys
-from clipper.core.domain import Application
+from clipper.core.domain import Application, Canary
 from clipper.core.messages import Payload, decode_rows, encode_rows
 from clipper.core.validation import validate_query
 from clipper.errors import Conflict, InvalidInput, MalformedMessage, NotFound, Unavailable
-from clipper.ports import PredictionCache, Registry, RequestQueue, SelectionStore
+from clipper.ports import CanaryFeedbackEvidence, PredictionCache, Registry, RequestQueue, SelectionStore
 from clipper.selection import Selection, ensure_state, policy_for, state_for_user, state_key
+from clipper.selection.combining import loss
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["applied", "duplicate", "no_record", "not_learning", "unknown_app"]
+Outcome = Literal["applied", "duplicate", "no_record", "not_learning", "unknown_app", "canary_only"]
 
 
 class FeedbackMessage(BaseModel):
@@ -103,12 +113,19 @@ class FeedbackReceiver:
 
 @dataclass
 class FeedbackProcessor:
-    """The worker's side: join with the recorded predictions, update the state(s)."""
+    """The worker's side: join with the recorded predictions, update the state(s) and the canaries' evidence."""
 
     registry: Registry
     store: SelectionStore
     cache: PredictionCache
     max_attempts: int = 20
+    evidence: CanaryFeedbackEvidence | None = None
+    touched: set[str] = field(default_factory=set)
+
+    def take_touched(self) -> set[str]:
+        """The models whose canary evidence grew since the last call."""
+        touched, self.touched = self.touched, set()
+        return touched
 
     def process(self, message: FeedbackMessage) -> Outcome:
         try:  # the application and its links, read once for every state this feedback updates
@@ -122,7 +139,8 @@ class FeedbackProcessor:
         return self._process(app, linked, message)
 
     def _process(self, app: Application, linked: list[str], message: FeedbackMessage) -> Outcome:
-        if app.policy == "single":
+        canaries = self._canaries(linked)
+        if app.policy == "single" and not canaries:
             return "not_learning"
         rows = decode_rows(message.payload)
         (key,) = record_keys(app.name, message.user, rows)
@@ -130,6 +148,10 @@ class FeedbackProcessor:
         if record is None:
             logger.info("feedback without a recorded prediction", extra={"app": app.name})
             return "no_record"
+        if canaries:
+            self._add_evidence(canaries, record, message)
+        if app.policy == "single":
+            return "canary_only"
         selection = Selection.from_dict(record["selection"])
         outputs: dict[str, Any] = record["outputs"]
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
@@ -139,6 +161,26 @@ class FeedbackProcessor:
             if self._apply(app, linked, k, message, selection, outputs):
                 outcome = "applied"
         return outcome
+
+    def _canaries(self, linked: list[str]) -> dict[str, Canary]:
+        if self.evidence is None:
+            return {}
+        running = {m: self.registry.canary(m) for m in linked}
+        return {m: c for m, c in running.items() if c is not None}
+
+    def _add_evidence(self, canaries: dict[str, Canary], record: dict[str, Any], msg: FeedbackMessage) -> None:
+        """Each canaried model's loss on this feedback, to the version that answered, once per feedback id."""
+        assert self.evidence is not None
+        versions: dict[str, str] = record.get("versions") or {}
+        for model, output in record["outputs"].items():
+            canary, version = canaries.get(model), versions.get(model)
+            if canary is None or version is None:
+                continue  # no trial running, or a record from before versions were kept
+            if version != canary.version and version != self.registry.active_version(model).version:
+                continue  # a version that is in neither side of the trial (switched since the query)
+            delta = VersionEvidence.of_feedback(min(1.0, max(0.0, loss(output, msg.label))))
+            if self.evidence.add_once(model, canary.trial, version, delta, msg.feedback_id):
+                self.touched.add(model)
 
     def _apply(
         self,

@@ -196,6 +196,15 @@ class CanaryEvidenceStore(Protocol):
         ...
 
 
+class CanaryFeedbackEvidence(Protocol):
+    """Where the feedback worker adds a canary trial's losses: once per feedback id, though a message is
+    delivered at least once."""
+
+    def add_once(self, model: str, trial: str, version: str, delta: VersionEvidence, token: str) -> bool:
+        """Add ``delta`` unless ``token`` was added to this trial of ``model`` before; True when this call added."""
+        ...
+
+
 class CanaryControl(Protocol):
     """What ends a canary trial and keeps its record (the registry, on the model's item)."""
 
@@ -209,6 +218,13 @@ class CanaryControl(Protocol):
     def add_canary_event(self, model: str, event: dict[str, Any]) -> None:
         """Keep a decision (or a start, an abort) with its evidence, for ``inspect`` and the CLI."""
         ...
+
+
+class CanaryDecisionMetrics(Protocol):
+    """Counts a canary decision that ended a trial (``CanaryDecisions`` by model and kind; by kind alone too,
+    for an alarm on every rollback)."""
+
+    def decision(self, model: str, kind: str) -> None: ...
 
 
 class ModelEndpoint(Protocol):

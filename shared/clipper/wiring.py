@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clipper.adapters.resp import RespClient
     from clipper.batching.core import Batcher
+    from clipper.canary.review import CanaryReviewer
     from clipper.feedback import FeedbackProcessor, FeedbackReceiver
     from clipper.frontend.query import QueryListener, QueryProcessor
     from clipper.ports import (
+        CanaryDecisionMetrics,
         Clock,
         LookupOrSend,
         PredictionCache,
@@ -233,7 +235,24 @@ def build_feedback_processor(settings: CommonSettings, dynamodb: Any) -> Feedbac
         raise ValueError(
             "feedback needs CLIPPER_SELECTION_TABLE and a prediction cache (REDIS_URL or CLIPPER_CACHE_TABLE)"
         )
-    return FeedbackProcessor(_registry(settings, dynamodb, SystemClock(), 2.0), store, cache)
+    from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
+
+    evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table)
+    return FeedbackProcessor(_registry(settings, dynamodb, SystemClock(), 2.0), store, cache, evidence=evidence)
+
+
+def build_canary_reviewer(settings: CommonSettings, dynamodb: Any, metrics: CanaryDecisionMetrics) -> CanaryReviewer:
+    """The canary reviewer over the registry table, read fresh (no copy: a decision acts on the trial it read):
+    the registry ends trials and keeps their events (it implements ``CanaryControl``), the evidence is the
+    trial's counters (``clipper.adapters.dynamodb_canary``)."""
+    from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
+    from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+    from clipper.canary.review import CanaryReviewer
+
+    registry = DynamoDBRegistry(dynamodb, settings.registry_table)
+    evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table)
+    return CanaryReviewer(registry, evidence, registry, metrics, SystemClock(), model_names=registry.model_names)
 
 
 def build_feedback_receiver(settings: FrontendSettings, registry: Registry, sqs: Any) -> FeedbackReceiver:
@@ -254,14 +273,20 @@ def build_query_processor(
     background_refresh: bool = True,
 ) -> QueryProcessor:
     """``background_refresh``: the registry copy is reloaded off the query path once past its TTL
-    (``clipper.core.registry_cache``); tests that step a fake clock can turn it off."""
+    (``clipper.core.registry_cache``), and the canaries' tally flushed each second by its thread; tests that step
+    a fake clock can turn both off (the tally is then flushed by whoever calls its ``tick``)."""
     from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
+    from clipper.frontend.canary_tally import CanaryTally
     from clipper.frontend.query import QueryProcessor
     from clipper.frontend.selection import Selector
 
     clock = clock or SystemClock()
     refresh = background_runner() if background_refresh else None
     registry = _registry(settings, dynamodb, clock, settings.config_ttl_s, refresh)
+    tally = CanaryTally(registry, DynamoDBCanaryEvidence(dynamodb, settings.registry_table))
+    if background_refresh:
+        tally.start()
     selector = Selector(registry, selection_store(settings, dynamodb), clock, random.Random(), settings.selection_ttl_s)
     queue, cache = request_queue(settings, sqs), prediction_cache(settings, dynamodb)
     return QueryProcessor(
@@ -279,6 +304,7 @@ def build_query_processor(
         # on the event loop only when every query-path dependency is Redis (the lean client bounds each call)
         inline=replies is None and bool(settings.redis_url) and settings.queue_transport == "redis",
         fused=_lookup_or_send(settings, cache, queue),
+        tally=tally,
     )
 
 

@@ -114,6 +114,7 @@ def test_code_was_uploaded_to_the_artifacts_bucket(session: Any, service: dict[s
     assert [k.rsplit("-", 1)[0] for k in keys] == [
         "code/functions-admin",
         "code/functions-batcher",
+        "code/functions-canary_review",
         "code/functions-feedback",
         "code/functions-frontend",
         "code/functions-model_updater",

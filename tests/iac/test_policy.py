@@ -118,7 +118,7 @@ def test_there_are_inline_statements_to_check(translated: dict[str, Any]) -> Non
     found = list(statements(translated))
 
     assert len(found) >= 15
-    functions = ("Frontend", "Batcher", "Feedback", "Admin", "ModelUpdater")
+    functions = ("Frontend", "Batcher", "Feedback", "Admin", "ModelUpdater", "CanaryReview")
     assert {owner for owner, _ in found} == {f"{f}FunctionRole" for f in functions} | set(SERVICE_ROLES)
 
 

@@ -48,6 +48,7 @@ def test_functions_have_handlers_runtime_layer_and_local_code(translated: dict[s
         "FeedbackFunction",
         "AdminFunction",
         "ModelUpdaterFunction",
+        "CanaryReviewFunction",
     }
     for name, folder in [
         ("AdminFunction", "functions/admin"),
@@ -55,6 +56,7 @@ def test_functions_have_handlers_runtime_layer_and_local_code(translated: dict[s
         ("FrontendFunction", "functions/frontend"),
         ("BatcherFunction", "functions/batcher"),
         ("FeedbackFunction", "functions/feedback"),
+        ("CanaryReviewFunction", "functions/canary_review"),
     ]:
         props = functions[name]["Properties"]
         assert props["Handler"] == "app.handler"
@@ -192,10 +194,13 @@ def test_policies_are_scoped_to_this_stack(translated: dict[str, Any]) -> None:
     assert consume["Resource"] == queues
     invoke = next(s for s in batcher if s["Action"] == "sagemaker:InvokeEndpoint")
     assert invoke["Resource"]["Fn::Sub"].endswith(":endpoint/${AWS::StackName}-*")
-    registry_actions = {
-        a for s in frontend if s["Resource"] == {"Fn::GetAtt": ["RegistryTable", "Arn"]} for a in s["Action"]
-    }
-    assert not {a for a in registry_actions if "Put" in a or "Update" in a or "Delete" in a}
+    on_registry = [s for s in frontend if s["Resource"] == {"Fn::GetAtt": ["RegistryTable", "Arn"]}]
+    writes = [s for s in on_registry if any(w in a for a in _as_list(s["Action"]) for w in ("Put", "Update", "Delete"))]
+    # the one write: a canary's evidence counters (clipper.adapters.dynamodb_canary), those attributes only
+    (evidence,) = writes
+    assert _as_list(evidence["Action"]) == ["dynamodb:UpdateItem"]
+    attributes = evidence["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"]
+    assert set(attributes) == {"pk", "sk", "version", "queries", "errors", "slo_misses"}
 
 
 def test_queue_visibility_default_is_six_batcher_timeouts(translated: dict[str, Any]) -> None:
@@ -314,6 +319,7 @@ def test_alarms_watch_dead_letters_latency_default_rate_and_errors(translated: d
         "ApiLatencyAlarm",
         "DefaultOutputRateAlarm",
         "FunctionErrorsAlarm",
+        "CanaryRollbackAlarm",
     }
     assert alarms["ApiLatencyAlarm"]["Properties"]["Threshold"] == {"Ref": "AlarmLatencyMs"}
     assert alarms["ApiLatencyAlarm"]["Properties"]["ExtendedStatistic"] == "p99"
@@ -321,12 +327,28 @@ def test_alarms_watch_dead_letters_latency_default_rate_and_errors(translated: d
     assert {m["MetricStat"]["Metric"]["MetricName"] for m in rate if "MetricStat" in m} == {"DefaultOutputs", "Queries"}
     (dashboard,) = of_type(translated, "AWS::CloudWatch::Dashboard").values()
     assert "CacheHits" in dashboard["Properties"]["DashboardBody"]["Fn::Sub"]
+    rollback = alarms["CanaryRollbackAlarm"]["Properties"]
+    assert (rollback["Namespace"], rollback["MetricName"]) == ("Clipper", "CanaryDecisions")
+    assert rollback["Dimensions"] == [{"Name": "kind", "Value": "rollback"}]
+    assert (rollback["Statistic"], rollback["Period"], rollback["Threshold"]) == ("Sum", 60, 1)
+    assert rollback["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def test_canaries_are_reviewed_every_minute(translated: dict[str, Any]) -> None:
+    rules = [r["Properties"] for r in of_type(translated, "AWS::Events::Rule").values()]
+    (schedule,) = [r for r in rules if "ScheduleExpression" in r]
+    assert schedule["ScheduleExpression"] == "rate(1 minute)"
+    assert schedule["Targets"][0]["Arn"] == {"Fn::GetAtt": ["CanaryReviewFunction", "Arn"]}
 
 
 def test_model_uploads_reach_the_updater_through_eventbridge(translated: dict[str, Any]) -> None:
     bucket = translated["Resources"]["ModelBucket"]["Properties"]
     assert bucket["NotificationConfiguration"] == {"EventBridgeConfiguration": {"EventBridgeEnabled": True}}
-    (rule,) = of_type(translated, "AWS::Events::Rule").values()
+    (rule,) = [r for r in of_type(translated, "AWS::Events::Rule").values() if "EventPattern" in r["Properties"]]
     pattern = rule["Properties"]["EventPattern"]
     assert pattern["detail-type"] == ["Object Created"]
     assert pattern["detail"]["object"]["key"] == [{"prefix": "models/"}]
@@ -336,7 +358,8 @@ def test_model_uploads_reach_the_updater_through_eventbridge(translated: dict[st
 # Each table's TTL and point-in-time recovery, and why: what must survive an accident is recoverable, what
 # is only useful for a while expires.
 TABLE_DURABILITY = {
-    "RegistryTable": (False, True),  # apps, models, versions, links: kept until deleted, recoverable
+    # apps, models, versions, links: kept until deleted, recoverable; the canary evidence's feedback markers expire
+    "RegistryTable": (True, True),
     "SelectionTable": (True, True),  # bandit states (learned, recoverable); feedback markers expire
     "RepliesTable": (True, False),  # a reply matters until its query's SLO: expires, nothing to recover
     "CacheTable": (True, False),  # a cache: expires, rebuilt by queries, nothing to recover
@@ -356,3 +379,14 @@ def test_every_table_expires_or_is_recoverable_as_its_data_needs(
 
 def test_every_table_is_in_the_durability_list(translated: dict[str, Any]) -> None:
     assert set(of_type(translated, "AWS::DynamoDB::Table")) == set(TABLE_DURABILITY)
+
+
+def test_the_local_stack_drops_scheduled_rules_and_keeps_the_upload_rule(translated: dict[str, Any]) -> None:
+    local = cfn.without_schedules(translated)["Resources"]
+    rules = {k: r["Properties"] for k, r in local.items() if r["Type"] == "AWS::Events::Rule"}
+    assert (
+        list(rules) == ["ModelUpdaterFunctionModelUpload"]
+        and "EventPattern" in rules["ModelUpdaterFunctionModelUpload"]
+    )
+    assert "CanaryReviewFunctionEveryMinutePermission" not in local and "CanaryReviewFunction" in local
+    assert "ModelUpdaterFunctionModelUploadPermission" in local

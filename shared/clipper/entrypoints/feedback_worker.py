@@ -17,6 +17,10 @@ and the loop goes on):
   dead-lettered by the redrive policy, and never acknowledged unapplied;
 - with the prediction cache off (``CLIPPER_CACHE_ENABLED=false``) or no selection table, feedback cannot be
   joined with the predictions it is about: the worker says so once at start and deletes each message it skips.
+
+Beside the loop, a thread reviews every model with a running canary each second (``clipper.canary.review``):
+it promotes or rolls back a canary once the evidence says so (``CanaryDecisions`` sent with PutMetricData);
+no failure stops it.
 """
 
 from __future__ import annotations
@@ -120,10 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
+    from clipper.adapters.canary_metrics import CloudWatchCanaryMetrics
     from clipper.adapters.sqs import SqsQueueReader
     from clipper.adapters.sqs_dead_letter import SqsDeadLetterQueue
     from clipper.settings import CommonSettings
-    from clipper.wiring import aws_client, build_feedback_processor, prediction_cache, selection_store
+    from clipper.wiring import (
+        aws_client,
+        build_canary_reviewer,
+        build_feedback_processor,
+        prediction_cache,
+        selection_store,
+    )
 
     settings = CommonSettings()  # type: ignore[call-arg]
     dynamodb = aws_client("dynamodb")
@@ -150,8 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    logger.info("feedback worker polling %s", args.queue_url)
+    reviewer = build_canary_reviewer(settings, dynamodb, CloudWatchCanaryMetrics(aws_client("cloudwatch")))
+    reviews = threading.Thread(target=reviewer.run, args=(stop,), name="clipper-canary-review", daemon=True)
+    reviews.start()
+    logger.info("feedback worker polling %s; reviewing canaries each second", args.queue_url)
     worker.run(stop)
+    reviews.join(timeout=5)
     logger.info("feedback worker stopped: %s", worker.counts)
     return 0
 

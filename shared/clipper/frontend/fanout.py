@@ -145,6 +145,7 @@ class Gatherer:
                 body, a.sent_ms = self._message(app, a.model, query.rows, query_id, fan)
             except Unavailable as e:
                 a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({e})"
+                a.failure = "unavailable"
                 continue
             requests.append((key[0], a.model.queue_url, body))
             sending.append(a)
@@ -155,6 +156,7 @@ class Gatherer:
         except Unavailable as e:  # Redis down: every model's row is a default with this cause, never a 5xx
             for a in sending:
                 a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({e})"
+                a.failure = "unavailable"
             timings["cache"], timings["enqueue"] = 0.0, (self._clock.now() - t0) * 1000
             return
         t1 = self._clock.now()
@@ -217,11 +219,13 @@ class Gatherer:
             m = a.model
             if not m.queue_url:
                 a.problem = f"model {m.name}:{m.version}: registered without serving resources (deploy a model file)"
+                a.failure = "error"
                 continue
             try:
                 body, a.sent_ms = self._message(app, m, _take(query.rows, rows), query_id, fan)
             except Unavailable as e:
                 a.problem = f"model {m.name}:{m.version}: queue unavailable ({e})"
+                a.failure = "unavailable"
                 continue
             messages.append((a, rows, body))
         if not messages:
@@ -240,6 +244,7 @@ class Gatherer:
         for (a, rows, _), failure in zip(messages, failures, strict=True):
             if failure is not None:
                 a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({failure})"
+                a.failure = "unavailable"
                 continue
             fan.sent[a.model.name] = (a, rows)
             a.sent_at, a.timings_ms["send"] = t1, (t1 - t0) * 1000
@@ -282,6 +287,7 @@ class Gatherer:
         if isinstance(replies, Unavailable):
             for a, _ in fan.sent.values():
                 a.problem = f"model {a.model.name}:{a.model.version}: reply channel unavailable ({replies})"
+                a.failure = "unavailable"
             replies = []
         for reply in replies:
             if reply.model not in fan.sent:
@@ -291,8 +297,10 @@ class Gatherer:
             name = f"model {a.model.name}:{a.model.version}"
             if not reply.ok:
                 a.problem = f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}"
+                a.failure = "timeout" if reply.error_kind == "expired" else "error"  # expired: dropped, late
             elif len(reply.outputs or []) != len(rows):
                 a.problem = f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs"
+                a.failure = "error"
             else:
                 for i, out in zip(rows, reply.outputs or [], strict=True):
                     a.outputs[i] = out
@@ -303,6 +311,7 @@ class Gatherer:
                     f"model {a.model.name}:{a.model.version}: timeout, no reply within the SLO of "
                     f"{app.latency_slo_micros / 1000:g} ms"
                 )
+                a.failure = "timeout"
                 if fan.cache_problem is not None:
                     a.problem += f" (the prediction cache did not answer first: {fan.cache_problem})"
         if self._cache is not None:
@@ -342,11 +351,12 @@ class Gatherer:
                     hits, failed = self._cache.poll(keys, timeout=self._left(fan.deadline))
                 except Unavailable as e:
                     a.problem = f"model {a.model.name}:{a.model.version}: prediction cache unavailable ({e})"
+                    a.failure = "unavailable"
                     continue
                 for i, k in zip(pending, keys, strict=True):
                     a.outputs[i] = hits.get(k, a.outputs[i])
                     if k in failed and a.problem is None:
-                        a.problem = failed[k]
+                        a.problem, a.failure = failed[k], "unavailable"  # the owner query's failure, counted there
             remaining = self.wait_timeout(fan)
             if remaining <= 0 or not any(_open(by_name[n], rs) for n, rs in fan.waiting.items()):
                 break
@@ -358,6 +368,7 @@ class Gatherer:
                     f"model {a.model.name}:{a.model.version}: timeout, the identical query computing this input "
                     "gave no answer within the SLO"
                 )
+                a.failure = "unavailable"  # the owner query's timeout, counted there
 
 
 def _open(answer: ModelAnswer, rows: list[int]) -> bool:

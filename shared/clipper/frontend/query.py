@@ -36,6 +36,7 @@ from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, output_value
 from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, validate_query
 from clipper.errors import ClipperError, InvalidInput, Unavailable
 from clipper.frontend import steps
+from clipper.frontend.canary_tally import CanaryTally
 from clipper.frontend.fanout import ANSWER_MARGIN_S, FAILED_CLAIM_TTL_S, Fanout, Gatherer, split_model_time
 from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice, Selector
@@ -92,10 +93,12 @@ class QueryProcessor:
         listener: QueryListener | None = None,
         inline: bool = False,
         fused: LookupOrSend | None = None,
+        tally: CanaryTally | None = None,
     ) -> None:
         """``inline``: every dependency of the query path answers in well under a millisecond and bounds each
         call by the timeout given (the lean Redis client), so a query may run on an event loop
-        (``predict_async``)."""
+        (``predict_async``). ``tally``: counts each query's outcome per version of a model with a canary (and a
+        single-model application's queries are then recorded for feedback too)."""
         self._registry = registry
         self._queue = queue
         self._replies = replies
@@ -109,10 +112,15 @@ class QueryProcessor:
         self._listener = listener
         self._gatherer = Gatherer(queue, replies, clock, claims, cache, cache_poll_s, fused)
         self._inline = inline
+        self._tally = tally
 
     @property
     def registry(self) -> Registry:
         return self._registry
+
+    @property
+    def tally(self) -> CanaryTally | None:
+        return self._tally
 
     @property
     def clock(self) -> Clock:
@@ -265,10 +273,13 @@ class QueryProcessor:
         if defaults:
             why = defaults[0].default_explanation
             logger.info("default output", extra={"app": app.name, "rows": len(defaults), "reason": why})
-        if choice.selection.policy != "single":
+        tally = self._tally
+        if choice.selection.policy != "single" or (tally is not None and tally.any_running(answers)):
             ticket.stage = "recording the query for feedback"
             yield from self._record(app, ticket.user, query, choice, answers, ticket.deadline)
             timings["record"] = (self._clock.now() - t1) * 1000
+        if tally is not None:
+            tally.count(answers)
         hits = sum(a.hits for a in answers)
         first = answers[0].model
         return QueryResult(

@@ -74,6 +74,9 @@ class ModelAnswer:
     model: ModelVersion
     outputs: list[Any]
     problem: str | None = None
+    # what the problem was: "error" (the model replied with an error, or cannot be asked), "timeout" (no reply by
+    # the deadline), "unavailable" (the frontend's own dependencies failed, or the row's owner query's did)
+    failure: str | None = None
     hits: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)  # this model's stages (send, queue, ...)
     reply_timings: dict[str, float] = field(default_factory=dict)  # as its batcher reported them

@@ -1,0 +1,135 @@
+"""A canary trial's evidence (``clipper.canary.evidence``) in the registry table, as atomic counters.
+
+Items (``pk``, ``sk``):
+    MODEL#<model>          EVIDENCE#<trial>#<version>   the counters of one version in one trial: feedback,
+                                                        loss_sum, queries, errors, slo_misses (N, added with
+                                                        ``ADD``), version (S)
+    CANARY#<model>#<trial> FEEDBACK#<token>             marks a feedback counted in the trial (``add_once``);
+                                                        ``expires_at`` a day later (the table's TTL attribute)
+
+Every writer adds with one ``UpdateItem ... ADD``: many frontends and feedback workers add at once and no count
+is lost, in any order. ``add_once`` adds a feedback's loss and its marker in one transaction, the marker
+conditional on its absence: a redelivered feedback message finds its marker and counts nothing. The markers
+live in their own partition, not under ``MODEL#<model>``, so reading a model's record never reads them.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from clipper.adapters.aws_errors import aws_call, cancellation_codes, translate
+from clipper.canary.evidence import VersionEvidence
+from clipper.errors import Conflict
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+else:
+    DynamoDBClient = Any
+
+MARKER_TTL_S = 24 * 3600
+_FIELDS = ("feedback", "loss_sum", "queries", "errors", "slo_misses")
+
+
+def _number(value: float) -> str:
+    """A DynamoDB number: the float's shortest decimal, in plain notation (no exponent)."""
+    return format(Decimal(repr(value)), "f")
+
+
+def _prefix(trial: str) -> str:
+    return f"EVIDENCE#{trial}#"
+
+
+class DynamoDBCanaryEvidence:
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        table: str,
+        marker_ttl_s: int = MARKER_TTL_S,
+        conflict_retries: int = 8,
+        backoff_s: float = 0.01,
+        max_backoff_s: float = 0.25,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self._table = table
+        self._marker_ttl_s = marker_ttl_s
+        self._conflict_retries = conflict_retries
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+
+    def _update(self, model: str, trial: str, version: str, delta: VersionEvidence) -> dict[str, Any]:
+        values = delta.to_dict()
+        names = [f for f in _FIELDS if values[f]]
+        adds = ", ".join(f"{f} :{f}" for f in names)
+        expression = "SET version = :version" + (f" ADD {adds}" if adds else "")
+        return {
+            "TableName": self._table,
+            "Key": {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": _prefix(trial) + version}},
+            "UpdateExpression": expression,
+            "ExpressionAttributeValues": {":version": {"S": version}}
+            | {f":{f}": {"N": _number(values[f])} for f in names},
+        }
+
+    def add(self, model: str, trial: str, version: str, delta: VersionEvidence) -> None:
+        if delta == VersionEvidence():
+            return
+        with aws_call("dynamodb.UpdateItem(canary evidence)"):
+            self._client.update_item(**self._update(model, trial, version, delta))
+
+    def add_once(self, model: str, trial: str, version: str, delta: VersionEvidence, token: str) -> bool:
+        """Add ``delta`` unless ``token`` (a feedback id) was counted in this trial of this model before: True
+        when this call added it. The counters and the marker are one transaction."""
+        marker = {
+            "TableName": self._table,
+            "Item": {
+                "pk": {"S": f"CANARY#{model}#{trial}"},
+                "sk": {"S": f"FEEDBACK#{token}"},
+                "expires_at": {"N": str(int(time.time()) + self._marker_ttl_s)},
+            },
+            "ConditionExpression": "attribute_not_exists(pk)",
+        }
+        items: list[Any] = [{"Put": marker}, {"Update": self._update(model, trial, version, delta)}]
+        last: Exception | None = None
+        for attempt in range(self._conflict_retries + 1):
+            if attempt:
+                self._sleep(self._rng.uniform(0.0, min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))))
+            try:
+                self._client.transact_write_items(TransactItems=items)
+                return True
+            except ClientError as e:
+                codes = cancellation_codes(e)
+                if codes and codes[0] == "ConditionalCheckFailed":
+                    return False  # counted before: a redelivered message
+                if "TransactionConflict" not in codes:
+                    raise translate(e, "dynamodb.TransactWriteItems(canary evidence)") from e
+                last = e  # another writer on the same counters at that instant: nothing was written, send again
+            except BotoCoreError as e:
+                raise translate(e, "dynamodb.TransactWriteItems(canary evidence)") from e
+        raise Conflict(f"canary evidence {model} {trial}: transactions kept conflicting") from last
+
+    def load(self, model: str, trial: str) -> dict[str, VersionEvidence]:
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": {":pk": {"S": f"MODEL#{model}"}, ":prefix": {"S": _prefix(trial)}},
+            "ConsistentRead": True,
+        }
+        evidence: dict[str, VersionEvidence] = {}
+        while True:
+            with aws_call("dynamodb.Query(canary evidence)"):
+                resp = self._client.query(**kwargs)
+            for item in resp.get("Items", []):
+                version = item["version"]["S"]
+                evidence[version] = VersionEvidence.from_dict({f: item[f]["N"] for f in _FIELDS if f in item})
+            if "LastEvaluatedKey" not in resp:
+                return evidence
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]

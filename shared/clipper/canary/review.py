@@ -1,0 +1,133 @@
+"""The canary reviewer: reads a running trial's evidence, decides (:func:`clipper.canary.decide`) and, on a
+verdict, ends the trial and keeps the decision as an event with a metric.
+
+It is the one part of ``clipper.canary`` that talks to ports (the registry, the evidence store, the control that
+ends a trial, the metrics); the decision itself stays pure. Any number of reviewers may run at once (one per
+feedback worker, a scheduled function): ``CanaryControl.end_canary`` ends a trial only if it still runs, and
+only the reviewer whose call ended it writes the event and counts the metric, so a decision is recorded once.
+
+Run it where evidence arrives: the local stack's feedback worker reviews every model with a canary each second
+(``run``); on AWS a scheduled function reviews every minute and the feedback function reviews the models whose
+evidence its batch grew.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from clipper.canary.decision import Decision, decide
+from clipper.canary.evidence import CanaryEvidence, VersionEvidence
+from clipper.core.domain import Canary
+from clipper.errors import NotFound
+from clipper.ports import CanaryControl, CanaryDecisionMetrics, CanaryEvidenceStore, Clock, Registry
+
+logger = logging.getLogger(__name__)
+
+
+def decision_event(model: str, canary: Canary, active: str, decision: Decision, at: float) -> dict[str, Any]:
+    """The event of a decision: its kind, rule, reason, statistic, threshold, figures and evidence, with the
+    trial, the two versions compared, the version active after it, who decided ("reviewer", as the operator's
+    events say "operator") and when (``at``, seconds since the epoch)."""
+    return decision.to_dict() | {
+        "who": "reviewer",
+        "at": at,
+        "model": model,
+        "trial": canary.trial,
+        "version": canary.version,
+        "versions": {"current": active, "canary": canary.version},
+        "active_version": canary.version if decision.kind == "promote" else active,
+        "previous_version": active,
+    }
+
+
+class CanaryReviewer:
+    def __init__(
+        self,
+        registry: Registry,
+        evidence: CanaryEvidenceStore,
+        control: CanaryControl,
+        metrics: CanaryDecisionMetrics,
+        clock: Clock,
+        model_names: Callable[[], Iterable[str]] | None = None,
+    ) -> None:
+        """``registry``: read fresh (not a copy minutes old: a decision acts on the trial it read).
+        ``model_names``: every model (``review_all``); by default the registry's ``model_names``."""
+        self._registry = registry
+        self._evidence = evidence
+        self._control = control
+        self._metrics = metrics
+        self._clock = clock
+        self._model_names = model_names or getattr(registry, "model_names", None)
+
+    def review(self, model: str) -> Decision | None:
+        """Decide on the model's running canary: None when none runs, or when another reviewer (or an operator)
+        ended the trial first; else the decision (``continue`` changes nothing)."""
+        running = self._running(model)
+        if running is None:
+            return None
+        canary, active = running
+        counts = self._evidence.load(model, canary.trial)
+        evidence = CanaryEvidence(counts.get(active, VersionEvidence()), counts.get(canary.version, VersionEvidence()))
+        decision = decide(evidence, canary.params)
+        if decision.kind == "continue":
+            return decision
+        if not self._control.end_canary(model, canary.trial, promote=decision.kind == "promote"):
+            logger.info("canary trial already ended", extra={"model": model, "trial": canary.trial})
+            return None
+        logger.warning(
+            "canary decision",
+            extra={"model": model, "trial": canary.trial, "kind": decision.kind, "reason": decision.reason},
+        )
+        try:
+            self._control.add_canary_event(model, decision_event(model, canary, active, decision, self._clock.now()))
+        finally:  # the trial ended either way: the metric (and its alarm) must say so
+            self._metrics.decision(model, decision.kind)
+        return decision
+
+    def _running(self, model: str) -> tuple[Canary, str] | None:
+        """The model's canary and active version, in one read where the registry offers ``model_record``."""
+        record_of = getattr(self._registry, "model_record", None)
+        if record_of is not None:
+            try:
+                head = record_of(model).head
+            except NotFound:
+                return None
+            return (head.canary, head.active_version) if head.canary is not None else None
+        canary = self._registry.canary(model)
+        if canary is None:
+            return None
+        return canary, self._registry.active_version(model).version
+
+    def review_all(self) -> dict[str, Decision]:
+        """Review every model with a canary; one model's failure is logged and the others are reviewed."""
+        if self._model_names is None:
+            raise TypeError("the registry lists no models: give the reviewer model_names")
+        decisions = {}
+        for model in self._model_names():
+            try:
+                decision = self.review(model)
+            except Exception:
+                logger.exception("canary review failed", extra={"model": model})
+                continue
+            if decision is not None:
+                decisions[model] = decision
+        return decisions
+
+    def review_many(self, models: Iterable[str]) -> None:
+        """Review these models (those whose evidence just grew); failures are logged."""
+        for model in sorted(models):
+            try:
+                self.review(model)
+            except Exception:
+                logger.exception("canary review failed", extra={"model": model})
+
+    def run(self, stop: threading.Event, every_s: float = 1.0) -> None:
+        """Review every model each ``every_s`` until ``stop``; no failure stops the loop."""
+        while not stop.wait(every_s):
+            try:
+                self.review_all()
+            except Exception:
+                logger.exception("canary review round failed")
