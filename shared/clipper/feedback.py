@@ -22,7 +22,7 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -33,6 +33,9 @@ from clipper.core.validation import validate_query
 from clipper.errors import Conflict, InvalidInput, MalformedMessage, NotFound, Unavailable
 from clipper.ports import PredictionCache, Registry, RequestQueue, SelectionStore
 from clipper.selection import Selection, ensure_state, policy_for, state_for_user, state_key
+
+if TYPE_CHECKING:
+    from clipper.report.recorder import FeedbackRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +112,7 @@ class FeedbackProcessor:
     store: SelectionStore
     cache: PredictionCache
     max_attempts: int = 20
+    log: FeedbackRecorder | None = None  # the feedback log of the selection report: never fails the feedback
 
     def process(self, message: FeedbackMessage) -> Outcome:
         try:  # the application and its links, read once for every state this feedback updates
@@ -138,6 +142,8 @@ class FeedbackProcessor:
         for k in keys:
             if self._apply(app, linked, k, message, selection, outputs):
                 outcome = "applied"
+        if outcome == "applied" and self.log is not None:
+            self.log.record(message, record)
         return outcome
 
     def _apply(

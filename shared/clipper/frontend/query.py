@@ -267,7 +267,7 @@ class QueryProcessor:
             logger.info("default output", extra={"app": app.name, "rows": len(defaults), "reason": why})
         if choice.selection.policy != "single":
             ticket.stage = "recording the query for feedback"
-            yield from self._record(app, ticket.user, query, choice, answers, ticket.deadline)
+            yield from self._record(app, ticket.user, query, choice, answers, ticket.deadline, preds)
             timings["record"] = (self._clock.now() - t1) * 1000
         hits = sum(a.hits for a in answers)
         first = answers[0].model
@@ -343,6 +343,7 @@ class QueryProcessor:
         choice: Choice,
         answers: list[ModelAnswer],
         deadline: float | None,
+        preds: list[Prediction] | None = None,
     ) -> steps.Steps[None]:
         """Keep what each model answered, and the selection, so that feedback can update the bandit."""
         if self._cache is None:
@@ -353,6 +354,9 @@ class QueryProcessor:
             if outputs:  # with the version that answered for each model: a canary's feedback is its own
                 versions = {a.model.name: a.model.version for a in answers if a.model.name in outputs}
                 entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs, "versions": versions}
+                if preds is not None:  # what the query answered, for the selection report (clipper.report)
+                    p = preds[row]
+                    entries[key]["answer"] = {"output": p.output, "default": p.default, "confidence": p.confidence}
         # past the deadline the answer is ready: a short bound, not the query's remaining time
         timeout = max(0.05, (deadline or 0.0) - self._clock.now())
         try:
