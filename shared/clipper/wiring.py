@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from clipper.adapters.resp import RespClient
+    from clipper.admin.report import ReportService
     from clipper.batching.core import Batcher
     from clipper.feedback import FeedbackProcessor, FeedbackReceiver
     from clipper.frontend.query import QueryListener, QueryProcessor
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         RequestQueue,
         SelectionStore,
     )
+    from clipper.report.recorder import FeedbackRecorder
     from clipper.settings import BatcherSettings, CommonSettings, FrontendSettings
 
 
@@ -233,7 +235,31 @@ def build_feedback_processor(settings: CommonSettings, dynamodb: Any) -> Feedbac
         raise ValueError(
             "feedback needs CLIPPER_SELECTION_TABLE and a prediction cache (REDIS_URL or CLIPPER_CACHE_TABLE)"
         )
-    return FeedbackProcessor(_registry(settings, dynamodb, SystemClock(), 2.0), store, cache)
+    log = feedback_recorder(settings, dynamodb)
+    return FeedbackProcessor(_registry(settings, dynamodb, SystemClock(), 2.0), store, cache, log=log)
+
+
+def feedback_recorder(settings: CommonSettings, dynamodb: Any) -> FeedbackRecorder | None:
+    """The feedback log of the selection report, in the selection table (none without one)."""
+    if not settings.selection_table:
+        return None
+    from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_feedback_log import DynamoDBFeedbackLog
+    from clipper.report.recorder import FeedbackRecorder
+
+    return FeedbackRecorder(DynamoDBFeedbackLog(dynamodb, settings.selection_table), SystemClock())
+
+
+def build_report_service(settings: CommonSettings, dynamodb: Any) -> ReportService:
+    """The admin API's selection report over the registry and the feedback log (``clipper.admin.report``)."""
+    from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_feedback_log import DynamoDBFeedbackLog
+    from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+    from clipper.admin.report import ReportService
+
+    table = settings.selection_table
+    log = DynamoDBFeedbackLog(dynamodb, table) if table else None
+    return ReportService(DynamoDBRegistry(dynamodb, settings.registry_table), log, SystemClock())
 
 
 def build_feedback_receiver(settings: FrontendSettings, registry: Registry, sqs: Any) -> FeedbackReceiver:
