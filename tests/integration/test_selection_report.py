@@ -5,6 +5,7 @@ partitions, the newest entries first when there are too many)."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -58,7 +59,10 @@ def rows(i: int) -> np.ndarray:
     return np.eye(64, dtype=np.float32)[i % 64 : i % 64 + 1] * (1 + i // 64)
 
 
-def test_the_report_shows_the_losses_planted_through_live_feedback(tables, monkeypatch):
+@pytest.fixture
+def logged(tables, monkeypatch):
+    """N exp3 predictions recorded and their feedback applied by the worker: returns the registry and how many
+    times b (always wrong) answered."""
     aws = tables
     registry = EventfulRegistry(aws.dynamodb, aws.registry_table)
     registry.put_app(digits_app(name="digits", policy="exp3"))
@@ -91,6 +95,12 @@ def test_the_report_shows_the_losses_planted_through_live_feedback(tables, monke
     assert worker.counts == {"applied": N, "duplicate": 1}
     assert processor.log is not None and processor.log.appended == N and processor.log.failures == 0
 
+    return registry, b_answers
+
+
+def test_the_report_shows_the_losses_planted_through_live_feedback(tables, logged):
+    aws = tables
+    registry, b_answers = logged
     report = ReportService(registry, DynamoDBFeedbackLog(aws.dynamodb, "selection"), FakeClock(_now()))
     client = TestClient(create_admin_app(AdminService(registry), "token", TOKEN, report))
     auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -153,3 +163,38 @@ def test_the_log_reads_an_apps_days_newest_first_within_the_range(tables):
     assert [e.feedback_id for e in got] == ["f5", "f6", "f7", "f8"] and truncated
     item = tables.dynamodb.scan(TableName="selection")["Items"][0]
     assert int(item["expires_at"]["N"]) - float(item["sk"]["S"][:15]) / 1000 == pytest.approx(30 * day, abs=1)
+
+
+def test_clipper_report_prints_a_table_and_writes_the_json_and_the_png(tables, logged, tmp_path, capsys):
+    import threading
+
+    import uvicorn
+
+    from clipper.cli import main
+    from tests.services import free_port, wait_for_port
+
+    registry, b_answers = logged
+    report = ReportService(registry, DynamoDBFeedbackLog(tables.dynamodb, "selection"), FakeClock(_now()))
+    admin = create_admin_app(AdminService(registry), "token", TOKEN, report)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(admin, port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for_port(port)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        out = tmp_path / "out"
+        assert main(["--url", url, "--token", TOKEN, "report", "digits", "--since", "2d", "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        lines = {line.split()[0]: line.split() for line in printed.splitlines() if line.strip()}
+        assert lines["a"][1:3] == [str(N - b_answers), "0.000"] and lines["b"][1:3] == [str(b_answers), "1.000"]
+        assert f"exp3 regret vs the best model in hindsight (a): {b_answers:.1f} over {N} feedbacks" in printed
+        assert json.loads((out / "report.json").read_text())["feedbacks"] == N
+        assert (out / "report.png").read_bytes()[
+            :8
+        ] == b"\x89PNG\r\n\x1a\n" and f"wrote {out / 'report.png'}" in printed
+        assert main(["--url", url, "--token", TOKEN, "report", "nope", "--out", str(out)]) == 2  # unknown app
+        assert "nope" in capsys.readouterr().err
+    finally:
+        server.should_exit = True
+        thread.join(10)
