@@ -44,22 +44,25 @@ class ReportRegistry(Protocol):
 
 
 def parse_time(text: str | None, now: float, field: str, default: float) -> float:
-    """Epoch seconds, an ISO 8601 time, or an age before ``now`` (``90m``, ``24h``, ``7d``)."""
+    """Epoch seconds, an ISO 8601 time, or an age before ``now`` (``90m``, ``24h``, ``7d``), between the epoch
+    and ``now``'s year (a time outside is refused: it names no logged feedback)."""
     if text is None or text == "":
         return default
+    expected = "epoch seconds, an ISO 8601 time or an age such as 24h or 7d, since 1970"
     age = _AGE.match(text.strip())
-    if age:
-        return now - float(age.group(1)) * _UNIT_S[age.group(2)]
     try:
-        value = float(text)
-    except ValueError:
-        try:
-            parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise InvalidInput(field, "epoch seconds, an ISO 8601 time or an age such as 24h or 7d", text) from None
-        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
-    if not math.isfinite(value) or value < 0:
-        raise InvalidInput(field, "epoch seconds, an ISO 8601 time or an age such as 24h or 7d", text)
+        if age:
+            value = now - float(age.group(1)) * _UNIT_S[age.group(2)]
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+                value = (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    except (ValueError, OverflowError):
+        raise InvalidInput(field, expected, text) from None
+    if not math.isfinite(value) or not 0 <= value <= now + 366 * 86400:
+        raise InvalidInput(field, expected, text)
     return value
 
 
@@ -83,7 +86,7 @@ class ReportService:
     ) -> dict[str, Any]:
         application, links = self._registry.app_and_links(app)  # NotFound: 404
         now = self._clock.now()
-        end = parse_time(until, now, "until", now)
+        end = min(parse_time(until, now, "until", now), now)  # nothing is logged after now
         start = max(parse_time(since, now, "since", now - DEFAULT_SINCE_S), now - RETENTION_S)
         if start > end:
             raise InvalidInput("since", f"a time before until ({_iso(end)})", since or "")
