@@ -31,7 +31,7 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> int:
     try:
         print(f"wrote {write_png(report, out / 'report.png')}")
     except ImportError:
-        print("report.png not written: it needs matplotlib (pip install matplotlib)")
+        print("report.png not written: it needs matplotlib (pip install 'clipper-serverless[report]')")
     return 0
 
 
