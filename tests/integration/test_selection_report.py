@@ -48,13 +48,6 @@ def tables(aws):
     return aws
 
 
-class EventfulRegistry(DynamoDBRegistry):
-    """The registry with the canary decisions another change adds (``canary_events``), as the report reads them."""
-
-    def canary_events(self, model: str, limit: int) -> list[dict]:
-        return [{"decision": "rollback", "version": "2", "loss": [0.0, 1.0]}] if model == "b" else []
-
-
 def rows(i: int) -> np.ndarray:
     return np.eye(64, dtype=np.float32)[i % 64 : i % 64 + 1] * (1 + i // 64)
 
@@ -64,10 +57,12 @@ def logged(tables, monkeypatch):
     """N exp3 predictions recorded and their feedback applied by the worker: returns the registry and how many
     times b (always wrong) answered."""
     aws = tables
-    registry = EventfulRegistry(aws.dynamodb, aws.registry_table)
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
     registry.put_app(digits_app(name="digits", policy="exp3"))
     for model in ("a", "b"):
         registry.link("digits", model)
+    registry.add_canary_event("b", {"kind": "decision", "decision": "rollback", "version": "2"})  # now: in range
+    registry.add_canary_event("b", {"kind": "start", "version": "2", "at": 1_000_000_000.0})  # long before
     cache = DynamoDBPredictionCache(aws.dynamodb, "cache", ttl_s=3600)
     rng = random.Random(3)
     b_answers = 0
@@ -114,6 +109,7 @@ def test_the_report_shows_the_losses_planted_through_live_feedback(tables, logge
     regret = body["exp3_regret"]
     assert regret["best_model"] == "a" and regret["regret"] == pytest.approx(b_answers)
     assert body["answers"]["mean_loss"] == pytest.approx(b_answers / N)
+    assert [e["kind"] for e in body["canary"]["b"]["events"]] == ["decision"]  # the old start is out of range
     assert body["canary"]["b"]["events"][0]["decision"] == "rollback"
 
     assert client.get("/admin/apps/nope/report", headers=auth).status_code == 404

@@ -93,3 +93,6 @@ def test_canary_decisions_come_from_the_registry_when_it_has_them():
     assert ReportService(Registry(events), Log(), FakeClock(NOW)).report("digits")["canary"] == {}
     failing = ReportService(EventfulRegistry(events, fail=True), Log(), FakeClock(NOW)).report("digits")
     assert failing["canary"] == {} and failing["feedbacks"] == 1  # the report goes on without them
+    timed = {"b": [{"kind": "decision", "at": NOW - 60}, {"kind": "start", "at": NOW - 30 * 86400}]}
+    report = ReportService(EventfulRegistry(timed), Log(), FakeClock(NOW)).report("digits", since="1d")
+    assert report["canary"]["b"]["events"] == timed["b"][:1]  # the events of the report's range

@@ -3,8 +3,8 @@
 
 ``since`` and ``until`` take epoch seconds, an ISO 8601 time (UTC unless it says otherwise) or an age such as
 ``90m``, ``24h``, ``7d`` (before now); ``since`` defaults to 7 days ago and cannot reach past the log's retention.
-The canary decisions come from the registry's ``canary_events(model, limit)`` where the registry has it (read
-with ``getattr``: registries without canary events give none).
+The canary decisions are each linked model's last events from the registry's ``canary_events(model, limit)`` that
+fall in the range, where the registry has it (read with ``getattr``: registries without canary events give none).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class ReportService:
         if self._log is None:
             raise Unavailable(f"the selection report: {self._why_no_log}")
         entries, truncated = self._log.entries(app, start, end, self._max_entries)
-        figures = selection_report(entries, window=window, canary_events=self._canary_events(links))
+        figures = selection_report(entries, window=window, canary_events=self._canary_events(links, start, end))
         head = {
             "app": app,
             "policy": getattr(application, "policy", None),
@@ -106,7 +106,8 @@ class ReportService:
         }
         return head | figures
 
-    def _canary_events(self, models: list[str]) -> dict[str, list[dict[str, Any]]]:
+    def _canary_events(self, models: list[str], start: float, end: float) -> dict[str, list[dict[str, Any]]]:
+        """Each model's last canary events (newest first) within the report's range (an event without a time: kept)."""
         read: Callable[..., Any] | None = getattr(self._registry, "canary_events", None)
         if read is None:
             return {}
@@ -117,8 +118,9 @@ class ReportService:
             except ClipperError as e:  # the report goes on without that model's decisions
                 logger.warning("canary events of %s not read: %s", m, e)
                 continue
-            if events:
-                out[m] = [dict(ev) for ev in events]
+            kept = [dict(ev) for ev in events if not isinstance(ev.get("at"), int | float) or start <= ev["at"] <= end]
+            if kept:
+                out[m] = kept
         return out
 
 
