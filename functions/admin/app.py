@@ -16,7 +16,7 @@ from clipper.adapters.serving_probe import AwsServingProbe
 from clipper.admin.api import create_admin_app
 from clipper.admin.service import AdminService
 from clipper.settings import AdminSettings, ModelStackSettings
-from clipper.wiring import aws_client
+from clipper.wiring import aws_client, build_report_service
 
 
 class AdminFunctionSettings(AdminSettings, ModelStackSettings):
@@ -35,15 +35,16 @@ def build(config: AdminFunctionSettings, dynamodb: Any, s3: Any, sqs: Any, sagem
 
 logger = Logger(service="clipper-admin")
 settings = AdminFunctionSettings()  # type: ignore[call-arg]
+dynamodb = aws_client("dynamodb")
 service = build(
     settings,
-    aws_client("dynamodb"),
+    dynamodb,
     aws_client("s3") if settings.model_bucket else None,  # clients cost cold-start time: only those used
     aws_client("sqs"),
     aws_client("sagemaker"),
     aws_client("cloudformation") if settings.service_stack_name else None,
 )
-app = create_admin_app(service, settings.admin_auth, settings.admin_token)
+app = create_admin_app(service, settings.admin_auth, settings.admin_token, build_report_service(settings, dynamodb))
 _asgi_handler = Mangum(app, lifespan="off", api_gateway_base_path=settings.api_base_path)
 
 

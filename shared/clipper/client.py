@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -271,6 +272,17 @@ class ClipperConnection:
         return self._call("abort_canary", {"model_name": name})
 
     # -- queries ---------------------------------------------------------------------------------------
+    def get_report(
+        self, app: str, since: str | float | None = None, until: str | float | None = None, window: int | None = None
+    ) -> Any:
+        """The application's live selection quality from its recorded predictions and feedback: per-model loss
+        over time, Exp3 regret, Exp4 error by confidence, canary decisions (``GET /admin/apps/{app}/report``).
+        ``since`` / ``until``: epoch seconds, ISO 8601, or an age such as ``"24h"`` or ``"7d"``."""
+        given = {"since": since, "until": until, "window": window}
+        params = urllib.parse.urlencode({k: str(v) for k, v in given.items() if v is not None})
+        path = f"/admin/apps/{urllib.parse.quote(app, safe='')}/report" + (f"?{params}" if params else "")
+        return self._answer(self._request(path))
+
     def predict(self, app: str, input: Any, uid: int | str | None = None, debug: bool = False) -> Any:
         """One query (``input``: a list, a numpy array, a string, or bytes for a bytes app), or a batch of them
         (``batch([...])``). A numpy array of more than one dimension is read by the app's declared shape, asked

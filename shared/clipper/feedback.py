@@ -30,7 +30,7 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -43,6 +43,9 @@ from clipper.errors import Conflict, InvalidInput, MalformedMessage, NotFound, U
 from clipper.ports import CanaryFeedbackEvidence, PredictionCache, Registry, RequestQueue, SelectionStore
 from clipper.selection import Selection, ensure_state, policy_for, state_for_user, state_key
 from clipper.selection.combining import loss
+
+if TYPE_CHECKING:
+    from clipper.report.recorder import FeedbackRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +124,7 @@ class FeedbackProcessor:
     max_attempts: int = 20
     evidence: CanaryFeedbackEvidence | None = None
     touched: set[str] = field(default_factory=set)
+    log: FeedbackRecorder | None = None  # the feedback log of the selection report: never fails the feedback
 
     def take_touched(self) -> set[str]:
         """The models whose canary evidence grew since the last call."""
@@ -160,6 +164,8 @@ class FeedbackProcessor:
         for k in keys:
             if self._apply(app, linked, k, message, selection, outputs):
                 outcome = "applied"
+        if outcome == "applied" and self.log is not None:
+            self.log.record(message, record)
         return outcome
 
     def _canaries(self, linked: list[str]) -> dict[str, Canary]:

@@ -12,6 +12,7 @@ from clipper.core.messages import Reply
 from clipper.core.validation import Rows
 
 if TYPE_CHECKING:  # the batcher never loads the selection package
+    from clipper.report.entry import FeedbackEntry
     from clipper.selection.state import SelectionState
 
 
@@ -169,6 +170,13 @@ class SelectionStore(Protocol):
         mark ``feedback_id`` applied in the same transaction. Returns False when that feedback was already
         applied (a redelivery: nothing changes); raises ``Conflict`` when another writer got there first."""
         ...
+
+
+class FeedbackLog(Protocol):
+    """Append-only: one entry per applied feedback, joined with the prediction it is about (the selection report's
+    source). Entries expire after the log's retention."""
+
+    def append(self, entry: FeedbackEntry) -> None: ...
 
 
 class Registry(Protocol):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from clipper.adapters.resp import RespClient
+    from clipper.admin.report import ReportService
     from clipper.batching.core import Batcher
     from clipper.canary.review import CanaryReviewer
     from clipper.feedback import FeedbackProcessor, FeedbackReceiver
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         RequestQueue,
         SelectionStore,
     )
+    from clipper.report.recorder import FeedbackRecorder
     from clipper.settings import BatcherSettings, CommonSettings, FrontendSettings
 
 
@@ -238,7 +240,9 @@ def build_feedback_processor(settings: CommonSettings, dynamodb: Any) -> Feedbac
     from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
 
     evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table)
-    return FeedbackProcessor(_registry(settings, dynamodb, SystemClock(), 2.0), store, cache, evidence=evidence)
+    log = feedback_recorder(settings, dynamodb)
+    registry = _registry(settings, dynamodb, SystemClock(), 2.0)
+    return FeedbackProcessor(registry, store, cache, evidence=evidence, log=log)
 
 
 def build_canary_reviewer(settings: CommonSettings, dynamodb: Any, metrics: CanaryDecisionMetrics) -> CanaryReviewer:
@@ -253,6 +257,29 @@ def build_canary_reviewer(settings: CommonSettings, dynamodb: Any, metrics: Cana
     registry = DynamoDBRegistry(dynamodb, settings.registry_table)
     evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table)
     return CanaryReviewer(registry, evidence, registry, metrics, SystemClock(), model_names=registry.model_names)
+
+
+def feedback_recorder(settings: CommonSettings, dynamodb: Any) -> FeedbackRecorder | None:
+    """The feedback log of the selection report, in the selection table (none without one)."""
+    if not settings.selection_table:
+        return None
+    from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_feedback_log import DynamoDBFeedbackLog
+    from clipper.report.recorder import FeedbackRecorder
+
+    return FeedbackRecorder(DynamoDBFeedbackLog(dynamodb, settings.selection_table), SystemClock())
+
+
+def build_report_service(settings: CommonSettings, dynamodb: Any) -> ReportService:
+    """The admin API's selection report over the registry and the feedback log (``clipper.admin.report``)."""
+    from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_feedback_log import DynamoDBFeedbackLog
+    from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+    from clipper.admin.report import ReportService
+
+    table = settings.selection_table
+    log = DynamoDBFeedbackLog(dynamodb, table) if table else None
+    return ReportService(DynamoDBRegistry(dynamodb, settings.registry_table), log, SystemClock())
 
 
 def build_feedback_receiver(settings: FrontendSettings, registry: Registry, sqs: Any) -> FeedbackReceiver:

@@ -159,6 +159,7 @@ def test_http_api_has_exactly_the_query_routes(translated: dict[str, Any]) -> No
         ("/metrics", "get"),
         ("/admin/ping", "get"),
         ("/admin/{operation}", "post"),
+        ("/admin/apps/{app}/report", "get"),
     }
     for path, methods in paths.items():
         for method, spec in methods.items():

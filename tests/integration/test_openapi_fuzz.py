@@ -75,9 +75,12 @@ def admin_app():
     import boto3
     from moto import mock_aws
 
+    from clipper.adapters.clock import SystemClock
+    from clipper.adapters.dynamodb_feedback_log import DynamoDBFeedbackLog
     from clipper.adapters.dynamodb_registry import DynamoDBRegistry
     from clipper.adapters.s3_uploads import S3ModelUploads
     from clipper.admin.api import create_admin_app
+    from clipper.admin.report import ReportService
     from clipper.admin.service import AdminService
     from tests.integration.conftest import create_tables
 
@@ -90,7 +93,10 @@ def admin_app():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket="fuzz-models")
         service = AdminService(DynamoDBRegistry(dynamodb, "fuzz-registry"), uploads=S3ModelUploads(s3, "fuzz-models"))
-        yield create_admin_app(service, "token", TOKEN)
+        create_tables(dynamodb, "fuzz-selection", "fuzz-unused")  # the feedback log's table: pk, sk like the registry
+        log = DynamoDBFeedbackLog(dynamodb, "fuzz-selection")
+        report = ReportService(DynamoDBRegistry(dynamodb, "fuzz-registry"), log, SystemClock())
+        yield create_admin_app(service, "token", TOKEN, report)
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -100,9 +106,12 @@ def admin_app():
 
 def admin_operations():
     """The admin document's operations, read from the app once (its routes do not depend on the registry)."""
+    from clipper.adapters.clock import SystemClock
     from clipper.admin.api import create_admin_app
+    from clipper.admin.report import ReportService
 
-    schema = schemathesis.openapi.from_asgi("/admin/openapi.json", create_admin_app(None, "token", TOKEN))  # type: ignore[arg-type]
+    app = create_admin_app(None, "token", TOKEN, ReportService(None, None, SystemClock()))  # type: ignore[arg-type]
+    schema = schemathesis.openapi.from_asgi("/admin/openapi.json", app)
     return sorted(f"{op.ok().method.upper()} {op.ok().path}" for op in schema.get_all_operations())
 
 

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
 
 from clipper.admin import schemas
+from clipper.admin.report import ReportService, add_report_route
 from clipper.admin.service import AdminService
 from clipper.errors import ClipperError, Conflict, InvalidInput, NotFound, Unavailable
 
@@ -31,8 +32,9 @@ def _error(status: int, error: str, cause: str) -> JSONResponse:
     return JSONResponse({"error": error, "cause": cause}, status_code=status)
 
 
-def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
-    """``auth`` is "token" (bearer token ``token``; none configured: every call is refused) or "iam"."""
+def create_admin_app(service: AdminService, auth: str, token: str, report: ReportService | None = None) -> FastAPI:
+    """``auth`` is "token" (bearer token ``token``; none configured: every call is refused) or "iam"; ``report``
+    serves ``GET /admin/apps/{app}/report`` (``clipper.admin.report``; without it the route is absent)."""
     app = FastAPI(
         title="Clipper management API",
         version="1",
@@ -213,6 +215,8 @@ def create_admin_app(service: AdminService, auth: str, token: str) -> FastAPI:
     def get_state(body: schemas.Verbose) -> dict[str, Any]:
         return service.get_state()
 
+    if report is not None:
+        add_report_route(app, report, guard, errors)
     _without_fastapis_422(app)
     return app
 

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from clipper.cli import admin, local, query
+from clipper.cli import admin, local, query, report
 from clipper.cli.tables import canary_table, inspect_table, metrics_table
 from clipper.client import AdminError, ClipperConnection
 from clipper.client_auth import AUTH_MODES, SigningError
@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     admin.add_parsers(sub)
     query.add_parsers(sub)
     local.add_parsers(sub)
+    report.add_parser(sub)
     cost_cli.add_parser(sub)
     return p
 
@@ -68,6 +69,8 @@ def _main(argv: list[str] | None) -> int:
     try:
         if args.command in ("predict", "update"):
             return query.run(args, conn)
+        if args.command == "report":
+            return report.run(args, conn)
         if args.command == "inspect":
             state = conn.inspect_instance()
             processes = _local_processes(conn)

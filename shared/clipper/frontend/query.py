@@ -276,7 +276,7 @@ class QueryProcessor:
         tally = self._tally
         if choice.selection.policy != "single" or (tally is not None and tally.any_running(answers)):
             ticket.stage = "recording the query for feedback"
-            yield from self._record(app, ticket.user, query, choice, answers, ticket.deadline)
+            yield from self._record(app, ticket.user, query, choice, answers, ticket.deadline, preds)
             timings["record"] = (self._clock.now() - t1) * 1000
         if tally is not None:
             tally.count(answers)
@@ -354,6 +354,7 @@ class QueryProcessor:
         choice: Choice,
         answers: list[ModelAnswer],
         deadline: float | None,
+        preds: list[Prediction] | None = None,
     ) -> steps.Steps[None]:
         """Keep what each model answered, and the selection, so that feedback can update the bandit."""
         if self._cache is None:
@@ -364,6 +365,9 @@ class QueryProcessor:
             if outputs:  # with the version that answered for each model: a canary's feedback is its own
                 versions = {a.model.name: a.model.version for a in answers if a.model.name in outputs}
                 entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs, "versions": versions}
+                if preds is not None:  # what the query answered, for the selection report (clipper.report)
+                    p = preds[row]
+                    entries[key]["answer"] = {"output": p.output, "default": p.default, "confidence": p.confidence}
         # past the deadline the answer is ready: a short bound, not the query's remaining time
         timeout = max(0.05, (deadline or 0.0) - self._clock.now())
         try:

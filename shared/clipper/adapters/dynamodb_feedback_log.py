@@ -1,0 +1,89 @@
+"""The feedback log (``clipper.ports.FeedbackLog``) in the selection table, beside the bandit states it explains:
+
+    pk = LOG#<app>#<YYYY-MM-DD>   sk = <epoch ms, 15 digits>#<feedback id>   entry (S: JSON), expires_at (N)
+
+One partition per application and UTC day, so the report reads an application's recent days with one Query each
+(newest first) and no partition grows without bound; entries expire after ``ttl_s`` (30 days by default) through
+the table's TTL. The application name is percent-encoded, so ``#`` in a name cannot reach another's partition.
+State keys start with ``app/`` (``clipper.selection.state_key``), so the two never share a partition.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from clipper.adapters.aws_errors import aws_call
+from clipper.report.entry import FeedbackEntry
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+else:
+    DynamoDBClient = Any
+
+LOG_TTL_S = 30 * 24 * 3600
+
+
+def _day(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d")
+
+
+def _pk(app: str, day: str) -> str:
+    return f"LOG#{quote(app, safe='')}#{day}"
+
+
+def _sk(t: float) -> str:
+    return f"{max(0, int(t * 1000)):015d}"
+
+
+class DynamoDBFeedbackLog:
+    def __init__(self, client: DynamoDBClient, table: str, ttl_s: int = LOG_TTL_S) -> None:
+        self._client = client
+        self._table = table
+        self._ttl_s = ttl_s
+
+    def append(self, entry: FeedbackEntry) -> None:
+        item = {
+            "pk": {"S": _pk(entry.app, _day(entry.time))},
+            "sk": {"S": f"{_sk(entry.time)}#{entry.feedback_id}"},
+            "entry": {"S": json.dumps(entry.to_dict(), separators=(",", ":"))},
+            "expires_at": {"N": str(math.ceil(entry.time) + self._ttl_s)},
+        }
+        with aws_call("dynamodb.PutItem(feedback log)"):
+            self._client.put_item(TableName=self._table, Item=item)
+
+    def entries(self, app: str, since: float, until: float, limit: int) -> tuple[list[FeedbackEntry], bool]:
+        """The entries of ``app`` applied in [since, until], oldest first: the newest ``limit`` of them, and
+        whether older ones in the range were left out."""
+        newest_first: list[FeedbackEntry] = []
+        day = datetime.fromtimestamp(until, UTC).date()
+        first = datetime.fromtimestamp(max(since, 0.0), UTC).date()
+        while day >= first:
+            for item in self._day_items(app, day.strftime("%Y-%m-%d"), since, until):
+                if len(newest_first) == limit:
+                    return newest_first[::-1], True
+                newest_first.append(FeedbackEntry.from_dict(json.loads(item["entry"]["S"])))
+            day -= timedelta(days=1)
+        return newest_first[::-1], False
+
+    def _day_items(self, app: str, day: str, since: float, until: float) -> Any:
+        request: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "pk = :pk AND sk BETWEEN :lo AND :hi",
+            "ExpressionAttributeValues": {
+                ":pk": {"S": _pk(app, day)},
+                ":lo": {"S": _sk(since)},
+                ":hi": {"S": _sk(until) + "~"},  # "~" sorts after "#<id>": the last millisecond is included
+            },
+            "ScanIndexForward": False,
+        }
+        while True:
+            with aws_call("dynamodb.Query(feedback log)"):
+                resp = self._client.query(**request)
+            yield from resp.get("Items", [])
+            if "LastEvaluatedKey" not in resp:
+                return
+            request["ExclusiveStartKey"] = resp["LastEvaluatedKey"]

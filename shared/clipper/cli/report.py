@@ -1,0 +1,75 @@
+"""``clipper report APP``: an application's live selection quality (``GET /admin/apps/{app}/report``) as a short
+table, with every figure in ``report.json`` and the curves in ``report.png`` under ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from clipper.client import ClipperConnection
+from clipper.report.plot import write_png
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    r = sub.add_parser("report", help="an application's live selection quality from predictions and feedback")
+    r.add_argument("app")
+    r.add_argument("--since", help="epoch seconds, ISO 8601, or an age: 24h, 7d (default 7d)")
+    r.add_argument("--until", help="as --since (default now)")
+    r.add_argument("--window", type=int, help="feedbacks per point of the loss over time (default: ~20 points)")
+    r.add_argument("--out", default=".", help="folder of report.json and report.png (default: here)")
+
+
+def run(args: argparse.Namespace, conn: ClipperConnection) -> int:
+    report = conn.get_report(args.app, since=args.since, until=args.until, window=args.window)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
+    print(f"\nwrote {out / 'report.json'}")
+    try:
+        print(f"wrote {write_png(report, out / 'report.png')}")
+    except ImportError:
+        print("report.png not written: it needs matplotlib (pip install 'clipper-serverless[report]')")
+    return 0
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['app']} ({report.get('policy')}): {report['feedbacks']} feedbacks from {report['since_iso']} "
+        f"to {report['until_iso']}" + (" (the newest only: more were logged)" if report.get("truncated") else ""),
+        "",
+        f"{'model':<20} {'answers':>8} {'mean loss':>10}  versions (answers, mean loss)",
+    ]
+    for name, m in report["models"].items():
+        versions = ", ".join(f"{v}: {x['answers']}, {_f(x['mean_loss'])}" for v, x in m["versions"].items())
+        lines.append(f"{name:<20} {m['answers']:>8} {_f(m['mean_loss']):>10}  {versions}")
+    a = report["answers"]
+    lines.append(f"{'(answers)':<20} {a['judged']:>8} {_f(a['mean_loss']):>10}  defaults: {a['defaults']}")
+    r = report["exp3_regret"]
+    if r["feedbacks"]:
+        lines += [
+            "",
+            f"exp3 regret vs the best model in hindsight ({r['best_model']}): {_f(r['regret'], 1)} over "
+            f"{r['feedbacks']} feedbacks ({_f(r['regret'] / r['feedbacks'])} each; importance-weighted; "
+            f"empirical means: {_f(r['empirical'], 1)})",
+        ]
+    c = report["exp4_calibration"]
+    if c["judged"]:
+        lines += ["", f"exp4 error {_f(c['error'])} (best member {c['best_member']}: "
+                  f"{_f(c['member_loss'].get(c['best_member']))}); by confidence:"]  # fmt: skip
+        for b in c["buckets"]:
+            if b["feedbacks"]:
+                lines.append(
+                    f"  [{b['low']:.1f}, {b['high']:.1f}{']' if b['high'] >= 1 else ')'}  {b['judged']:>6} judged  "
+                    f"error {_f(b['error'])}  defaults {b['defaults']}"
+                )
+    for model, canary in report.get("canary", {}).items():
+        for ev in canary["events"]:
+            lines.append(f"canary {model}: " + ", ".join(f"{k}={v}" for k, v in ev.items() if not isinstance(v, dict)))
+    return "\n".join(lines)

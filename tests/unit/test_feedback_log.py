@@ -1,0 +1,62 @@
+"""The feedback log from the query path to the entry: the frontend records what the query answered, the feedback
+processor appends one entry per applied feedback (never for a duplicate), and a failing log fails nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from clipper.feedback import FeedbackMessage, FeedbackProcessor
+from clipper.report.recorder import FeedbackRecorder
+from tests.fakes import FakeClock
+from tests.unit.test_feedback import _payload, learning  # noqa: F401  (fixture)
+from tests.unit.test_query_processor import one_hot, world  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.unit
+
+
+class ListLog:
+    def __init__(self, fail: bool = False) -> None:
+        self.entries: list = []
+        self.fail = fail
+
+    def append(self, entry) -> None:
+        if self.fail:
+            raise ConnectionError("the log's table is unreachable")
+        self.entries.append(entry)
+
+
+def test_each_applied_feedback_is_logged_once_with_the_models_losses_and_the_answer(learning):  # noqa: F811
+    p, registry, cache, store = learning
+    log = ListLog()
+    recorder = FeedbackRecorder(log, FakeClock(1234.5))
+    feedback = FeedbackProcessor(registry, store, cache, log=recorder)
+    body = p.predict("ens", {"input": one_hot(7)}).as_dict()
+    msg = FeedbackMessage(feedback_id="f1", app="ens", user=None, payload=_payload(one_hot(7)), label=7)
+    assert feedback.process(msg) == "applied"
+    assert feedback.process(msg) == "duplicate"  # redelivered: not logged again
+    (entry,) = log.entries
+    assert entry.time == 1234.5 and entry.feedback_id == "f1" and entry.app == "ens" and entry.label == 7
+    assert entry.policy == "exp4" and set(entry.models) == {"good", "bad"}
+    assert entry.losses == {"good": 0.0, "bad": 1.0}  # "good" answers the label, "bad" always 0
+    assert entry.versions == {"good": "1", "bad": "1"}
+    assert entry.confidence == pytest.approx(body["confidence"]) and entry.answer == body["output"]
+    assert entry.answer_loss == (0.0 if body["output"] == 7 else 1.0)
+    assert recorder.appended == 1 and recorder.failures == 0
+
+
+def test_a_failing_log_neither_fails_nor_retries_the_feedback(learning):  # noqa: F811
+    p, registry, cache, store = learning
+    recorder = FeedbackRecorder(ListLog(fail=True), FakeClock(0.0))
+    feedback = FeedbackProcessor(registry, store, cache, log=recorder)
+    p.predict("ens", {"input": one_hot(3)})
+    msg = FeedbackMessage(feedback_id="f2", app="ens", payload=_payload(one_hot(3)), label=3)
+    assert feedback.process(msg) == "applied"
+    assert recorder.failures == 1 and recorder.appended == 0
+
+
+def test_feedback_without_a_record_is_not_logged(learning):  # noqa: F811
+    _, registry, cache, store = learning
+    log = ListLog()
+    feedback = FeedbackProcessor(registry, store, cache, log=FeedbackRecorder(log, FakeClock(0.0)))
+    msg = FeedbackMessage(feedback_id="f3", app="ens", payload=_payload(one_hot(9)), label=9)
+    assert feedback.process(msg) == "no_record" and log.entries == []
