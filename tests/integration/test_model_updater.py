@@ -161,6 +161,20 @@ def test_auto_promote_makes_the_new_version_active_and_keeps_the_old_one_for_rol
     assert item is not None and "promoted_at" in item
 
 
+def test_while_a_canary_runs_an_auto_promoted_upload_is_registered_but_not_made_active(world: World) -> None:
+    """The live evidence decides while a canary runs: an upload with auto-promote on does not switch under it."""
+    world.registry.put_version(model_version("mlp", "c", queue_url=world.aws.queue_url), activate=False)
+    world.registry.start_canary("mlp", "c", 0.2, 1_700_000_000.0)
+    world.auto_promote(True)
+
+    (outcome,) = world.handle(world.upload(KEY, world.model_bytes("logreg")))
+
+    assert outcome["status"] == "registered" and not outcome["promoted"]
+    assert world.active() == "1"
+    canary = world.registry.canary("mlp")
+    assert canary is not None and canary.version == "c"
+
+
 def test_auto_promote_false_leaves_the_active_version(world: World) -> None:
     world.auto_promote(False)
 

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, cancellation_codes, error_code, translate
+from clipper.adapters.dynamodb_canary_control import unless_canary
 from clipper.adapters.dynamodb_history import history_of, switch_update
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.core.domain import Application, ModelVersion
@@ -134,6 +135,7 @@ class ModelView:
     registered: Seen | None = None  # VERSION#<v>; upload_id and sha256 "" when added without an artifact
     rejected: Seen | None = None  # REJECTED#<v>
     history: VersionHistory = field(default_factory=lambda: VersionHistory(None))  # active and earlier versions
+    canary: str | None = None  # the version of the model's running canary
 
 
 class UpdaterRegistry(Protocol):
@@ -241,6 +243,9 @@ class ModelUpdater:
         mv = ModelVersion(up.model, up.version, input_type, queue_url, endpoint, shape, labels)
         # an explicit wish of the uploader wins over the model's setting; a new model's first version is active
         promote = view.exists and (view.auto_promote if wish is None else wish)
+        if promote and view.canary is not None:  # the live evidence decides while a canary runs, not an upload
+            logger.info("%s:%s not promoted: canary %s is running", up.model, up.version, view.canary)
+            promote = False
         record = ArtifactRecord(up, digest, sig, int(self._clock.now()), promoted=promote)
         try:
             self._registry.register(mv, record, create_model=not view.exists, history=view.history)
@@ -341,7 +346,9 @@ class DynamoDBUpdaterRegistry:
             current = None
         auto = bool(head.get("auto_promote", {}).get("BOOL", False))
         replicas = int(head.get("replicas", {}).get("N", "1"))
-        return ModelView(True, auto, replicas, current, _seen(items.get(f"VERSION#{version}")), rejected, history)
+        canary = head.get("canary", {}).get("M", {}).get("version", {}).get("S")
+        registered = _seen(items.get(f"VERSION#{version}"))
+        return ModelView(True, auto, replicas, current, registered, rejected, history, canary)
 
     def apps_linked_to(self, model: str) -> list[Application]:
         names = self._registry.apps_linked_to(model)
@@ -377,7 +384,9 @@ class DynamoDBUpdaterRegistry:
             head |= {"active_version": {"S": mv.version}, "history": {"L": []}, "switches": {"N": "1"}}
             actions.append({"Put": {"TableName": self._table, "Item": head, "ConditionExpression": new}})
         elif record.promoted:
-            actions.append({"Update": switch_update(self._table, mv.name, history, history.switched_to(mv.version))})
+            # refused if a canary started since the view was read: the registration then looks again (Conflict)
+            switch = switch_update(self._table, mv.name, history, history.switched_to(mv.version))
+            actions.append({"Update": unless_canary(switch)})
         try:
             self._client.transact_write_items(TransactItems=actions)
         except ClientError as e:
