@@ -19,7 +19,9 @@ Writes ``live_selection.json`` and ``live_selection.png`` (``live_selection_quic
 from __future__ import annotations
 
 import argparse
+import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +118,7 @@ def run_live(world: World, plan: Plan, streams: dict[str, Stream], linked: dict[
                     log(f"  {e.app}: {t + 1}/{n} queries, {rate:.0f} q/s, live accuracy so far {right:.4f}")
 
             log(f"{e.name}: {len(stream)} queries to /{e.app}/predict, each followed by /{e.app}/update")
-            runs[e.name] = drive(client, e.app, stream, before, progress)
+            runs[e.name] = drive(client, e.app, stream, plan.rate, before, progress)
             read_records(world.redis_url, runs[e.name], stream)
             if fault is not None:
                 switched["back_s"] = world.switch(client, BEST, "1")
@@ -132,8 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help=f"a check that it runs: {QUICK}")
     p.add_argument("--out", type=Path, default=RESULTS, help="where live_selection.json and .png go")
+    p.add_argument("--rate", type=float, help="queries per second (each with its feedback)")
+    p.add_argument("--passes", type=int, help="passes over the held-out rows per stream")
     args = p.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    plan = replace(plan, rate=args.rate or plan.rate, passes=args.passes or plan.passes)
+    signal.signal(signal.SIGTERM, _stop)  # as Ctrl-C: the stack is stopped on the way out
     started = time.monotonic()
     models, sessions, x, y, broken = load_models(plan)
     streams = build_streams(plan, x, y)
@@ -141,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("two queries of the run have the same input: the cache would answer one of them")
     total = sum(len(s) for s in streams.values())
     log(f"{plan}; {len(streams)} streams, {total} queries and as many feedback messages, every input distinct")
-    world = World()
+    world = World("state-quick" if args.quick else "state")
     world.start()
     try:
         linked = {e.name: world.register(e, models) for e in EXPERIMENTS}
@@ -165,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     out = report.write(args.out, "live_selection_quick" if args.quick else "live_selection", plan, results, started)
     log(f"wrote {out[0]} and {out[1]} in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def _stop(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def make_case(

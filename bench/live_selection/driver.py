@@ -88,15 +88,22 @@ def drive(
     client: Client,
     app: str,
     stream: Stream,
+    rate: float,
     before: Callable[[int], None] | None = None,
     progress: Callable[[int, LiveRun], None] | None = None,
 ) -> LiveRun:
-    """Send the stream: each query, then its feedback. ``before(t)`` runs before query ``t`` is sent."""
+    """Send the stream: each query, then its feedback, query ``t`` at ``t / rate`` seconds (at once when
+    late). ``before(t)`` runs before query ``t`` is sent."""
     run = LiveRun(app)
     started = time.monotonic()
     for t in range(len(stream)):
         if before is not None:
             before(t)
+            if t and run.query_at and time.monotonic() - run.query_at[-1] > 1.0:
+                started = time.monotonic() - t / rate  # a pause (a version switch) shifts the schedule
+        wait = started + t / rate - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
         body: dict[str, Any] = {"input": stream.x[t].tolist()}
         uid = stream.uid(t)
         if uid is not None:
@@ -115,7 +122,7 @@ def drive(
         run.feedback_statuses.append(fb_status)
         if progress is not None:
             progress(t, run)
-    run.seconds = time.monotonic() - started
+    run.seconds = time.monotonic() - run.query_at[0] if run.query_at else 0.0
     return run
 
 

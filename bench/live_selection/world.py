@@ -1,6 +1,6 @@
 """The running local stack as this benchmark uses it: started as ``make run`` starts it (``infra/local/run.py``,
 Redis Streams transport) on a free port with a state folder of its own, emptied first
-(``build/bench-live-selection/state``); the benchmark's applications registered and linked through the admin
+(``build/bench-live-selection/state``, ``state-quick`` for --quick); the benchmark's applications registered and linked through the admin
 API; the best model's broken version deployed beside the good one (registered, served, not active) and made
 active, or the good one again, with ``set_model_version``: the admin API's roll forward and back."""
 
@@ -22,9 +22,9 @@ SWITCH_TIMEOUT_S = 30.0
 
 
 class World:
-    def __init__(self) -> None:
+    def __init__(self, state: str = "state") -> None:
         self.stack = LocalStack("redis", core=None)
-        self.stack.state_dir = WORK_DIR / "state"
+        self.stack.state_dir = WORK_DIR / state
         self.env: dict[str, str] = {}
         self.conn: Any = None
         self._probes = 0
