@@ -1,8 +1,9 @@
 """The running local stack as this benchmark uses it: started as ``make run`` starts it (``infra/local/run.py``,
 Redis Streams transport) on a free port with a state folder of its own, emptied first
-(``build/bench-live-selection/state``, ``state-quick`` for --quick); the benchmark's applications registered and linked through the admin
-API; the best model's broken version deployed beside the good one (registered, served, not active) and made
-active, or the good one again, with ``set_model_version``: the admin API's roll forward and back."""
+(``build/bench-live-selection/state``, ``state-quick`` for --quick); the benchmark's applications registered
+and linked through the admin API; the best model's broken version deployed beside the good one (registered,
+served, not active) and made active, or the good one again, with ``set_model_version``: the admin API's roll
+forward and back."""
 
 from __future__ import annotations
 
