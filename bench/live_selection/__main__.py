@@ -51,6 +51,8 @@ from bench.live_selection.world import World
 from bench.selection import transforms
 from infra.demo.train_models import ensure_models
 
+CHECK_EVERY = 10  # queries between looks at the feedback backlog
+MAX_BACKLOG = 20  # feedback messages the client lets wait before it holds its next query
 BEST = "mlp"  # the model that breaks (the best on the plain stream; checked below)
 SERIALS_PER_STREAM = 100_000
 
@@ -104,7 +106,10 @@ def run_live(world: World, plan: Plan, streams: dict[str, Stream], linked: dict[
             switched: dict[str, float] = {}
 
             def before(t: int, fault: int | None = fault, switched: dict[str, float] = switched) -> None:
+                if t and t % CHECK_EVERY == 0:
+                    switched["held_s"] = switched.get("held_s", 0.0) + world.hold(MAX_BACKLOG)
                 if t == fault:
+                    switched["drained_s"] = world.hold(0)  # the pre-fault feedback applied, as offline
                     switched["to_broken_s"] = world.switch(client, BEST, BROKEN_VERSION)
                     log(
                         f"  query {t}: {BEST}:{BROKEN_VERSION} (broken) active, answered from after "
@@ -118,6 +123,7 @@ def run_live(world: World, plan: Plan, streams: dict[str, Stream], linked: dict[
                     log(f"  {e.app}: {t + 1}/{n} queries, {rate:.0f} q/s, live accuracy so far {right:.4f}")
 
             log(f"{e.name}: {len(stream)} queries to /{e.app}/predict, each followed by /{e.app}/update")
+            switched["drained_before_s"] = world.hold(0)  # the previous stream's feedback applied first
             runs[e.name] = drive(client, e.app, stream, plan.rate, before, progress)
             read_records(world.redis_url, runs[e.name], stream)
             if fault is not None:

@@ -33,6 +33,7 @@ class LiveRun:
     predict_ms: list[float] = field(default_factory=list)
     update_ms: list[float] = field(default_factory=list)
     records: list[dict[str, Any] | None] = field(default_factory=list)
+    default_causes: dict[str, int] = field(default_factory=dict)  # the defaults' explanations, counted
     seconds: float = 0.0
 
     def correct(self, labels: np.ndarray) -> np.ndarray:
@@ -53,6 +54,7 @@ class LiveRun:
             "non_200": int(sum(s != 200 for s in self.statuses)),
             "feedback_non_200": int(sum(s != 200 for s in self.feedback_statuses)),
             "missing_records": int(sum(r is None for r in self.records)),
+            "default_causes": self.default_causes,
             "predict_ms_p50": round(float(np.median(self.predict_ms)), 2) if self.predict_ms else None,
             "update_ms_p50": round(float(np.median(self.update_ms)), 2) if self.update_ms else None,
         }
@@ -116,6 +118,9 @@ def drive(
         ok = status == 200 and isinstance(answer, dict)
         run.outputs.append(answer.get("output") if ok else None)
         run.defaults.append(bool(answer.get("default")) if ok else False)
+        if run.defaults[-1]:
+            cause = str(answer.get("default_explanation"))
+            run.default_causes[cause] = run.default_causes.get(cause, 0) + 1
         run.feedback_at.append(time.monotonic())
         fb_status, _ = client.post(f"/{app}/update", {**body, "label": int(stream.y[t])})
         run.update_ms.append((time.monotonic() - run.feedback_at[-1]) * 1000)

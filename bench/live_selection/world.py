@@ -20,6 +20,7 @@ from bench.live_selection.streams import tagged
 
 PROBE_SERIAL = 900_000  # the probes' tags: beyond every stream's
 SWITCH_TIMEOUT_S = 30.0
+DRAIN_TIMEOUT_S = 300.0
 
 
 class World:
@@ -36,6 +37,28 @@ class World:
         self.stack.start()
         self.env = json.loads((self.stack.state_dir / "env.json").read_text())
         self.conn = ClipperConnection(self.stack.url, self.stack.token, timeout_s=60)
+        import boto3
+
+        self._sqs = boto3.client(
+            "sqs",
+            endpoint_url=self.env["AWS_ENDPOINT_URL"],
+            region_name=self.env.get("AWS_DEFAULT_REGION", "us-east-1"),
+            aws_access_key_id=self.env.get("AWS_ACCESS_KEY_ID", "local"),
+            aws_secret_access_key=self.env.get("AWS_SECRET_ACCESS_KEY", "local"),
+        )
+
+    def feedback_backlog(self) -> int:
+        """Feedback messages accepted and not yet applied (waiting in the feedback queue, or being applied)."""
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        got = self._sqs.get_queue_attributes(QueueUrl=self.env["CLIPPER_FEEDBACK_QUEUE_URL"], AttributeNames=names)
+        return sum(int(got["Attributes"].get(n, 0)) for n in names)
+
+    def hold(self, bound: int, timeout_s: float = DRAIN_TIMEOUT_S) -> float:
+        """Wait while more than ``bound`` feedback messages wait to be applied; returns the seconds waited."""
+        started = time.monotonic()
+        while self.feedback_backlog() > bound and time.monotonic() - started < timeout_s:
+            time.sleep(0.2)
+        return time.monotonic() - started
 
     @property
     def url(self) -> str:
