@@ -11,7 +11,7 @@ QUEUE ?= redis
 FRESH ?=
 
 .PHONY: help venv models run run-port clean-state test test-unit test-integration test-iac test-e2e lint redis clean \
-	bench-batching bench-frontdoor bench-cache bench-selection bench-coldstart bench-latency bench-cost bench-faults sam-venv sam-build
+	bench-batching bench-frontdoor bench-cache bench-selection bench-live-selection bench-coldstart bench-latency bench-cost bench-faults sam-venv sam-build
 
 help:
 	@echo "make run    - start the local stack (moto, demo models, batchers, frontend on :$(PORT)); state in .local-stack/"
@@ -93,6 +93,10 @@ bench-cache: venv models redis
 
 bench-selection: venv models
 	$(PY) bench/selection.py $(BENCH_ARGS)
+
+# the same experiments through the running local stack's HTTP API (queries and feedback), beside their replay
+bench-live-selection: venv models redis
+	$(PY) -m bench.live_selection $(BENCH_ARGS)
 
 bench-coldstart: venv models
 	$(PY) -m bench.coldstart $(BENCH_ARGS)
