@@ -136,7 +136,7 @@ class LocalStack:
         url = f"http://127.0.0.1:{port}"
         moto = self.spawn(
             "moto",
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", "infra.local.moto_server", "-H", "127.0.0.1", "-p", str(port)],
             Stage.MOTO,
             on_exit=self._moto_exited,
             on_restart=self._moto_restarted,
