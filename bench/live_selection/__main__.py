@@ -89,7 +89,7 @@ def build_streams(plan: Plan, x: np.ndarray, y: np.ndarray) -> dict[str, Stream]
     for i, e in enumerate(EXPERIMENTS):
         first = i * SERIALS_PER_STREAM
         if e.kind == "users":
-            streams[e.name] = user_stream(views, y, user_rows, who, USERS_PER_GROUP, first)
+            streams[e.name] = user_stream(views, y, user_rows, who, USERS_PER_GROUP, first, send_uid=e.per_user)
         else:
             streams[e.name] = plain_stream(x, y, fault_rows if e.kind == "fault" else plain_rows, first)
     return streams

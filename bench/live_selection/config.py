@@ -27,8 +27,8 @@ class Plan:
     rate: float  # queries (each followed by its feedback) per second, paced; under what the feedback path keeps up with
 
 
-# The local stack applies about 10-20 feedback messages a second on 2 busy cores (the feedback queue and the bandit
-# states are moto's SQS and DynamoDB); a client that outruns it builds a backlog that moto serves ever more slowly.
+# The local stack's feedback worker (moto's SQS and DynamoDB) keeps up with 8 queries and their feedback a second on
+# the 2 cores the stack shares with this client; a client that outruns it builds a backlog (held at MAX_BACKLOG).
 FULL = Plan(passes=2, rows=540, seeds=20, window=90, progress_every=270, rate=8.0)
 QUICK = Plan(passes=1, rows=40, seeds=5, window=10, progress_every=20, rate=20.0)
 

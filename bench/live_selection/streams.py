@@ -27,12 +27,14 @@ class Stream:
     y: np.ndarray  # the labels sent as feedback
     users: np.ndarray | None = None  # the user of each query (personalisation), else None
     groups: tuple[str, ...] = ()  # each user's group
+    send_uid: bool = True  # queries and feedback carry the user's id (per-user selection); False: app-wide
 
     def __len__(self) -> int:
         return len(self.y)
 
     def uid(self, t: int) -> int | None:
-        return None if self.users is None else int(self.users[t])
+        """The ``uid`` query ``t`` and its feedback carry, if any."""
+        return None if self.users is None or not self.send_uid else int(self.users[t])
 
 
 def order(rng: np.random.Generator, rows: int, passes: int) -> np.ndarray:
@@ -55,12 +57,19 @@ def plain_stream(x: np.ndarray, y: np.ndarray, rows: np.ndarray, first_serial: i
 
 
 def user_stream(
-    views: dict[str, np.ndarray], y: np.ndarray, rows: np.ndarray, users: np.ndarray, per_group: int, first_serial: int
+    views: dict[str, np.ndarray],
+    y: np.ndarray,
+    rows: np.ndarray,
+    users: np.ndarray,
+    per_group: int,
+    first_serial: int,
+    send_uid: bool = True,
 ) -> Stream:
-    """``views``: the held-out inputs as each group sees them; users ``g * per_group + i`` are in group ``g``."""
+    """``views``: the held-out inputs as each group sees them; users ``g * per_group + i`` are in group ``g``.
+    ``send_uid``: whether queries name their user (per-user selection) or not (the same stream, app-wide)."""
     groups = tuple(g for g in views for _ in range(per_group))
     x = np.stack([views[groups[u]][r] for r, u in zip(rows.tolist(), users.tolist(), strict=True)])
-    return Stream(rows, tagged(x, first_serial), y[rows], users, groups)
+    return Stream(rows, tagged(x, first_serial), y[rows], users, groups, send_uid)
 
 
 def all_distinct(streams: list[Stream]) -> bool:

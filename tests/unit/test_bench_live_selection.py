@@ -136,3 +136,17 @@ def test_the_broken_model_answers_a_permuted_label(tmp_path) -> None:
 def test_a_stream_says_its_user() -> None:
     s = Stream(np.arange(2), np.zeros((2, 64), np.float32), np.arange(2), np.array([3, 5]), ("g",) * 6)
     assert (s.uid(1), len(s), Stream(np.arange(1), np.zeros((1, 64)), np.arange(1)).uid(0)) == (5, 2, None)
+
+
+def test_the_app_wide_stream_names_no_user_and_the_per_user_one_does() -> None:
+    """global-exp3 sends the personalisation stream without ``uid`` (else the frontend would select per user,
+    and the run would measure per-user Exp3 under the app-wide name); user-exp3 sends it with."""
+    from bench.live_selection.__main__ import build_streams
+    from bench.live_selection.config import QUICK
+
+    rng = np.random.default_rng(0)
+    streams = build_streams(QUICK, rng.random((QUICK.rows, 64)).astype(np.float32), rng.integers(0, 10, QUICK.rows))
+    users, app_wide = streams["user-exp3"], streams["global-exp3"]
+    assert users.users is not None and app_wide.users is not None
+    assert [users.uid(t) for t in range(len(users))] == users.users.tolist()
+    assert {app_wide.uid(t) for t in range(len(app_wide))} == {None}
