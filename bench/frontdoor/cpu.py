@@ -4,9 +4,16 @@ processes used over the run (``/proc/<pid>/stat``), divided by the queries answe
 (every query a cache miss: frontend, Redis, batcher, model server) and one repeated input (every query a cache
 hit: the frontend and Redis only).
 
-    python -m bench.frontdoor.cpu [--seconds 10] [--connections 8] [--out DIR]
+Then the same at fixed open-loop rates (``--rates``, Poisson arrivals as bench-frontdoor sends them, distinct
+inputs): a closed loop keeps 8 queries in flight, so its batches, Redis writes and event-loop turns are shared
+by several queries; at the rates where bench-frontdoor's search decides, queries arrive alone and each pays
+them in full. Each rate reports the CPU per query by process, every other process of the stack together
+("other": the other models' batchers and servers, the feedback worker, the supervisor), how busy the stack's
+core was, and the latency p50/p99.
 
-Prints a table (ms of CPU per query by process) and writes bench/results/frontdoor_cpu.json. This says where
+    python -m bench.frontdoor.cpu [--seconds 10] [--connections 8] [--rates 250,500,1000] [--out DIR]
+
+Prints the tables (ms of CPU per query by process) and writes bench/results/frontdoor_cpu.json. This says where
 the stack's per-query CPU goes; where a stage is heavy, ``py-spy record --pid <pid>`` on that process says why.
 """
 
@@ -20,12 +27,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
-from bench.frontdoor.config import CASES, GENERATOR_CORE, RESULTS, SUT_CORE, log
+from bench.frontdoor.config import (
+    CASES,
+    GENERATOR_CORE,
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT_S,
+    RESULTS,
+    SEED,
+    SUT_CORE,
+    log,
+)
 from bench.frontdoor.inputs import Bodies, base_rows
+from bench.frontdoor.loadgen import Runner
 from bench.frontdoor.procs import can_pin, pin_self
 from bench.frontdoor.stack import LocalStack
+from bench.frontdoor.stats import DEFAULT, REAL, poisson_offsets, summarize
 
 GROUPS = ("frontend", "batcher-mlp", "endpoint-mlp", "redis", "moto")
 
@@ -89,10 +108,58 @@ def measure(stack: LocalStack, bodies: list[bytes], path: str, connections: int,
     }
 
 
+def open_loop(stack: LocalStack, maker: Bodies, first: int, rate: float, seconds: float) -> dict[str, Any]:
+    """Poisson arrivals at ``rate`` for ``seconds`` (after 1 s of warm-up at the same rate), distinct inputs from
+    serial ``first`` on: CPU per answered query by process (every process of the stack counted), the core's busy
+    share, and the latency figures of bench-frontdoor's trials."""
+    from clipper.cli.local import processes
+
+    case = CASES["mlp"]
+    pids = {p["name"]: p["pid"] for p in processes(stack.state_dir) or []}
+    warmup = 1.0
+    offsets = poisson_offsets(rate, warmup + seconds, np.random.default_rng(SEED + int(rate)))
+    requests = [maker.request(first + i) for i in range(len(offsets))]
+    port = int(stack.url.rsplit(":", 1)[1])
+    runner = Runner()
+    try:
+        before, started = cpu_ticks(pids), time.monotonic()
+        record = runner.trial(
+            "127.0.0.1",
+            port,
+            requests,
+            offsets,
+            warmup_s=warmup,
+            slo_s=case.slo_ms / 1000,
+            timeout_s=REQUEST_TIMEOUT_S,
+            max_connections=MAX_CONNECTIONS,
+            initial_connections=8,
+            stop_early=False,
+        )
+        after, took = cpu_ticks(pids), time.monotonic() - started
+    finally:
+        runner.close()
+    figures = summarize(record, case.slo_ms, rate)
+    answered = max(1, int(np.isin(record.outcome, (REAL, DEFAULT)).sum()))  # warm-up included, as in the CPU
+    hz = os.sysconf("SC_CLK_TCK")
+    used = {name: (after[name] - before[name]) / hz for name in pids}
+    per_query = {g: used.get(g, 0.0) / answered * 1000 for g in GROUPS}
+    per_query["other"] = sum(v for k, v in used.items() if k not in GROUPS) / answered * 1000
+    return {
+        "offered_qps": rate,
+        "answered": answered,
+        "seconds": round(took, 2),
+        "core_busy": round(sum(used.values()) / took, 3),
+        "cpu_ms_per_query": {k: round(v, 4) for k, v in per_query.items()},
+        "cpu_ms_per_query_total": round(sum(per_query.values()), 4),
+        **{k: figures.get(k) for k in ("p50_ms", "p99_ms", "real", "defaults", "timeouts", "ok")},
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--connections", type=int, default=8)
+    p.add_argument("--rates", default="250,500,1000", help="open-loop rates (q/s), comma-separated; '' for none")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     pinned = can_pin()
@@ -112,14 +179,33 @@ def main(argv: list[str] | None = None) -> None:
         miss = measure(stack, distinct, maker.path, args.connections, args.seconds)
         log(f"cache hits: the same input, {args.seconds:g} s")
         hit = measure(stack, [distinct[0]], maker.path, args.connections, args.seconds)
+        rates = [float(r) for r in args.rates.split(",") if r.strip()]
+        opened = []
+        first = 300_000  # beyond the closed loop's serials: every input distinct
+        for rate in rates:
+            log(f"open loop: {rate:g} q/s, Poisson arrivals, distinct inputs, {args.seconds:g} s")
+            opened.append(open_loop(stack, maker, first, rate, args.seconds))
+            first += int(rate * (args.seconds + 2)) + 1000
+            time.sleep(2)
     finally:
         stack.stop()
-    result = {"pinned": pinned, "connections": args.connections, "miss": miss, "hit": hit}
+    result = {"pinned": pinned, "connections": args.connections, "miss": miss, "hit": hit, "open_loop": opened}
     print("| ms of CPU per query | " + " | ".join(GROUPS) + " | total | q/s |")
     print("|---" * (len(GROUPS) + 3) + "|")
     for name, run in (("cache miss", miss), ("cache hit", hit)):
         cells = [f"{run['cpu_ms_per_query'].get(g, 0):.3f}" for g in GROUPS]
         print(f"| {name} | " + " | ".join(cells) + f" | {run['cpu_ms_per_query_total']:.3f} | {run['rate_qps']:.0f} |")
+    if opened:
+        columns = [*GROUPS, "other"]
+        print("\n| open loop, q/s | " + " | ".join(columns) + " | total ms/query | core busy | p50 ms | p99 ms |")
+        print("|---" * (len(columns) + 5) + "|")
+        for run in opened:
+            cells = [f"{run['cpu_ms_per_query'][g]:.3f}" for g in columns]
+            p99 = "miss" if run["p99_ms"] is None else f"{run['p99_ms']:.1f}"
+            print(
+                f"| {run['offered_qps']:g} | " + " | ".join(cells) + f" | {run['cpu_ms_per_query_total']:.3f} | "
+                f"{run['core_busy']:.0%} | {run['p50_ms']:.1f} | {p99} |"
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "frontdoor_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
     log(f"wrote {args.out / 'frontdoor_cpu.json'}")
