@@ -290,6 +290,14 @@ def test_predict_reads_numbers_by_the_apps_declared_shape(api, tmp_path, capsys)
     assert json.loads(capsys.readouterr().out)["output"] == 3
 
 
+def _ctrl_c_default() -> None:
+    """In the child: Ctrl-C as a terminal delivers it, even when the suite was started in the background by a
+    non-interactive shell (which starts its background jobs with SIGINT ignored, and children inherit that)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_logs_follow_prints_what_is_appended(tmp_path):
     import queue
     import signal
@@ -305,6 +313,7 @@ def test_logs_follow_prints_what_is_appended(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ctrl_c_default,
     )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in follow.stdout or []], daemon=True).start()
@@ -348,6 +357,7 @@ def test_ctrl_c_while_waiting_for_an_answer_is_no_traceback():
             [sys.executable, "-m", "clipper.cli", "--url", url, "predict", "digits", "--input", "[1]"],
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_ctrl_c_default,
         )
         try:
             silent.settimeout(60)
