@@ -144,8 +144,7 @@ class Gatherer:
             try:
                 body, a.sent_ms = self._message(app, a.model, query.rows, query_id, fan)
             except Unavailable as e:
-                a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({e})"
-                a.failure = "unavailable"
+                a.fail(f"model {a.model.name}:{a.model.version}: queue unavailable ({e})", "unavailable")
                 continue
             requests.append((key[0], a.model.queue_url, body))
             sending.append(a)
@@ -155,8 +154,7 @@ class Gatherer:
             outcomes = yield call(self._fused, "lookup_or_send", requests, left, timeout=left)
         except Unavailable as e:  # Redis down: every model's row is a default with this cause, never a 5xx
             for a in sending:
-                a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({e})"
-                a.failure = "unavailable"
+                a.fail(f"model {a.model.name}:{a.model.version}: queue unavailable ({e})", "unavailable")
             timings["cache"], timings["enqueue"] = 0.0, (self._clock.now() - t0) * 1000
             return
         t1 = self._clock.now()
@@ -218,14 +216,14 @@ class Gatherer:
         for a, rows in outgoing:
             m = a.model
             if not m.queue_url:
-                a.problem = f"model {m.name}:{m.version}: registered without serving resources (deploy a model file)"
-                a.failure = "error"
+                a.fail(
+                    f"model {m.name}:{m.version}: registered without serving resources (deploy a model file)", "error"
+                )
                 continue
             try:
                 body, a.sent_ms = self._message(app, m, _take(query.rows, rows), query_id, fan)
             except Unavailable as e:
-                a.problem = f"model {m.name}:{m.version}: queue unavailable ({e})"
-                a.failure = "unavailable"
+                a.fail(f"model {m.name}:{m.version}: queue unavailable ({e})", "unavailable")
                 continue
             messages.append((a, rows, body))
         if not messages:
@@ -243,8 +241,7 @@ class Gatherer:
         t1 = self._clock.now()
         for (a, rows, _), failure in zip(messages, failures, strict=True):
             if failure is not None:
-                a.problem = f"model {a.model.name}:{a.model.version}: queue unavailable ({failure})"
-                a.failure = "unavailable"
+                a.fail(f"model {a.model.name}:{a.model.version}: queue unavailable ({failure})", "unavailable")
                 continue
             fan.sent[a.model.name] = (a, rows)
             a.sent_at, a.timings_ms["send"] = t1, (t1 - t0) * 1000
@@ -286,8 +283,7 @@ class Gatherer:
         the claims of rows this query got no output for."""
         if isinstance(replies, Unavailable):
             for a, _ in fan.sent.values():
-                a.problem = f"model {a.model.name}:{a.model.version}: reply channel unavailable ({replies})"
-                a.failure = "unavailable"
+                a.fail(f"model {a.model.name}:{a.model.version}: reply channel unavailable ({replies})", "unavailable")
             replies = []
         for reply in replies:
             if reply.model not in fan.sent:
@@ -296,24 +292,23 @@ class Gatherer:
             a.reply_timings = dict(reply.timings)
             name = f"model {a.model.name}:{a.model.version}"
             if not reply.ok:
-                a.problem = f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}"
-                a.failure = "timeout" if reply.error_kind == "expired" else "error"  # expired: dropped, late
+                kind = "timeout" if reply.error_kind == "expired" else "error"  # expired: dropped, late
+                a.fail(f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}", kind)
             elif len(reply.outputs or []) != len(rows):
-                a.problem = f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs"
-                a.failure = "error"
+                a.fail(f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs", "error")
             else:
                 for i, out in zip(rows, reply.outputs or [], strict=True):
                     a.outputs[i] = out
         n = len(fan.answers[0].outputs) if fan.answers else 0
         for a in fan.answers:
             if a.problem is None and any(a.outputs[i] is None for i in fan.owned.get(a.model.name, range(n))):
-                a.problem = (
+                problem = (
                     f"model {a.model.name}:{a.model.version}: timeout, no reply within the SLO of "
                     f"{app.latency_slo_micros / 1000:g} ms"
                 )
-                a.failure = "timeout"
                 if fan.cache_problem is not None:
-                    a.problem += f" (the prediction cache did not answer first: {fan.cache_problem})"
+                    problem += f" (the prediction cache did not answer first: {fan.cache_problem})"
+                a.fail(problem, "timeout")
         if self._cache is not None:
             yield from self._settle_claims(fan)
 
@@ -350,13 +345,12 @@ class Gatherer:
                 try:
                     hits, failed = self._cache.poll(keys, timeout=self._left(fan.deadline))
                 except Unavailable as e:
-                    a.problem = f"model {a.model.name}:{a.model.version}: prediction cache unavailable ({e})"
-                    a.failure = "unavailable"
+                    a.fail(f"model {a.model.name}:{a.model.version}: prediction cache unavailable ({e})", "unavailable")
                     continue
                 for i, k in zip(pending, keys, strict=True):
                     a.outputs[i] = hits.get(k, a.outputs[i])
                     if k in failed and a.problem is None:
-                        a.problem, a.failure = failed[k], "unavailable"  # the owner query's failure, counted there
+                        a.fail(failed[k], "unavailable")  # the owner query's failure, counted there
             remaining = self.wait_timeout(fan)
             if remaining <= 0 or not any(_open(by_name[n], rs) for n, rs in fan.waiting.items()):
                 break
@@ -364,11 +358,11 @@ class Gatherer:
         for name, rows in fan.waiting.items():
             a = by_name[name]
             if a.problem is None and any(a.outputs[i] is None for i in rows):
-                a.problem = (
+                a.fail(
                     f"model {a.model.name}:{a.model.version}: timeout, the identical query computing this input "
-                    "gave no answer within the SLO"
+                    "gave no answer within the SLO",
+                    "unavailable",  # the owner query's timeout, counted there
                 )
-                a.failure = "unavailable"  # the owner query's timeout, counted there
 
 
 def _open(answer: ModelAnswer, rows: list[int]) -> bool:

@@ -83,6 +83,10 @@ class ModelAnswer:
     sent_ms: int | None = None  # its message's sent_ms
     sent_at: float | None = None  # when its message's send ended (clock seconds)
 
+    def fail(self, problem: str, failure: str) -> None:
+        """Record why this model gave no output, and what kind of failure it was (the two are always set together)."""
+        self.problem, self.failure = problem, failure
+
 
 @dataclass
 class QueryTicket:
