@@ -256,7 +256,9 @@ def build_canary_reviewer(settings: CommonSettings, dynamodb: Any, metrics: Cana
 
     registry = DynamoDBRegistry(dynamodb, settings.registry_table)
     evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table)
-    return CanaryReviewer(registry, evidence, registry, metrics, SystemClock(), model_names=registry.model_names)
+    # each round reviews the models with a running canary (one scan), not every model (a scan, then a query each)
+    names = registry.canaried_model_names
+    return CanaryReviewer(registry, evidence, registry, metrics, SystemClock(), model_names=names)
 
 
 def feedback_recorder(settings: CommonSettings, dynamodb: Any) -> FeedbackRecorder | None:

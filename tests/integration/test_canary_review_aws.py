@@ -93,3 +93,19 @@ def test_the_scheduled_function_reviews_every_canary(aws, world, monkeypatch):
     evidence.add("mlp", canary.trial, "2", VersionEvidence(queries=100, errors=10))
     assert app.handler({}, LambdaContext(function_name="canary-review")) == {"decisions": {"mlp": "rollback"}}
     assert registry.model_record("mlp").head.canary is None
+
+
+def test_the_wired_reviewer_reviews_the_models_with_a_running_canary(world, aws):
+    """What the wired reviewer's rounds review: the models whose item holds a canary (one scan), none once the
+    trial ended; the registry still lists every model."""
+    from clipper.settings import CommonSettings
+    from clipper.wiring import build_canary_reviewer
+
+    registry, _evidence, canary = world
+    wired = build_canary_reviewer(
+        CommonSettings(registry_table=aws.registry_table, replies_table="replies"), aws.dynamodb, Counted()
+    )
+    assert list(wired._model_names()) == ["mlp"]
+    assert registry.end_canary("mlp", canary.trial, promote=False)
+    assert list(wired._model_names()) == []
+    assert registry.model_names() == ["mlp", "tree"]

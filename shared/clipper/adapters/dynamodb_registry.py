@@ -401,6 +401,11 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
     def model_names(self) -> list[str]:
         return sorted(i["pk"]["S"][len("MODEL#") :] for i in self._scan("MODEL"))
 
+    def canaried_model_names(self) -> list[str]:
+        """The models whose item holds a running canary: what the reviewer's rounds need, from the same scan
+        (a reviewer reads each of them fresh before it decides)."""
+        return sorted(i["pk"]["S"][len("MODEL#") :] for i in self._scan("MODEL") if "canary" in i)
+
     def _delete(self, pk: str, sk: str) -> None:
         with aws_call("dynamodb.DeleteItem(registry)"):
             self._client.delete_item(TableName=self._table, Key={"pk": {"S": pk}, "sk": {"S": sk}})

@@ -54,7 +54,8 @@ class CanaryReviewer:
         model_names: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         """``registry``: read fresh (not a copy minutes old: a decision acts on the trial it read).
-        ``model_names``: every model (``review_all``); by default the registry's ``model_names``."""
+        ``model_names``: the models ``review_all`` reviews (every model, or those with a canary); by default the
+        registry's ``model_names``."""
         self._registry = registry
         self._evidence = evidence
         self._control = control
