@@ -434,3 +434,51 @@ def test_an_ensembles_messages_go_in_one_call(make_transport: MakeTransport):
     got_first = receive_n(first.new_reader(), 2)
     got_second = receive_n(second.new_reader(), 1)
     assert sorted(m.body for m in got_first) == ["a", "c"] and [m.body for m in got_second] == ["b"]
+
+
+class CountingClient(RespClient):
+    """The adapters' client, recording the name of every command it sends."""
+
+    def __init__(self, url: str) -> None:
+        base = RespClient.from_url(url)
+        super().__init__(base.host, base.port)
+        base.close()
+        self.sent: list[str] = []
+
+    def execute(self, commands, timeout=None):  # type: ignore[no-untyped-def]
+        self.sent.extend(str(c[0]) for c in commands)
+        return super().execute(commands, timeout)
+
+
+def test_a_busy_reader_receives_new_messages_in_one_round_trip_without_the_script(redis_url: str):  # noqa: F811
+    client = CountingClient(redis_url)
+    url = new_url()
+    queue, reader = RedisStreamRequestQueue(client), RedisStreamQueueReader(client, url)
+    queue.send(url, "first")
+    assert [m.body for m in reader.receive(10, 1)] == ["first"]  # the first receive scans (and makes the group)
+    for i in range(5):
+        queue.send(url, f"m{i}")
+        client.sent.clear()
+        assert [m.body for m in reader.receive(10, 1)] == [f"m{i}"]
+        assert client.sent == ["XREADGROUP"]
+    client.close()
+
+
+def test_a_busy_reader_still_takes_back_a_message_visible_again(rclient: redis.Redis, lean: RespClient):
+    """Between its scans a reader reads only new messages; its scans still come at least every half visibility
+    timeout, so a message another reader left is taken back while new ones keep arriving."""
+    url, vis = new_url(), 0.6
+    queue = RedisStreamRequestQueue(lean)
+    queue.send(url, "left")
+    dead, busy = (RedisStreamQueueReader(lean, url, visibility_timeout_s=vis) for _ in range(2))
+    (left,) = dead.receive(10, 0)  # never deleted
+    left_at = time.monotonic()
+    taken_back: list[ReceivedMessage] = []
+    while not taken_back and time.monotonic() - left_at < vis + 3:
+        queue.send(url, "new")
+        got = busy.receive(10, 1)
+        taken_back = [m for m in got if m.message_id == left.message_id]
+        busy.delete([m.receipt_handle for m in got if m.message_id != left.message_id])
+        time.sleep(0.02)
+    assert taken_back and taken_back[0].receive_count == 2
+    assert time.monotonic() - left_at < vis + vis / 2 + 0.5

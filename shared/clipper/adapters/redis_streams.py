@@ -8,12 +8,15 @@ A model version's queue address stays its SQS queue URL; this transport names it
     clipper:queue:{<name>}:delayed   released messages (sorted set: entry id -> epoch ms visible again)
     clipper:queue:{<name>}:dlq       dead letters (fields body, source_id, receive_count)
 
-``send`` is one ``XADD`` (trimming entries older than the retention, like SQS's retention period). A receive
-is one script (``clipper.adapters.redis_streams_lua.RECEIVE``): messages visible again after the visibility
-timeout, released messages that are due, then new ones; a message delivered ``max_receive_count`` times is
-dead-lettered instead of delivered again. When nothing is ready and the caller waits, a blocking
+``send`` is one ``XADD`` (trimming entries older than the retention, like SQS's retention period). The
+receive script (``clipper.adapters.redis_streams_lua.RECEIVE``) takes messages visible again after the
+visibility timeout, released messages that are due, then new ones; a message delivered ``max_receive_count``
+times is dead-lettered instead of delivered again. When nothing is ready and the caller waits, a blocking
 ``XREADGROUP`` follows (the second round trip), in slices that end when a pending message can be visible
-again. Delete acknowledges and removes the entries in one ``MULTI``, so the stream holds only unanswered
+again. The script's scan is needed only when something can have become visible again, so a reader runs it
+when the last scan said so (its hint) and at least every ``rescan_s``; between scans a receive is the one
+blocking ``XREADGROUP`` for new messages (a busy queue pays one round trip per receive, not two, and no
+script). Delete acknowledges and removes the entries in one ``MULTI``, so the stream holds only unanswered
 messages. A receipt handle is ``<entry id>:<delivery count>``: a release by a reader whose delivery is no
 longer the current one changes nothing (the current holder keeps the message); a delete by any holder
 deletes it (it was answered), and deleting twice is harmless.
@@ -43,6 +46,7 @@ RETENTION_S = 3600.0
 GROUP = "batchers"
 MAX_WAIT_S = 20.0  # SQS's longest long poll; under the Redis client's socket timeout
 DEAD_LETTER_MAX_LEN = 100_000
+RESCAN_S = 1.0  # the longest a reader goes without the receive script's scan (capped at half the visibility timeout)
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 
@@ -175,6 +179,8 @@ class RedisStreamQueueReader:
         self._receive = client.script(RECEIVE)
         self._release = client.script(RELEASE)
         self._depth = client.script(DEPTH)
+        self._rescan_s = min(RESCAN_S, visibility_timeout_s / 2)
+        self._scan_at = 0.0  # monotonic time from which the next receive runs the script (0: at once)
 
     def receive(self, max_messages: int, wait_s: float) -> list[ReceivedMessage]:
         """Up to ``max_messages`` messages; when none is ready, waits up to ``wait_s`` (at most 20 s) and
@@ -182,13 +188,20 @@ class RedisStreamQueueReader:
         count = max(1, max_messages)
         deadline = time.monotonic() + max(0.0, min(MAX_WAIT_S, wait_s))
         while True:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            got = self._receive_ready(count, hint=remaining_ms > 0)
-            if isinstance(got, list):
-                return got
+            now = time.monotonic()
+            remaining_ms = int((deadline - now) * 1000)
+            scanned = now >= self._scan_at
+            if scanned:
+                got = self._receive_ready(count, hint=remaining_ms > 0)
+                if isinstance(got, list):
+                    # A full receive may have left more visible again: scan again next time.
+                    self._scan_at = 0.0 if len(got) >= count else now + self._rescan_s
+                    return got
+                wait_ms = self._rescan_s * 1000 if got < 0 else min(got, self._rescan_s * 1000)
+                self._scan_at = now + wait_ms / 1000
             if remaining_ms <= 0:
-                return []
-            block_ms = remaining_ms if got < 0 else max(1, min(remaining_ms, got))
+                return [] if scanned else self._read_new(count, None) or []  # a short poll: new ones only
+            block_ms = max(1, min(remaining_ms, int((self._scan_at - time.monotonic()) * 1000)))
             new = self._read_new(count, block_ms)
             if new is None:
                 return []  # the group is gone (Redis lost it): the next receive's script recreates it
@@ -216,12 +229,16 @@ class RedisStreamQueueReader:
             got.append(ReceivedMessage(entry_id, receipt_handle(entry_id, deliveries), body, deliveries, received_ms))
         return got
 
-    def _read_new(self, count: int, block_ms: int) -> list[ReceivedMessage] | None:
-        """New messages within ``block_ms``; None when the server refuses the read (its group was destroyed,
-        or Redis restarted without it)."""
-        command = ("XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count, "BLOCK", block_ms)
-        (resp,) = self._client.execute([(*command, "STREAMS", self.keys.stream, ">")], block_ms / 1000 + 2.0)
+    def _read_new(self, count: int, block_ms: int | None) -> list[ReceivedMessage] | None:
+        """New messages within ``block_ms`` (None: those there now); None when the server refuses the read (its
+        group was destroyed, or Redis restarted without it)."""
+        command: tuple[Any, ...] = ("XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count)
+        if block_ms is not None:
+            command = (*command, "BLOCK", block_ms)
+        wait_s = 0.0 if block_ms is None else block_ms / 1000
+        (resp,) = self._client.execute([(*command, "STREAMS", self.keys.stream, ">")], wait_s + 2.0)
         if isinstance(resp, RespError):
+            self._scan_at = 0.0  # the next receive's script recreates the group
             return None
         received_ms = time.time() * 1000
         out: list[ReceivedMessage] = []
@@ -261,6 +278,7 @@ class RedisStreamQueueReader:
             self._client,
             self._release.command(self.keys.all[:2], [GROUP, entry_id, count, max(0, int(delay_s * 1000))]),
         )
+        self._scan_at = min(self._scan_at, time.monotonic() + max(0, delay_s))  # this reader sees it when due
 
     def depth(self) -> QueueDepth:
         """The queue's depth as an operator sees it (see ``queue_depth``)."""
