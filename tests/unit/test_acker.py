@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -69,3 +70,41 @@ def test_close_without_a_thread_does_the_work_in_the_callers_thread():
     acker.release("x", 0)
     acker.close()
     assert queue.releases == [("x", 0)] and acker.pending == 0
+
+
+def test_deletes_within_the_linger_share_one_call_and_none_waits_much_longer():
+    queue = FlakyQueue()
+    acker = BackgroundAcker(queue, chunk=10, linger_s=0.3)
+    acker.start()
+    started = time.monotonic()
+    for i in range(3):
+        acker.delete([f"h{i}"])
+        time.sleep(0.02)
+    while acker.pending and time.monotonic() - started < 5:
+        time.sleep(0.005)
+    assert queue.deletes == [["h0", "h1", "h2"]]
+    assert 0.25 <= time.monotonic() - started < 2
+    acker.close()
+
+
+def test_a_full_chunk_a_release_and_a_flush_end_the_linger_at_once():
+    queue = FlakyQueue()
+    acker = BackgroundAcker(queue, chunk=4, linger_s=30)
+    acker.start()
+    started = time.monotonic()
+    acker.delete(["a", "b"])
+    acker.delete(["c", "d"])  # the chunk is full
+    while acker.pending and time.monotonic() - started < 5:
+        time.sleep(0.005)
+    assert queue.deletes == [["a", "b", "c", "d"]]
+    acker.delete(["e"])
+    acker.release("f", 2)
+    while acker.pending and time.monotonic() - started < 5:
+        time.sleep(0.005)
+    assert queue.deletes[1:] == [["e"]] and queue.releases == [("f", 2)]
+    acker.delete(["g"])
+    assert acker.flush(5.0) and queue.deletes[2:] == [["g"]]
+    acker.delete(["h"])
+    acker.close()
+    assert queue.deletes[3:] == [["h"]]
+    assert time.monotonic() - started < 5

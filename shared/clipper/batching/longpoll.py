@@ -62,7 +62,8 @@ class LongPollDriver:
     ``buffer_batches``: the buffer's bound in batches of the controller's current size (and at least
     ``receivers`` x ``receive_max``, so each receiver can make a full receive); ``idle_wait_s``: the
     receivers' long poll (a stop is seen within it) and how long ``collect`` waits for a first message;
-    ``ack_chunk``: receipt handles per delete call. ``clock`` (monotonic seconds) times the batch wait.
+    ``ack_chunk``: receipt handles per delete call; ``ack_linger_s``: how long a delete waits for others to
+    share its call (``BackgroundAcker``). ``clock`` (monotonic seconds) times the batch wait.
     ``on_report`` sees every batch's report (the process's counters: EndpointErrors to CloudWatch)."""
 
     def __init__(
@@ -80,6 +81,7 @@ class LongPollDriver:
         receive_max: int | None = 10,
         buffer_batches: float = 2.0,
         ack_chunk: int = 10,
+        ack_linger_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         on_report: Callable[[BatchReport], None] | None = None,
     ) -> None:
@@ -105,7 +107,7 @@ class LongPollDriver:
         self._halt = threading.Event()  # ends the receivers
         self._buffer = ReceiveBuffer(self._capacity(), clock=clock)
         self._receivers = Receivers(reader, self._buffer, self._halt, receivers, idle_wait_s, receive_max)
-        self._acker = BackgroundAcker(reader, chunk=ack_chunk)
+        self._acker = BackgroundAcker(reader, chunk=ack_chunk, linger_s=ack_linger_s)
         self._started = self._closed = False
         self._restore()
 

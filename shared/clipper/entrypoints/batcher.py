@@ -33,6 +33,7 @@ logger = logging.getLogger("clipper.batcher")
 RECEIVERS = {"sqs": 4, "redis": 1}
 RECEIVE_MAX = {"sqs": 10, "redis": None}  # messages one receive asks for (None: the buffer's room)
 ACK_CHUNK = {"sqs": 10, "redis": 100}  # receipt handles per delete call (SQS's DeleteMessageBatch takes 10)
+ACK_LINGER_MS = 20.0  # a delete waits this long for others to share its call (clipper.batching.acker)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -64,6 +65,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=2.0,
         help="messages received ahead, at most, in batches of the current size (>= 1)",
+    )
+    p.add_argument(
+        "--ack-linger-ms",
+        type=float,
+        default=ACK_LINGER_MS,
+        help="how long a delete waits for others to share its call (0: each batch's own call at once)",
     )
     p.add_argument(
         "--poll-wait-s",
@@ -199,6 +206,7 @@ def build_driver(
         receive_max=RECEIVE_MAX[transport],
         buffer_batches=args.buffer_batches,
         ack_chunk=ACK_CHUNK[transport],
+        ack_linger_s=args.ack_linger_ms / 1000,
         on_report=None if counters is None else lambda report: counters.add("EndpointErrors", report.endpoint_errors),
     )
 
