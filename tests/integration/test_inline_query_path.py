@@ -12,6 +12,7 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
+import clipper.batching.core as batching_core
 from clipper.adapters.clock import SystemClock
 from clipper.adapters.redis_cache import RedisPredictionCache
 from clipper.adapters.redis_fused import RedisLookupOrSend
@@ -114,8 +115,16 @@ def blocking_calls_on_a_loop(monkeypatch):
     [(True, False), (False, False), (True, True), (False, True)],
     ids=["event-loop", "worker-thread", "event-loop-one-round-trip", "worker-thread-one-round-trip"],
 )
-def test_queries_are_answered_cached_and_ensembled(stack, inline, fused, blocking_calls_on_a_loop):
+def test_queries_are_answered_cached_and_ensembled(stack, inline, fused, blocking_calls_on_a_loop, monkeypatch):
     make, endpoint, _, _ = stack
+    hashed_by_the_batcher: list[object] = []
+    original_row_keys = batching_core.row_keys
+
+    def row_keys_counted(*args):  # type: ignore[no-untyped-def]
+        hashed_by_the_batcher.append(args[:2])
+        return original_row_keys(*args)
+
+    monkeypatch.setattr(batching_core, "row_keys", row_keys_counted)
     with make(inline, fused) as http:
         http.post("/digits/predict", json={"input": one_hot(0)})  # the registry copy knows the app now
         r = http.post("/digits/predict?debug=1", json={"input_batch": [one_hot(3), one_hot(9), one_hot(3)]})
@@ -134,6 +143,7 @@ def test_queries_are_answered_cached_and_ensembled(stack, inline, fused, blockin
         ens = http.post("/ens/predict?debug=1", json={"input": one_hot(5)}).json()
         assert ens["output"] == 5 and sorted(ens["debug"]["models"]) == ["a", "b"] and ens["default"] is False
     assert blocking_calls_on_a_loop == []  # every Redis call on the loop was awaited
+    assert hashed_by_the_batcher == []  # the messages carried the keys the frontend looked up
 
 
 @pytest.mark.parametrize("fused", [False, True])

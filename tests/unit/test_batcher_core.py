@@ -334,3 +334,36 @@ def test_a_copy_delivered_twice_as_first_is_answered_once():
     second = batcher.process([copy])
     assert [r.outputs for r in replies.lists["1"]] == [[3]]
     assert second.answered == 0 and second.duplicates == 1  # counted as what it was
+
+
+def test_the_cache_is_filled_under_the_keys_a_message_carries_else_under_the_rows_hash():
+    from clipper.core.cache_keys import row_keys
+    from tests.fakes import InMemoryCache
+
+    clock, endpoint, replies, cache = FakeClock(), FakeEndpoint(), InMemoryReplies(), InMemoryCache()
+    batcher = Batcher(FakeResolver(endpoint), replies, clock, cache=cache)
+    carried = message(1, one_hot(1, n=2), clock)
+    body = QueryMessage.from_json(carried.body).model_copy(update={"cache_keys": ["k-a", "k-b"]}).to_json()
+    plain, short = message(2, one_hot(2), clock), message(3, one_hot(3), clock)
+    wrong = QueryMessage.from_json(short.body).model_copy(update={"cache_keys": ["x", "y"]}).to_json()  # 2 keys, 1 row
+    report = batcher.process([dataclasses.replace(carried, body=body), plain, dataclasses.replace(short, body=wrong)])
+    assert report.answered == 3
+    hashed = [row_keys("mlp", "1", one_hot(i))[0] for i in (2, 3)]
+    assert cache.get_many(["k-a", "k-b", *hashed]) == {"k-a": 1, "k-b": 1, hashed[0]: 2, hashed[1]: 3}
+
+
+def test_the_frontends_message_carries_the_keys_it_looked_up():
+    from clipper.core.cache_keys import row_keys
+
+    rows = one_hot(4, n=3)
+    keys = row_keys("mlp", "1", rows)
+    payload, _ = encode_rows(rows)
+    fields = dict(app="digits", model="mlp", version="1", input_type=InputType.FLOATS, rows=3, payload=payload)
+    body = QueryMessage.encode(query_id=1, deadline_ms=1, sent_ms=1, reply_to="r", cache_keys=keys, **fields)
+    assert QueryMessage.from_json(body).cache_keys == keys
+    assert (
+        QueryMessage.from_json(
+            QueryMessage.encode(query_id=1, deadline_ms=1, sent_ms=1, reply_to="r", **fields)
+        ).cache_keys
+        is None
+    )

@@ -267,7 +267,7 @@ class Batcher:
             if w.received_ms is not None:
                 timings["batch_wait_ms"] = max(0.0, start_ms - w.received_ms)
             replies.append(
-                Reply(
+                Reply.model_construct(  # from checked values: no validation on the batch path
                     query_id=w.message.query_id,
                     model=model,
                     version=version,
@@ -317,11 +317,14 @@ class Batcher:
 
 
 def _cache_entries(model: str, version: str, members: list[_Work], outputs: list[Any]) -> dict[str, Any]:
-    """The cache entries of a batch's outputs: each row's key and its output."""
+    """The cache entries of a batch's outputs: each row's key (the one its message carries, else its hash) and
+    its output."""
     entries: dict[str, Any] = {}
     offset = 0
     for w in members:
-        keys = row_keys(model, version, w.rows)
+        keys = w.message.cache_keys
+        if keys is None or len(keys) != len(w.rows):
+            keys = row_keys(model, version, w.rows)
         entries.update(zip(keys, outputs[offset : offset + len(keys)], strict=True))
         offset += len(keys)
     return entries

@@ -48,6 +48,9 @@ class QueryMessage(BaseModel):
     deadline_ms: int
     sent_ms: int
     reply_to: str
+    # The rows' prediction cache keys (``clipper.core.cache_keys.row_keys``) when the frontend computed them for
+    # its lookup: the batcher fills the cache under them instead of hashing the rows again. Absent: it hashes.
+    cache_keys: list[str] | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
@@ -64,25 +67,27 @@ class QueryMessage(BaseModel):
         deadline_ms: int,
         sent_ms: int,
         reply_to: str,
+        cache_keys: list[str] | None = None,
     ) -> str:
         """``QueryMessage(...).to_json()`` for the frontend's hot path: the same JSON from values it already
         validated, without building and validating a model (one orjson dump)."""
         fields = {"npy": payload.npy, "strings": payload.strings, "b64": payload.b64, "s3_key": payload.s3_key}
-        return orjson.dumps(
-            {
-                "v": 1,
-                "query_id": query_id,
-                "app": app,
-                "model": model,
-                "version": version,
-                "input_type": input_type.value,
-                "rows": rows,
-                "payload": {k: v for k, v in fields.items() if v is not None},
-                "deadline_ms": deadline_ms,
-                "sent_ms": sent_ms,
-                "reply_to": reply_to,
-            }
-        ).decode()
+        message: dict[str, Any] = {
+            "v": 1,
+            "query_id": query_id,
+            "app": app,
+            "model": model,
+            "version": version,
+            "input_type": input_type.value,
+            "rows": rows,
+            "payload": {k: v for k, v in fields.items() if v is not None},
+            "deadline_ms": deadline_ms,
+            "sent_ms": sent_ms,
+            "reply_to": reply_to,
+        }
+        if cache_keys is not None:
+            message["cache_keys"] = cache_keys
+        return orjson.dumps(message).decode()
 
     @classmethod
     def from_json(cls, body: str | bytes) -> QueryMessage:

@@ -142,7 +142,7 @@ class Gatherer:
             key = row_keys(a.model.name, a.model.version, query.rows)
             fan.keys[a.model.name] = key
             try:
-                body, a.sent_ms = self._message(app, a.model, query.rows, query_id, fan)
+                body, a.sent_ms = self._message(app, a.model, query.rows, query_id, fan, key)
             except Unavailable as e:
                 a.fail(f"model {a.model.name}:{a.model.version}: queue unavailable ({e})", "unavailable")
                 continue
@@ -221,7 +221,9 @@ class Gatherer:
                 )
                 continue
             try:
-                body, a.sent_ms = self._message(app, m, _take(query.rows, rows), query_id, fan)
+                known = fan.keys.get(m.name)
+                keys = [known[i] for i in rows] if known is not None else None
+                body, a.sent_ms = self._message(app, m, _take(query.rows, rows), query_id, fan, keys)
             except Unavailable as e:
                 a.fail(f"model {m.name}:{m.version}: queue unavailable ({e})", "unavailable")
                 continue
@@ -247,10 +249,17 @@ class Gatherer:
             a.sent_at, a.timings_ms["send"] = t1, (t1 - t0) * 1000
 
     def _message(
-        self, app: Application, model: ModelVersion, rows: Rows, query_id: int, fan: Fanout
+        self,
+        app: Application,
+        model: ModelVersion,
+        rows: Rows,
+        query_id: int,
+        fan: Fanout,
+        cache_keys: list[str] | None = None,
     ) -> tuple[str, int]:
         """The query message of ``rows`` for ``model`` (its rows through the claim-check store when too large for
-        a queue message), and its ``sent_ms``."""
+        a queue message), and its ``sent_ms``. ``cache_keys``: the rows' cache keys, when this query computed them
+        (the batcher fills the cache under them instead of hashing the rows again)."""
         assert fan.reply_to is not None
         payload, blob = encode_rows(rows)
         if blob is not None:
@@ -271,6 +280,7 @@ class Gatherer:
             deadline_ms=int(fan.deadline * 1000),
             sent_ms=sent_ms,
             reply_to=fan.reply_to,
+            cache_keys=cache_keys,
         )
         return body, sent_ms
 
