@@ -166,3 +166,16 @@ def test_the_hot_paths_encoding_is_the_models_json(payload):
     encoded = QueryMessage.encode(**values)
     assert json.loads(encoded) == json.loads(QueryMessage(**values).to_json())
     assert QueryMessage.from_json(encoded) == QueryMessage(**values)
+
+
+def test_a_numeric_input_is_inline_only_while_its_base64_fits_the_limit():
+    from clipper.core.tensors import encode_npy
+
+    header = len(encode_npy(np.zeros((1, 1), dtype=np.uint8))) - 1
+    fits = (MAX_INLINE_PAYLOAD * 3) // 4 - header  # bytes whose .npy encodes to the limit's base64 length or less
+    for n, inline in ((fits, True), (fits + 3, False), (MAX_INLINE_PAYLOAD - header - 10, False)):
+        rows = np.zeros((1, n), dtype=np.uint8)
+        payload, blob = encode_rows(rows)
+        assert (blob is None) is inline, n
+        if inline:
+            assert payload.npy is not None and len(payload.npy) <= MAX_INLINE_PAYLOAD
