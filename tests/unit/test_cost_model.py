@@ -3,6 +3,8 @@ spread over the rate, and the always-on endpoint and the per-request services cr
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from clipper.cost.model import Deployment, Measured, Prices, compare, crossings, realtime_cost, stack_cost
@@ -43,6 +45,21 @@ def test_a_miss_pays_the_lambda_for_its_wait_and_sqs_per_model():
     assert hits["frontend Lambda"] == pytest.approx(0.2e-6 + 1 / 1000 * 0.0000166667)
 
 
+def test_deletes_share_a_call_within_the_acknowledgement_linger():
+    prices = Prices.load()
+    singles = dataclasses.replace(FIGURES, batch_rows=1.0)
+    # one message a receive; at 1,000 q/s one batcher answers 20 in 20 ms: a delete call takes 10 of them
+    busy = stack_cost(prices, singles, Deployment(), rate_qps=1000).per_query
+    assert busy["SQS"] == pytest.approx((1 + 1 + 1 / 10) * 0.4e-6)
+    # at 100 q/s, 2 in 20 ms
+    assert stack_cost(prices, singles, Deployment(), rate_qps=100).per_query["SQS"] == pytest.approx(
+        (1 + 1 + 1 / 2) * 0.4e-6
+    )
+    # without the linger each batch deletes on its own
+    alone = stack_cost(prices, singles, Deployment(ack_linger_s=0), rate_qps=1000).per_query
+    assert alone["SQS"] == pytest.approx(3 * 0.4e-6)
+
+
 def test_elasticache_is_priced_as_the_template_deploys_it_serverless():
     prices = Prices.load()
     valkey = stack_cost(prices, FIGURES, Deployment(store="redis"), rate_qps=10)
@@ -70,7 +87,10 @@ def test_fixed_costs_are_spread_over_the_rate_and_instances_follow_it():
     slow, fast = (stack_cost(prices, FIGURES, Deployment(), r) for r in (1, 1000))
     assert slow.per_hour == fast.per_hour and fast.instances == 1
     fixed = sum(slow.per_hour.values())  # the same per hour, over 1,000 times fewer queries
-    assert slow.per_million - fast.per_million == pytest.approx(fixed / 3600 * 1e6 * (1 - 1 / 1000))
+    # per query the same, but for the deletes: at 1,000 q/s 10 share a call within the linger, at 1 q/s a receive's 8
+    sqs = slow.per_query["SQS"] - fast.per_query["SQS"]
+    assert sqs == pytest.approx((1 / 8 - 1 / 10) * 0.4e-6)
+    assert slow.per_million - fast.per_million == pytest.approx(fixed / 3600 * 1e6 * (1 - 1 / 1000) + sqs * 1e6)
     busy = stack_cost(prices, FIGURES, Deployment(), rate_qps=2_000_000)
     assert busy.instances == 3  # 2 M rows/s over 2 vCPUs x 400 k rows/s
     direct = realtime_cost(prices, FIGURES, Deployment(), rate_qps=25_000)

@@ -12,8 +12,9 @@ Per query, by what the code does (the requests are those ``tests/integration/tes
   the wait for replies included: ``frontend_hit_ms`` for a cache hit, ``frontend_miss_ms`` + ``aws_queue_ms`` for
   a miss (the local stack's queue is Redis Streams; on AWS the send and the transit through SQS cost about two SQS
   requests' latency, docs/latency-on-aws.md);
-- a miss, per model asked: one SQS SendMessage per 64 KB of payload, and the receive and delete of its message
-  shared by the messages of one receive (at most 10 on SQS);
+- a miss, per model asked: one SQS SendMessage per 64 KB of payload, the receive of its message shared by the
+  messages of one receive (at most 10 on SQS), and its delete shared by those of one receive or, when more, by
+  those its batcher answers within the acknowledgement linger (``ack_linger_s``, at most 10 a call);
 - the cache and the reply channel: on ElastiCache Serverless (template.yaml's ``Cache``), an ECPU a command (the
   lookup, and per model asked the reply's publish and read, the cache's fill and claim release); on DynamoDB, a read
   for the lookup, a conditional write for the claim and one for the result, a write for the reply and the
@@ -97,6 +98,7 @@ class Deployment:
     reply_poll_ms: float = 10.0  # CLIPPER_REPLY_POLL_INTERVAL_S with DynamoDB replies
     receivers: int = 4  # long-poll receivers per batcher on SQS
     poll_wait_s: float = 1.0  # their long poll (clipper-batcher --poll-wait-s)
+    ack_linger_s: float = 0.02  # deletes wait this long to share a call (clipper-batcher --ack-linger-ms)
     serverless_memory_gb: float = 2.0
 
 
@@ -141,9 +143,12 @@ def stack_cost(prices: Prices, m: Measured, d: Deployment, rate_qps: float) -> C
         p["lambda_request_per_million"] / 1e6
         + d.frontend_memory_mb / 1024 * billed_ms / 1000 * p["lambda_gb_second"][d.architecture]
     )
+    rows_per_s = rate_qps * sends
+    c.instances = max(d.min_instances, math.ceil(rows_per_s / (m.instance_rows_per_s * d.instance_vcpus)))
     per_receive = min(10.0, max(1.0, m.batch_rows))  # messages one SQS receive returns under load
+    per_delete = min(10.0, max(per_receive, rows_per_s / c.instances * d.ack_linger_s))  # one batcher's linger
     chunks = math.ceil(m.message_bytes / SQS_CHUNK_BYTES)
-    c.per_query["SQS"] = sends * (chunks + 2 / per_receive) * p["sqs_request_per_million"] / 1e6
+    c.per_query["SQS"] = sends * (chunks + 1 / per_receive + 1 / per_delete) * p["sqs_request_per_million"] / 1e6
     if d.store == "dynamodb":
         writes = sends * 3  # per model asked: the claim, the result, the reply
         # a read per model's row, and while a miss waits one query of its replies every reply_poll_ms
@@ -159,8 +164,6 @@ def stack_cost(prices: Prices, m: Measured, d: Deployment, rate_qps: float) -> C
         ecpus = 1 + sends * ECPUS_PER_SEND
         c.per_query["ElastiCache (ECPUs)"] = ecpus * serverless["ecpu_per_million"] / 1e6
     c.per_query["CloudWatch Logs"] = _gb(m.log_bytes_per_query) * p["cloudwatch_logs_ingested_per_gb"]
-    rows_per_s = rate_qps * sends
-    c.instances = max(d.min_instances, math.ceil(rows_per_s / (m.instance_rows_per_s * d.instance_vcpus)))
     c.per_hour["endpoint instances"] = c.instances * p["sagemaker_instance_hour"][d.instance_type]
     idle_receives_per_hour = c.instances * d.receivers * 3600 / max(d.poll_wait_s, 1.0)
     c.per_hour["SQS idle long polls"] = idle_receives_per_hour * p["sqs_request_per_million"] / 1e6
