@@ -88,17 +88,27 @@ async def closed_loop(port: int, bodies: list[bytes], path: str, connections: in
     return counts
 
 
-def measure(stack: LocalStack, bodies: list[bytes], path: str, connections: int, seconds: float) -> dict[str, Any]:
+def stack_pids(stack: LocalStack) -> dict[str, int]:
+    """Every process of the stack by name (the supervisor's processes file)."""
     from clipper.cli.local import processes
 
-    pids = {p["name"]: p["pid"] for p in processes(stack.state_dir) or [] if p["name"] in GROUPS}
+    return {p["name"]: p["pid"] for p in processes(stack.state_dir) or []}
+
+
+def cpu_seconds(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """CPU seconds each process used between two ``cpu_ticks``."""
+    hz = os.sysconf("SC_CLK_TCK")
+    return {name: (after[name] - before[name]) / hz for name in before}
+
+
+def measure(stack: LocalStack, bodies: list[bytes], path: str, connections: int, seconds: float) -> dict[str, Any]:
+    pids = {name: pid for name, pid in stack_pids(stack).items() if name in GROUPS}
     port = int(stack.url.rsplit(":", 1)[1])
     before, started = cpu_ticks(pids), time.monotonic()
     counts = asyncio.run(closed_loop(port, bodies, path, connections, seconds))
     after, took = cpu_ticks(pids), time.monotonic() - started
-    hz = os.sysconf("SC_CLK_TCK")
     answered = max(1, counts["answered"])
-    per_query = {name: (after[name] - before[name]) / hz / answered * 1000 for name in pids}
+    per_query = {name: used / answered * 1000 for name, used in cpu_seconds(before, after).items()}
     return {
         **counts,
         "seconds": round(took, 2),
@@ -112,10 +122,8 @@ def open_loop(stack: LocalStack, maker: Bodies, first: int, rate: float, seconds
     """Poisson arrivals at ``rate`` for ``seconds`` (after 1 s of warm-up at the same rate), distinct inputs from
     serial ``first`` on: CPU per answered query by process (every process of the stack counted), the core's busy
     share, and the latency figures of bench-frontdoor's trials."""
-    from clipper.cli.local import processes
-
     case = CASES["mlp"]
-    pids = {p["name"]: p["pid"] for p in processes(stack.state_dir) or []}
+    pids = stack_pids(stack)
     warmup = 1.0
     offsets = poisson_offsets(rate, warmup + seconds, np.random.default_rng(SEED + int(rate)))
     requests = [maker.request(first + i) for i in range(len(offsets))]
@@ -140,8 +148,7 @@ def open_loop(stack: LocalStack, maker: Bodies, first: int, rate: float, seconds
         runner.close()
     figures = summarize(record, case.slo_ms, rate)
     answered = max(1, int(np.isin(record.outcome, (REAL, DEFAULT)).sum()))  # warm-up included, as in the CPU
-    hz = os.sysconf("SC_CLK_TCK")
-    used = {name: (after[name] - before[name]) / hz for name in pids}
+    used = cpu_seconds(before, after)
     per_query = {g: used.get(g, 0.0) / answered * 1000 for g in GROUPS}
     per_query["other"] = sum(v for k, v in used.items() if k not in GROUPS) / answered * 1000
     return {

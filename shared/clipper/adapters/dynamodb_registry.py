@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -396,15 +397,15 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
     def app_names(self) -> list[str]:
-        return sorted(i["pk"]["S"][len("APP#") :] for i in self._scan("APP"))
+        return _names(self._scan("APP"), "APP#")
 
     def model_names(self) -> list[str]:
-        return sorted(i["pk"]["S"][len("MODEL#") :] for i in self._scan("MODEL"))
+        return _names(self._scan("MODEL"), "MODEL#")
 
     def canaried_model_names(self) -> list[str]:
         """The models whose item holds a running canary: what the reviewer's rounds need, from the same scan
         (a reviewer reads each of them fresh before it decides)."""
-        return sorted(i["pk"]["S"][len("MODEL#") :] for i in self._scan("MODEL") if "canary" in i)
+        return _names((i for i in self._scan("MODEL") if "canary" in i), "MODEL#")
 
     def _delete(self, pk: str, sk: str) -> None:
         with aws_call("dynamodb.DeleteItem(registry)"):
@@ -455,3 +456,8 @@ class DynamoDBControllerStore:
                     "updated_at": {"N": str(int(time.time()))},
                 },
             )
+
+
+def _names(items: Iterable[dict[str, Any]], prefix: str) -> list[str]:
+    """The names of scanned items, sorted (their partition key without ``prefix``)."""
+    return sorted(i["pk"]["S"][len(prefix) :] for i in items)

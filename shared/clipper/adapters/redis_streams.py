@@ -197,8 +197,8 @@ class RedisStreamQueueReader:
                     # A full receive may have left more visible again: scan again next time.
                     self._scan_at = 0.0 if len(got) >= count else now + self._rescan_s
                     return got
-                wait_ms = self._rescan_s * 1000 if got < 0 else min(got, self._rescan_s * 1000)
-                self._scan_at = now + wait_ms / 1000
+                # until the hint (ms until a pending message can be visible again; -1: none pending), at most rescan_s
+                self._scan_at = now + (self._rescan_s if got < 0 else min(got / 1000, self._rescan_s))
             if remaining_ms <= 0:
                 return [] if scanned else self._read_new(count, None) or []  # a short poll: new ones only
             block_ms = max(1, min(remaining_ms, int((self._scan_at - time.monotonic()) * 1000)))

@@ -25,6 +25,8 @@ from clipper.ports import QueueReader
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_LINGER_S = 0.02  # clipper-batcher's --ack-linger-ms default, and what the cost model assumes
+
 
 class BackgroundAcker:
     """Deletes and releases of one queue, done by one thread in the order they were asked for.

@@ -41,6 +41,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from clipper.batching.acker import DEFAULT_LINGER_S
+
 HOURS_PER_MONTH = 730.0
 SQS_CHUNK_BYTES = 64 * 1024
 
@@ -98,7 +100,7 @@ class Deployment:
     reply_poll_ms: float = 10.0  # CLIPPER_REPLY_POLL_INTERVAL_S with DynamoDB replies
     receivers: int = 4  # long-poll receivers per batcher on SQS
     poll_wait_s: float = 1.0  # their long poll (clipper-batcher --poll-wait-s)
-    ack_linger_s: float = 0.02  # deletes wait this long to share a call (clipper-batcher --ack-linger-ms)
+    ack_linger_s: float = DEFAULT_LINGER_S  # deletes wait this long to share a call (clipper-batcher --ack-linger-ms)
     serverless_memory_gb: float = 2.0
 
 

@@ -18,6 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from clipper.adapters.cloudwatch_metrics import CloudWatchCounters
+from clipper.batching.acker import DEFAULT_LINGER_S
 from clipper.batching.longpoll import LongPollDriver
 from clipper.batching.model_config import BatcherConfig, ConfigFollower, RegistryBatcherConfig
 from clipper.core.domain import BatchingSettings
@@ -33,7 +34,7 @@ logger = logging.getLogger("clipper.batcher")
 RECEIVERS = {"sqs": 4, "redis": 1}
 RECEIVE_MAX = {"sqs": 10, "redis": None}  # messages one receive asks for (None: the buffer's room)
 ACK_CHUNK = {"sqs": 10, "redis": 100}  # receipt handles per delete call (SQS's DeleteMessageBatch takes 10)
-ACK_LINGER_MS = 20.0  # a delete waits this long for others to share its call (clipper.batching.acker)
+ACK_LINGER_MS = DEFAULT_LINGER_S * 1000  # a delete waits this long for others to share its call
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
