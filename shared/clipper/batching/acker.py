@@ -44,7 +44,7 @@ class BackgroundAcker:
         self._max_backlog = max_backlog
         self._linger = linger_s
         self._lingering = False  # the thread waits for more deletes: a delete wakes it only when a chunk is full
-        self._hurry = False  # flush or release: end the linger now
+        self._hurry = False  # a flush waits: end the linger now
         self._cond = threading.Condition()
         self._deletes: list[str] = []
         self._releases: list[tuple[str, int]] = []
@@ -76,8 +76,7 @@ class BackgroundAcker:
             self._wait_for_room()
             self._releases.append((receipt_handle, delay_s))
             self._asked += 1
-            self._hurry = True
-            self._cond.notify_all()
+            self._cond.notify_all()  # a pending release ends the linger
 
     def _wait_for_room(self) -> None:
         while self._thread is not None and self._thread.is_alive() and self._asked - self._done >= self._max_backlog:
