@@ -5,6 +5,7 @@ ahead of it, several in flight, into a bounded buffer."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from clipper.batching.controller import FixedController
 from clipper.batching.core import Batcher
 from clipper.batching.longpoll import LongPollDriver
+from clipper.batching.receive_ahead import ReceiveBuffer
+from clipper.ports import ReceivedMessage
 from tests.fakes import FakeClock, FakeEndpoint, FakeResolver, InMemoryReplies
 from tests.unit.test_batcher_core import message, one_hot
 from tests.unit.test_longpoll_driver import ListReader, driving, ids, wait_until
@@ -115,3 +118,51 @@ def test_the_buffer_holds_at_most_its_bound_received_ahead(size, receivers, boun
         assert len(driver.collect(threading.Event())) == size
         wait_until(lambda: driver.buffered == bound)
         assert reader.handed_out == bound + size
+
+
+class ThreadCountingClock:
+    """Real monotonic time; counts the reads made by one thread (the batcher's, each time it wakes)."""
+
+    def __init__(self, thread_name: str) -> None:
+        self.thread_name = thread_name
+        self.reads = 0
+
+    def __call__(self) -> float:
+        if threading.current_thread().name == self.thread_name:
+            self.reads += 1
+        return time.monotonic()
+
+
+def test_messages_arriving_within_the_batch_window_do_not_wake_the_batcher_one_by_one():
+    """Within its batch window the batcher sleeps until the window ends or its batch is full: a receive that
+    delivers one message does not wake it (it did, once per message, which cost a thread switch per query)."""
+    clock = ThreadCountingClock("taker")
+    buffer = ReceiveBuffer(capacity=1000, clock=clock)
+    halt, stop = threading.Event(), threading.Event()
+    taken: list[list[ReceivedMessage]] = []
+    taker = threading.Thread(target=lambda: taken.append(buffer.take(100, 0.4, 5.0, stop)), name="taker")
+    taker.start()
+    for i in range(40):  # one message every ~5 ms, all within the 0.4 s window the first one opens
+        n = buffer.reserve(1, 1, halt)
+        buffer.put([ReceivedMessage(f"m{i}", f"r{i}", "{}")], n)
+        time.sleep(0.005)
+    taker.join(5)
+    assert [m.message_id for m in taken[0]][:40] == [f"m{i}" for i in range(40)]
+    # woken by its deadline checks (every WAKE_S = 50 ms: 8 in 0.4 s), not by each of the 40 deliveries
+    assert clock.reads < 20, clock.reads
+
+
+def test_a_batch_that_fills_within_its_window_is_cut_at_once():
+    buffer = ReceiveBuffer(capacity=100)
+    halt, stop = threading.Event(), threading.Event()
+    taken: list[list[ReceivedMessage]] = []
+    taker = threading.Thread(target=lambda: taken.append(buffer.take(5, 10.0, 5.0, stop)))
+    taker.start()
+    started = time.monotonic()
+    for i in range(5):
+        n = buffer.reserve(1, 1, halt)
+        buffer.put([ReceivedMessage(f"m{i}", f"r{i}", "{}")], n)
+    taker.join(5)
+    assert not taker.is_alive()
+    assert [m.message_id for m in taken[0]] == [f"m{i}" for i in range(5)]
+    assert time.monotonic() - started < 2.0  # the full batch, not its 10 s window

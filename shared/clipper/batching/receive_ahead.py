@@ -50,7 +50,13 @@ class ReceiveBuffer:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self._cond = threading.Condition()
+        # One lock, two conditions: receivers wait on ``_room``, the batcher on ``_filled``; a receive that
+        # delivers wakes the batcher only when it waits for a first message or its batch is now full (not
+        # once per message: within the batch window its deadline wakes it).
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._filled = threading.Condition(self._lock)
+        self._want = 0  # buffered messages the waiting batcher needs to be woken (0: it is not waiting)
         self._items: deque[Arrival] = deque()
         self._reserved = 0
         self._capacity = max(1, capacity)
@@ -59,36 +65,37 @@ class ReceiveBuffer:
         self.received = 0  # messages that entered, ever
 
     def __len__(self) -> int:
-        with self._cond:
+        with self._lock:
             return len(self._items)
 
     def set_capacity(self, capacity: int) -> None:
-        with self._cond:
+        with self._lock:
             self._capacity = max(1, capacity)
-            self._cond.notify_all()
+            self._room.notify_all()
 
     def wake(self) -> None:
         """Wake every waiter now (to see a stop event sooner)."""
-        with self._cond:
-            self._cond.notify_all()
+        with self._lock:
+            self._room.notify_all()
+            self._filled.notify_all()
 
     def reserve(self, most: int | None, ways: int, halt: threading.Event) -> int:
         """Block until there is room, then reserve some for one receive: at most ``most`` messages (None: no
         limit) and a ``ways``-th of the capacity (so that many receives can be in flight at once). 0 once
         ``halt`` is set."""
-        with self._cond:
+        with self._lock:
             while not halt.is_set():
                 room = self._capacity - len(self._items) - self._reserved
                 if room > 0:
                     n = min(room, -(-self._capacity // max(1, ways)), room if most is None else most)
                     self._reserved += n
                     return n
-                self._cond.wait(WAKE_S)
+                self._room.wait(WAKE_S)
             return 0
 
     def put(self, messages: list[ReceivedMessage], reserved: int) -> None:
         """Append what one receive returned (in its order, one arrival time) and give back its reservation."""
-        with self._cond:
+        with self._lock:
             self._reserved -= reserved
             if messages:
                 at, wall_ms = self._clock(), self._wall() * 1000
@@ -96,7 +103,10 @@ class ReceiveBuffer:
                     stamped = m if m.received_ms is not None else replace(m, received_ms=wall_ms)
                     self._items.append(Arrival(stamped, at))
                 self.received += len(messages)
-            self._cond.notify_all()
+                if self._want and len(self._items) >= self._want:
+                    self._filled.notify_all()
+            if len(messages) < reserved:  # room given back
+                self._room.notify_all()
 
     def take(
         self, limit: int, batch_wait_s: float, idle_wait_s: float, stop: threading.Event, lead: int = 0
@@ -113,7 +123,7 @@ class ReceiveBuffer:
         room = limit - lead
         if room <= 0:
             return []
-        with self._cond:
+        with self._lock:
             opened = self._clock()
             if lead:
                 cutoff = opened
@@ -123,17 +133,25 @@ class ReceiveBuffer:
                     left = give_up - self._clock()
                     if left <= 0 or stop.is_set():
                         return []
-                    self._cond.wait(min(left, WAKE_S))
+                    self._wait_for(1, min(left, WAKE_S))
                 cutoff = max(self._items[0].at + batch_wait_s, opened)
             while True:
                 ready = self._count_until(cutoff, room)
                 left = cutoff - self._clock()
                 if ready >= room or left <= 0 or stop.is_set():
                     break
-                self._cond.wait(min(left, WAKE_S))
+                self._wait_for(room, min(left, WAKE_S))
             taken = [self._items.popleft().message for _ in range(ready)]
-            self._cond.notify_all()  # receivers waiting for room
+            self._room.notify_all()  # receivers waiting for room
             return taken
+
+    def _wait_for(self, count: int, timeout: float) -> None:
+        """Wait (the lock held) until ``count`` messages are buffered, ``wake``, or ``timeout``."""
+        self._want = count
+        try:
+            self._filled.wait(timeout)
+        finally:
+            self._want = 0
 
     def _count_until(self, cutoff: float, most: int) -> int:
         n = 0
@@ -145,10 +163,10 @@ class ReceiveBuffer:
 
     def drain(self) -> list[ReceivedMessage]:
         """Everything buffered (on stop: to hand back to the queue)."""
-        with self._cond:
+        with self._lock:
             out = [a.message for a in self._items]
             self._items.clear()
-            self._cond.notify_all()
+            self._room.notify_all()
             return out
 
 
