@@ -46,7 +46,26 @@ from bench.frontdoor.procs import can_pin, pin_self
 from bench.frontdoor.stack import LocalStack
 from bench.frontdoor.stats import DEFAULT, REAL, poisson_offsets, summarize
 
-GROUPS = ("frontend", "batcher-mlp", "endpoint-mlp", "redis", "moto")
+
+def groups(model: str) -> tuple[str, ...]:
+    """The processes reported one by one for ``model``'s queries (the rest are "other")."""
+    return ("frontend", f"batcher-{model}", f"endpoint-{model}", "redis", "moto")
+
+
+def group_of(process: str, named: tuple[str, ...]) -> str:
+    """The group a process of the stack counts in: its name, or a replica's (``batcher-cnn-1-0`` in
+    ``batcher-cnn``), or "other"."""
+    for group in named:
+        if process == group or process.startswith(group + "-"):
+            return group
+    return "other"
+
+
+def by_group(used: dict[str, float], named: tuple[str, ...]) -> dict[str, float]:
+    out = dict.fromkeys((*named, "other"), 0.0)
+    for process, seconds in used.items():
+        out[group_of(process, named)] += seconds
+    return out
 
 
 def cpu_ticks(pids: dict[str, int]) -> dict[str, int]:
@@ -101,14 +120,18 @@ def cpu_seconds(before: dict[str, int], after: dict[str, int]) -> dict[str, floa
     return {name: (after[name] - before[name]) / hz for name in before}
 
 
-def measure(stack: LocalStack, bodies: list[bytes], path: str, connections: int, seconds: float) -> dict[str, Any]:
-    pids = {name: pid for name, pid in stack_pids(stack).items() if name in GROUPS}
+def measure(
+    stack: LocalStack, bodies: list[bytes], path: str, connections: int, seconds: float, model: str = "mlp"
+) -> dict[str, Any]:
+    named = groups(model)
+    pids = {name: pid for name, pid in stack_pids(stack).items() if group_of(name, named) != "other"}
     port = int(stack.url.rsplit(":", 1)[1])
     before, started = cpu_ticks(pids), time.monotonic()
     counts = asyncio.run(closed_loop(port, bodies, path, connections, seconds))
     after, took = cpu_ticks(pids), time.monotonic() - started
     answered = max(1, counts["answered"])
-    per_query = {name: used / answered * 1000 for name, used in cpu_seconds(before, after).items()}
+    used = by_group(cpu_seconds(before, after), named)
+    per_query = {name: seconds / answered * 1000 for name, seconds in used.items() if name != "other"}
     return {
         **counts,
         "seconds": round(took, 2),
@@ -118,11 +141,13 @@ def measure(stack: LocalStack, bodies: list[bytes], path: str, connections: int,
     }
 
 
-def open_loop(stack: LocalStack, maker: Bodies, first: int, rate: float, seconds: float) -> dict[str, Any]:
+def open_loop(
+    stack: LocalStack, maker: Bodies, first: int, rate: float, seconds: float, model: str = "mlp"
+) -> dict[str, Any]:
     """Poisson arrivals at ``rate`` for ``seconds`` (after 1 s of warm-up at the same rate), distinct inputs from
     serial ``first`` on: CPU per answered query by process (every process of the stack counted), the core's busy
     share, and the latency figures of bench-frontdoor's trials."""
-    case = CASES["mlp"]
+    case, named = CASES[model], groups(model)
     pids = stack_pids(stack)
     warmup = 1.0
     offsets = poisson_offsets(rate, warmup + seconds, np.random.default_rng(SEED + int(rate)))
@@ -149,8 +174,7 @@ def open_loop(stack: LocalStack, maker: Bodies, first: int, rate: float, seconds
     figures = summarize(record, case.slo_ms, rate)
     answered = max(1, int(np.isin(record.outcome, (REAL, DEFAULT)).sum()))  # warm-up included, as in the CPU
     used = cpu_seconds(before, after)
-    per_query = {g: used.get(g, 0.0) / answered * 1000 for g in GROUPS}
-    per_query["other"] = sum(v for k, v in used.items() if k not in GROUPS) / answered * 1000
+    per_query = {g: seconds / answered * 1000 for g, seconds in by_group(used, named).items()}
     return {
         "offered_qps": rate,
         "answered": answered,
@@ -167,43 +191,52 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--rates", default="250,500,1000", help="open-loop rates (q/s), comma-separated; '' for none")
+    p.add_argument("--model", default="mlp", choices=sorted(CASES), help="the model case queried")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    named = groups(args.model)
     pinned = can_pin()
     if pinned:
         pin_self(GENERATOR_CORE)
     stack = LocalStack("redis", SUT_CORE if pinned else None)
     stack.start()
     try:
-        case = CASES["mlp"]
+        case = CASES[args.model]
         stack.register([case])
         time.sleep(3)
         maker = Bodies(base_rows(case), case.app)
         distinct = [maker.body(n) for n in range(1, 200_001)]
         log("warm-up")
-        measure(stack, distinct[-5000:], maker.path, args.connections, 2.0)
+        measure(stack, distinct[-5000:], maker.path, args.connections, 2.0, args.model)
         log(f"cache misses: {args.connections} connections, {args.seconds:g} s, distinct inputs")
-        miss = measure(stack, distinct, maker.path, args.connections, args.seconds)
+        miss = measure(stack, distinct, maker.path, args.connections, args.seconds, args.model)
         log(f"cache hits: the same input, {args.seconds:g} s")
-        hit = measure(stack, [distinct[0]], maker.path, args.connections, args.seconds)
+        hit = measure(stack, [distinct[0]], maker.path, args.connections, args.seconds, args.model)
         rates = [float(r) for r in args.rates.split(",") if r.strip()]
         opened = []
         first = 300_000  # beyond the closed loop's serials: every input distinct
         for rate in rates:
             log(f"open loop: {rate:g} q/s, Poisson arrivals, distinct inputs, {args.seconds:g} s")
-            opened.append(open_loop(stack, maker, first, rate, args.seconds))
+            opened.append(open_loop(stack, maker, first, rate, args.seconds, args.model))
             first += int(rate * (args.seconds + 2)) + 1000
             time.sleep(2)
     finally:
         stack.stop()
-    result = {"pinned": pinned, "connections": args.connections, "miss": miss, "hit": hit, "open_loop": opened}
-    print("| ms of CPU per query | " + " | ".join(GROUPS) + " | total | q/s |")
-    print("|---" * (len(GROUPS) + 3) + "|")
+    result = {
+        "model": args.model,
+        "pinned": pinned,
+        "connections": args.connections,
+        "miss": miss,
+        "hit": hit,
+        "open_loop": opened,
+    }
+    print("| ms of CPU per query | " + " | ".join(named) + " | total | q/s |")
+    print("|---" * (len(named) + 3) + "|")
     for name, run in (("cache miss", miss), ("cache hit", hit)):
-        cells = [f"{run['cpu_ms_per_query'].get(g, 0):.3f}" for g in GROUPS]
+        cells = [f"{run['cpu_ms_per_query'].get(g, 0):.3f}" for g in named]
         print(f"| {name} | " + " | ".join(cells) + f" | {run['cpu_ms_per_query_total']:.3f} | {run['rate_qps']:.0f} |")
     if opened:
-        columns = [*GROUPS, "other"]
+        columns = [*named, "other"]
         print("\n| open loop, q/s | " + " | ".join(columns) + " | total ms/query | core busy | p50 ms | p99 ms |")
         print("|---" * (len(columns) + 5) + "|")
         for run in opened:
@@ -214,8 +247,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"{run['core_busy']:.0%} | {run['p50_ms']:.1f} | {p99} |"
             )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "frontdoor_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
-    log(f"wrote {args.out / 'frontdoor_cpu.json'}")
+    name = "frontdoor_cpu.json" if args.model == "mlp" else f"frontdoor_cpu_{args.model}.json"
+    (args.out / name).write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {args.out / name}")
 
 
 if __name__ == "__main__":
