@@ -23,6 +23,7 @@ class Registry:
         self.links = ["fast", "slow"]
         self.batching = BatchingSettings()
         self.down = False
+        self.app_reads: list[str] = []
 
     def model_record(self, name: str) -> ModelRecord:
         if self.down:
@@ -32,6 +33,7 @@ class Registry:
         return ModelRecord(Model("mlp", "1"), {}, linked_apps=list(self.links), batching=self.batching)
 
     def get_app(self, name: str) -> Application:
+        self.app_reads.append(name)
         if name not in self.apps:
             raise NotFound("application", name)
         return Application(name, InputType.FLOATS, "-1", self.apps[name])
@@ -48,6 +50,33 @@ def test_the_objective_is_a_fraction_of_the_strictest_linked_slo():
     assert RegistryBatcherConfig(registry, "mlp", 0.5, 0.1).load() == BatcherConfig(0.1, BatchingSettings())
     with pytest.raises(NotFound):
         RegistryBatcherConfig(registry, "nope", 0.5, 0.1).load()
+
+
+def test_a_linked_applications_slo_is_read_when_linked_then_again_every_apps_every_loads():
+    """A load reads the model's record each time, but an application's SLO (fixed while the application exists)
+    only when it is newly linked, and again every ``apps_every`` loads (an application deleted and added again
+    under its name within one interval)."""
+    registry = Registry()
+    source = RegistryBatcherConfig(registry, "mlp", 0.5, 0.1, apps_every=3)
+    assert source.load().slo_s == pytest.approx(0.010)
+    assert sorted(registry.app_reads) == ["fast", "slow"]
+    registry.app_reads.clear()
+    source.load()
+    assert registry.app_reads == []  # known: not read again
+    registry.apps["new"] = 4_000
+    registry.links.append("new")
+    assert source.load().slo_s == pytest.approx(0.002)  # a new link is read at once
+    assert registry.app_reads == ["new"]
+    registry.app_reads.clear()
+    registry.apps["fast"] = 1_000  # deleted and added again with another SLO, linked again
+    assert source.load().slo_s == pytest.approx(0.0005)  # the fourth load reads every application again
+    assert sorted(registry.app_reads) == ["fast", "new", "slow"]
+    registry.links = ["slow"]  # the others unlinked: forgotten, read again if linked again
+    source.load()
+    registry.links = ["slow", "new"]
+    registry.app_reads.clear()
+    source.load()
+    assert registry.app_reads == ["new"]
 
 
 @pytest.mark.parametrize(
@@ -97,7 +126,8 @@ def test_a_changed_configuration_reaches_the_driver_before_its_next_batch():
     assert follower.refresh() is False  # nothing changed: nothing handed over
 
     registry.batching = BatchingSettings(controller="quantile", max_batch_size=128, batch_wait_ms=4)
-    registry.apps["fast"] = 10_000
+    registry.apps["strict"] = 10_000  # a stricter application linked
+    registry.links.append("strict")
     assert follower.refresh() is True
     assert isinstance(driver.controller, AimdController)  # not yet: applied between batches
     driver.collect(threading.Event())

@@ -9,6 +9,12 @@ The batch latency objective is ``slo_fraction`` of the strictest SLO among the a
 (the rest of the SLO is for the frontend, the queue and the reply); a model linked to no application batches by
 ``fallback_slo_s``. The batching settings are the model's (``set_model_batching``; the defaults when never set).
 A registry that cannot be read keeps the last configuration (logged), so a batcher never stops for it.
+
+Each load reads the model's record (its settings and links: one query); an application's SLO is read when it is
+first linked, and again every ``apps_every`` loads (an application's SLO never changes while it exists; a
+deleted application leaves the links at the next load, and one deleted and added again under its name with the
+same link within one load's interval is read again within ``apps_every`` loads). A follower refreshing a model
+linked to four applications every 2 s made five registry reads each time.
 """
 
 from __future__ import annotations
@@ -53,24 +59,38 @@ class BatcherConfig:
 
 
 class RegistryBatcherConfig:
-    def __init__(self, registry: ModelRegistry, model: str, slo_fraction: float, fallback_slo_s: float) -> None:
+    def __init__(
+        self, registry: ModelRegistry, model: str, slo_fraction: float, fallback_slo_s: float, apps_every: int = 10
+    ) -> None:
         if not 0 < slo_fraction <= 1:
             raise ValueError("slo_fraction must be in (0, 1]")
+        if apps_every < 1:
+            raise ValueError("apps_every must be at least 1")
         self._registry = registry
         self._model = model
         self._fraction = slo_fraction
         self._fallback = fallback_slo_s
+        self._apps_every = apps_every
+        self._known: dict[str, float] = {}  # linked applications' SLOs, read at most apps_every loads ago
+        self._loads = 0
 
     def load(self) -> BatcherConfig:
         """The model's configuration now; ``ClipperError`` when the registry cannot be read, ``NotFound``
         when the model is not registered."""
         record = self._registry.model_record(self._model)
+        if self._loads % self._apps_every == 0:
+            self._known.clear()
+        self._loads += 1
         slos: dict[str, float] = {}
         for app in record.linked_apps:
+            if app in self._known:
+                slos[app] = self._known[app]
+                continue
             try:
                 slos[app] = self._registry.get_app(app).slo_seconds
             except NotFound:
                 continue  # unlinked while we read
+        self._known = dict(slos)  # an application no longer linked is read again if it is linked again
         if not slos:
             return BatcherConfig(self._fallback, record.batching)
         strictest = min(slos.values())
