@@ -23,6 +23,7 @@ from bench.frontdoor.stats import (
     summarize,
     verdict,
 )
+from bench.frontdoor.tail import bands, stages_of
 
 pytestmark = pytest.mark.unit
 
@@ -203,3 +204,30 @@ def test_generator_bound_searches_are_flagged():
     flagged = flag_generator_bound([s, quiet, stalled], ceiling=30_000.0)
     assert flagged == [s, stalled] and quiet["generator_may_limit"] is None
     assert "late" in stalled["generator_may_limit"]
+
+
+def _debug_answer(send: float, wait: float, inference: float, default: bool = False) -> dict:
+    return {
+        "default": default,
+        "debug": {
+            "timings_ms": {"validate": 0.1, "enqueue": send, "wait": wait, "combine": 0.05},
+            "model_timings_ms": {
+                "mlp": {"queue": 0.1, "batch_wait": 1.0, "inference": inference, "reply": wait - 1.1 - inference}
+            },
+        },
+    }
+
+
+def test_the_tail_breakdown_sorts_by_client_latency_and_leaves_defaults_out():
+    latencies = [5.0] * 980 + [40.0] * 10 + [3.0] * 10
+    answers = [_debug_answer(1.0, 3.0, 0.5)] * 980 + [_debug_answer(20.0, 15.0, 1.5)] * 10
+    answers += [_debug_answer(0.1, 0.1, 0.1, default=True)] * 10  # fast defaults: counted, not broken down
+    out = bands(latencies, answers)
+    assert (out["answers"], out["broken_down"], out["defaults"]) == (1000, 990, 10)
+    slow, median = out["slowest_1pct"], out["median"]
+    assert slow["client_ms"] == pytest.approx(40.0)  # the ten slowest real answers, not the defaults
+    assert slow["stages_ms"]["send"] == pytest.approx(20.0) and slow["stages_ms"]["inference"] == pytest.approx(1.5)
+    # outside the handler: the client's latency less the frontend's stages
+    assert slow["stages_ms"]["before/after handler"] == pytest.approx(40.0 - (0.1 + 20.0 + 15.0 + 0.05))
+    assert median["stages_ms"]["send"] == pytest.approx(1.0)
+    assert stages_of(5.0, {"default": False, "output": 1}) is None  # no debug timings
