@@ -150,5 +150,8 @@ def stack(request, aws_env, demo_models, monkeypatch) -> Iterator[Stack]:  # noq
             finally:
                 esm.halt.set()
                 esm.join(timeout=10)
+                # the module's canary tally thread, stopped while the emulated AWS still answers (left running, it
+                # read a registry that was gone each second until the session ended)
+                frontend.processor.tally.stop()
     finally:
         stop(proc)
