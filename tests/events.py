@@ -32,7 +32,7 @@ def http_event(
     headers: dict[str, str] | None = None,
     route_key: str | None = None,
 ) -> dict[str, Any]:
-    event = json.loads((EVENTS / "predict.json").read_text())
+    event: dict[str, Any] = json.loads((EVENTS / "predict.json").read_text())
     now = time.time()
     event["routeKey"] = route_key or f"{method} {path}"
     event["rawPath"] = path

@@ -114,7 +114,8 @@ class PipeQueue:
 
 
 class RecordingReplies:
-    """The ``ReplyChannel`` port in memory: records when each query's reply is published."""
+    """The batcher's side of the reply channel (``ReplyPublisher``) in memory: records when each query's reply is
+    published (the harness has no frontend waiting for them)."""
 
     def __init__(self) -> None:
         self.done_at: dict[str, float] = {}  # reply_to -> time.monotonic() at publish
@@ -153,9 +154,6 @@ class RecordingReplies:
 
     def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
         return [reply_to in self.done_at for reply_to, _ in keys]
-
-    def wait(self, reply_to: str, expected: int, timeout_s: float) -> list[Reply]:
-        raise NotImplementedError("the benchmark reads completion times, it does not wait for replies")
 
 
 class TimedEndpoint:

@@ -40,7 +40,7 @@ class _Connection(asyncio.Protocol):
         self.query = -1  # the query whose answer this connection waits for
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  (uvloop's transports are not asyncio's classes)
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
         self.owner.connected(self)
 
     def data_received(self, data: bytes) -> None:
@@ -267,6 +267,7 @@ class Runner:
     """The generator's event loop (uvloop when installed), kept for the whole run."""
 
     def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop
         try:
             import uvloop
 

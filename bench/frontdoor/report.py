@@ -16,7 +16,7 @@ TARGETS = {
 
 
 def _label(search: dict[str, Any]) -> str:
-    return search["system"] + (f" ({search['transport']})" if search.get("transport") else "")
+    return str(search["system"]) + (f" ({search['transport']})" if search.get("transport") else "")
 
 
 def summarize_run(searches: list[dict[str, Any]], raw: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

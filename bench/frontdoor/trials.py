@@ -70,7 +70,12 @@ class Trials:
             initial_connections=INITIAL_CONNECTIONS,
         )
         del requests
-        result = {"system": target.system, "transport": target.transport, "app": case.app, "model": case.name}
+        result: dict[str, Any] = {
+            "system": target.system,
+            "transport": target.transport,
+            "app": case.app,
+            "model": case.name,
+        }
         result |= summarize(record, case.slo_ms, rate)
         result["settle_s"] = self.settle(target, case)
         _say(result, case.slo_ms)

@@ -27,7 +27,7 @@ class Answer(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  (uvloop's transports are not asyncio's classes)
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
 
     def data_received(self, data: bytes) -> None:
         buffer = self.buffer

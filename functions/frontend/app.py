@@ -71,7 +71,7 @@ gc.enable()
 
 
 def _handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return _asgi_handler(event, context)  # type: ignore[no-any-return]
+    return _asgi_handler(event, context)
 
 
 # the "## handler" subsegment the annotations go to (Lambda's own segment cannot be annotated)

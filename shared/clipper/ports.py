@@ -61,7 +61,9 @@ class ClaimStore(Protocol):
     def get(self, key: str) -> bytes: ...
 
 
-class ReplyChannel(Protocol):
+class ReplyPublisher(Protocol):
+    """The batcher's side of the reply channel: publish replies, check what was answered."""
+
     def publish(self, reply_to: str, reply: Reply) -> bool:
         """Deliver a reply. A successful reply is delivered once per (reply_to, model): a duplicate
         returns False and changes nothing. Error replies are always delivered."""
@@ -79,6 +81,10 @@ class ReplyChannel(Protocol):
     def answered_many(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
         """``answered`` for each ``(reply_to, model)`` of a batch."""
         ...
+
+
+class ReplyChannel(ReplyPublisher, Protocol):
+    """Both sides: the batcher publishes (``ReplyPublisher``), the frontend waits for its queries' replies."""
 
     def new_address(self) -> str:
         """A fresh reply address for one query: unique (UUID-class), so no two live queries share one."""

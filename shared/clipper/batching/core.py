@@ -28,7 +28,7 @@ from clipper.core.cache_keys import row_keys
 from clipper.core.messages import QueryMessage, Reply, decode_rows
 from clipper.core.validation import Rows
 from clipper.errors import ClipperError, EndpointError, MalformedMessage
-from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, PublishAndFill, ReplyChannel
+from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, PublishAndFill, ReplyPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Batcher:
     def __init__(
         self,
         endpoints: EndpointResolver,
-        replies: ReplyChannel,
+        replies: ReplyPublisher,
         clock: Clock,
         claims: ClaimStore | None = None,
         cache: PredictionCache | None = None,
