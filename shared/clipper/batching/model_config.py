@@ -78,19 +78,18 @@ class RegistryBatcherConfig:
         """The model's configuration now; ``ClipperError`` when the registry cannot be read, ``NotFound``
         when the model is not registered."""
         record = self._registry.model_record(self._model)
-        if self._loads % self._apps_every == 0:
-            self._known.clear()
+        known = self._known if self._loads % self._apps_every else {}
         self._loads += 1
         slos: dict[str, float] = {}
         for app in record.linked_apps:
-            if app in self._known:
-                slos[app] = self._known[app]
+            if app in known:
+                slos[app] = known[app]
                 continue
             try:
                 slos[app] = self._registry.get_app(app).slo_seconds
             except NotFound:
                 continue  # unlinked while we read
-        self._known = dict(slos)  # an application no longer linked is read again if it is linked again
+        self._known = slos  # only the linked ones: an application unlinked is read again if it is linked again
         if not slos:
             return BatcherConfig(self._fallback, record.batching)
         strictest = min(slos.values())
