@@ -1,10 +1,10 @@
 """The frontend's HTTP face: Clipper's query routes as a FastAPI app.
 
 The routes' answers come from ``clipper.frontend.handling`` (bodies parsed there, once, so every rejection carries
-Clipper's error body with a cause naming the field); ``POST /<app>/predict`` is answered by an ASGI fast path in
-front of the framework (``clipper.frontend.fastpath``), the route below describing it in the OpenAPI document
-and answering the same where the fast path is not in front. Unknown routes and methods answer in Clipper's error
-shape too.
+Clipper's error body with a cause naming the field); ``POST /<app>/predict`` is answered by an ASGI fast path
+(``clipper.frontend.fastpath``) before the framework and its middleware stack, the route below describing it in
+the OpenAPI document and answering the same where the fast path is not in front. Unknown routes and methods
+answer in Clipper's error shape too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from clipper.feedback import FeedbackReceiver
-from clipper.frontend.fastpath import PredictFastPath
+from clipper.frontend.fastpath import PredictFastPath, predicted_app
 from clipper.frontend.handling import WATCHDOG_GRACE_S, HttpAnswer, QueryHandling, truthy
 from clipper.frontend.metrics import InProcessMetrics
 from clipper.frontend.query import QueryProcessor
@@ -82,6 +82,22 @@ def _response(answer: HttpAnswer) -> Response:
     return Response(answer.body, status_code=answer.status, media_type="application/json", headers=headers)
 
 
+class ClipperApi(FastAPI):
+    """FastAPI, with ``POST /<app>/predict`` answered by the fast path before the framework's middleware stack
+    (when ``fast_path`` is set)."""
+
+    fast_path: PredictFastPath | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        fast = self.fast_path
+        if fast is not None:
+            app_name = predicted_app(scope)
+            if app_name is not None:
+                await fast.answer(app_name, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -104,13 +120,13 @@ def create_app(
     metrics: InProcessMetrics | None = None,
     query_threads: int = 64,
     fast_path: bool = True,
-) -> FastAPI:
+) -> ClipperApi:
     """``query_threads``: how many queries run at once on worker threads (each holds its thread until its
     replies come). ``fast_path``: answer ``POST /<app>/predict`` in front of the framework (tests compare)."""
-    app = FastAPI(title=title, version="1", description="Clipper's prediction API, served on AWS Lambda.")
+    app = ClipperApi(title=title, version="1", description="Clipper's prediction API, served on AWS Lambda.")
     handling = QueryHandling(processor, max_body_bytes, feedback, observe, query_threads)
     if fast_path:
-        app.add_middleware(PredictFastPath, handling=handling)
+        app.fast_path = PredictFastPath(handling)
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:

@@ -2,33 +2,39 @@
 
 FastAPI stays for everything else (the OpenAPI document, which still describes this route, the ops routes,
 feedback, errors of unknown routes), but a query does not need its routing, its dependency solving, its
-Request object or its exception middleware: they cost a plain FastAPI server most of its CPU per request, and
-this route is the one every query takes. The answers are the same (``clipper.frontend.handling``); only
-the path there is shorter. Any other request goes on to the FastAPI app.
+Request object, its middleware stack (telemetry, server errors, exceptions) or its send wrappers: they cost a
+plain FastAPI server most of its CPU per request, and this route is the one every query takes. The app
+(``clipper.frontend.api.ClipperApi``) hands the query here before it enters FastAPI at all. The answers are the
+same (``clipper.frontend.handling``); only the path there is shorter. An unexpected failure answers Clipper's
+500 error body, logged with its traceback, as the framework's error middleware would have.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from clipper.frontend.handling import HttpAnswer, QueryHandling, truthy
+from clipper.frontend.handling import HttpAnswer, QueryHandling, error, truthy
 
 Scope = dict[str, Any]
+logger = logging.getLogger(__name__)
+
+
+def predicted_app(scope: Scope) -> str | None:
+    """The application of a ``POST /<app>/predict`` request; None for any other request."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    parts = scope["path"].split("/")
+    if len(parts) != 3 or parts[0] or not parts[1] or parts[2] != "predict":
+        return None
+    return str(parts[1])
 
 
 class PredictFastPath:
-    def __init__(self, app: Any, handling: QueryHandling) -> None:
-        self.app = app
+    def __init__(self, handling: QueryHandling) -> None:
         self._handling = handling
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        parts = scope["path"].split("/")
-        if len(parts) != 3 or parts[0] or not parts[1] or parts[2] != "predict":
-            await self.app(scope, receive, send)
-            return
+    async def answer(self, app_name: str, scope: Scope, receive: Any, send: Any) -> None:
         content_type: str | None = None
         debug = False
         for name, value in scope["headers"]:
@@ -39,11 +45,15 @@ class PredictFastPath:
         query = scope.get("query_string", b"")
         if query and not debug:
             debug = any(truthy(v) for k, _, v in (p.partition(b"=") for p in query.split(b"&")) if k == b"debug")
-        body = await self._body(receive)
-        if isinstance(body, HttpAnswer):
-            answer = body
-        else:
-            answer = await self._handling.predict(parts[1], body, content_type, debug)
+        try:
+            body = await self._body(receive)
+            if isinstance(body, HttpAnswer):
+                answer = body
+            else:
+                answer = await self._handling.predict(app_name, body, content_type, debug)
+        except Exception:
+            logger.exception("query not answered", extra={"app": app_name})
+            answer = error(500, "internal error", "the frontend failed while answering this query (see its log)")
         await send(
             {
                 "type": "http.response.start",
