@@ -186,11 +186,25 @@ def open_loop(
     }
 
 
+# Fixed open-loop rates a model's stack can answer: below, near and past its knee in bench-frontdoor's runs.
+DEFAULT_RATES = {"mlp": "250,500,1000", "cnn": "100,160,220"}
+
+
+def ms(value: float | None) -> str:
+    return "miss" if value is None else f"{value:.1f}"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--connections", type=int, default=8)
-    p.add_argument("--rates", default="250,500,1000", help="open-loop rates (q/s), comma-separated; '' for none")
+    p.add_argument(
+        "--rates",
+        default=None,
+        help="open-loop rates (q/s), comma-separated; '' for none (default: the model's, "
+        + ", ".join(f"{m} {r}" for m, r in DEFAULT_RATES.items())
+        + ")",
+    )
     p.add_argument("--model", default="mlp", choices=sorted(CASES), help="the model case queried")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -212,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
         miss = measure(stack, distinct, maker.path, args.connections, args.seconds, args.model)
         log(f"cache hits: the same input, {args.seconds:g} s")
         hit = measure(stack, [distinct[0]], maker.path, args.connections, args.seconds, args.model)
-        rates = [float(r) for r in args.rates.split(",") if r.strip()]
+        given = DEFAULT_RATES[args.model] if args.rates is None else args.rates
+        rates = [float(r) for r in given.split(",") if r.strip()]
         opened = []
         first = 300_000  # beyond the closed loop's serials: every input distinct
         for rate in rates:
@@ -230,6 +245,10 @@ def main(argv: list[str] | None = None) -> None:
         "hit": hit,
         "open_loop": opened,
     }
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "frontdoor_cpu.json" if args.model == "mlp" else f"frontdoor_cpu_{args.model}.json"
+    (args.out / name).write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {args.out / name}")
     print("| ms of CPU per query | " + " | ".join(named) + " | total | q/s |")
     print("|---" * (len(named) + 3) + "|")
     for name, run in (("cache miss", miss), ("cache hit", hit)):
@@ -241,15 +260,10 @@ def main(argv: list[str] | None = None) -> None:
         print("|---" * (len(columns) + 5) + "|")
         for run in opened:
             cells = [f"{run['cpu_ms_per_query'][g]:.3f}" for g in columns]
-            p99 = "miss" if run["p99_ms"] is None else f"{run['p99_ms']:.1f}"
             print(
                 f"| {run['offered_qps']:g} | " + " | ".join(cells) + f" | {run['cpu_ms_per_query_total']:.3f} | "
-                f"{run['core_busy']:.0%} | {run['p50_ms']:.1f} | {p99} |"
+                f"{run['core_busy']:.0%} | {ms(run['p50_ms'])} | {ms(run['p99_ms'])} |"
             )
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "frontdoor_cpu.json" if args.model == "mlp" else f"frontdoor_cpu_{args.model}.json"
-    (args.out / name).write_text(json.dumps(result, indent=2) + "\n")
-    log(f"wrote {args.out / name}")
 
 
 if __name__ == "__main__":

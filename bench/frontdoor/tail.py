@@ -19,6 +19,8 @@ The debug timings cost a little CPU themselves: the rates here are not bench-fro
 
     python -m bench.frontdoor.tail [--model mlp] [--rates 500,750] [--seconds 8] [--out DIR]
 
+(the CNN's rates by default: 100,160)
+
 Prints a table per rate, writes bench/results/frontdoor_tail[_<model>].json and a PNG of the stages (stacked,
 median band beside the slowest 1 %, per rate).
 """
@@ -180,10 +182,20 @@ def plot(runs: list[dict[str, Any]], model: str, path: Path) -> None:
     plt.close(fig)
 
 
+# Open-loop rates a model's stack can answer, near its knee in bench-frontdoor's runs.
+DEFAULT_RATES = {"mlp": "500,750", "cnn": "100,160"}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", choices=sorted(CASES))
-    p.add_argument("--rates", default="500,750", help="open-loop rates (q/s), comma-separated")
+    p.add_argument(
+        "--rates",
+        default=None,
+        help="open-loop rates (q/s), comma-separated (default: the model's, "
+        + ", ".join(f"{m} {r}" for m, r in DEFAULT_RATES.items())
+        + ")",
+    )
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -199,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(3)
         maker = Bodies(base_rows(case), case.app)
         first = 700_000  # inputs no other run of this stack sent
-        for rate in (float(r) for r in args.rates.split(",") if r.strip()):
+        given = DEFAULT_RATES[args.model] if args.rates is None else args.rates
+        for rate in (float(r) for r in given.split(",") if r.strip()):
             log(f"tail: {rate:g} q/s, Poisson arrivals, distinct inputs, debug timings, {args.seconds:g} s")
             runs.append(measure(stack, maker, first, rate, args.seconds))
             first += int(rate * (args.seconds + WARMUP_S + 2)) + 1000

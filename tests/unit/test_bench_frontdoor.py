@@ -231,3 +231,14 @@ def test_the_tail_breakdown_sorts_by_client_latency_and_leaves_defaults_out():
     assert slow["stages_ms"]["before/after handler"] == pytest.approx(40.0 - (0.1 + 20.0 + 15.0 + 0.05))
     assert median["stages_ms"]["send"] == pytest.approx(1.0)
     assert stages_of(5.0, {"default": False, "output": 1}) is None  # no debug timings
+
+
+def test_the_cpu_diagnostic_has_rates_for_each_model_and_prints_a_missed_latency():
+    """A rate at which nothing was answered in time has no p50 or p99: the table says so instead of failing
+    (it did, for the CNN at the MLP's rates, before the JSON was written)."""
+    from bench.frontdoor import tail
+    from bench.frontdoor.config import CASES
+    from bench.frontdoor.cpu import DEFAULT_RATES, ms
+
+    assert set(DEFAULT_RATES) == set(CASES) == set(tail.DEFAULT_RATES)
+    assert ms(None) == "miss" and ms(2.04) == "2.0"
