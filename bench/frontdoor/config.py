@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,3 +89,17 @@ DEMO_SLO_MS = 100
 
 def log(line: str) -> None:
     print(f"[bench-frontdoor] {line}", flush=True)
+
+
+def add_rates_option(parser: argparse.ArgumentParser, defaults: Mapping[str, str], note: str = "") -> None:
+    """``--rates``: open-loop rates, comma-separated; unset, the model's own (``defaults``, by model)."""
+    models = ", ".join(f"{m} {r}" for m, r in defaults.items())
+    parser.add_argument(
+        "--rates", default=None, help=f"open-loop rates (q/s), comma-separated{note} (default: the model's, {models})"
+    )
+
+
+def rates_of(given: str | None, default: str) -> list[float]:
+    """The rates of a ``--rates`` value, or of the model's ``default`` when it was not given."""
+    text = default if given is None else given
+    return [float(r) for r in text.split(",") if r.strip()]

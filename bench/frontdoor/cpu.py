@@ -38,7 +38,9 @@ from bench.frontdoor.config import (
     RESULTS,
     SEED,
     SUT_CORE,
+    add_rates_option,
     log,
+    rates_of,
 )
 from bench.frontdoor.inputs import Bodies, base_rows
 from bench.frontdoor.loadgen import Runner
@@ -198,13 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--connections", type=int, default=8)
-    p.add_argument(
-        "--rates",
-        default=None,
-        help="open-loop rates (q/s), comma-separated; '' for none (default: the model's, "
-        + ", ".join(f"{m} {r}" for m, r in DEFAULT_RATES.items())
-        + ")",
-    )
+    add_rates_option(p, DEFAULT_RATES, "; '' for none")
     p.add_argument("--model", default="mlp", choices=sorted(CASES), help="the model case queried")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -226,8 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         miss = measure(stack, distinct, maker.path, args.connections, args.seconds, args.model)
         log(f"cache hits: the same input, {args.seconds:g} s")
         hit = measure(stack, [distinct[0]], maker.path, args.connections, args.seconds, args.model)
-        given = DEFAULT_RATES[args.model] if args.rates is None else args.rates
-        rates = [float(r) for r in given.split(",") if r.strip()]
+        rates = rates_of(args.rates, DEFAULT_RATES[args.model])
         opened = []
         first = 300_000  # beyond the closed loop's serials: every input distinct
         for rate in rates:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.frontdoor.config import CASES, GENERATOR_CORE, RESULTS, SEED, SUT_CORE, log
+from bench.frontdoor.config import CASES, GENERATOR_CORE, RESULTS, SEED, SUT_CORE, add_rates_option, log, rates_of
 from bench.frontdoor.inputs import Bodies, base_rows
 from bench.frontdoor.procs import can_pin, pin_self
 from bench.frontdoor.stack import LocalStack
@@ -189,13 +189,7 @@ DEFAULT_RATES = {"mlp": "500,750", "cnn": "100,160"}
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", choices=sorted(CASES))
-    p.add_argument(
-        "--rates",
-        default=None,
-        help="open-loop rates (q/s), comma-separated (default: the model's, "
-        + ", ".join(f"{m} {r}" for m, r in DEFAULT_RATES.items())
-        + ")",
-    )
+    add_rates_option(p, DEFAULT_RATES)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -211,8 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(3)
         maker = Bodies(base_rows(case), case.app)
         first = 700_000  # inputs no other run of this stack sent
-        given = DEFAULT_RATES[args.model] if args.rates is None else args.rates
-        for rate in (float(r) for r in given.split(",") if r.strip()):
+        for rate in rates_of(args.rates, DEFAULT_RATES[args.model]):
             log(f"tail: {rate:g} q/s, Poisson arrivals, distinct inputs, debug timings, {args.seconds:g} s")
             runs.append(measure(stack, maker, first, rate, args.seconds))
             first += int(rate * (args.seconds + WARMUP_S + 2)) + 1000
