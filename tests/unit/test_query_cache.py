@@ -162,3 +162,35 @@ def test_identical_rows_of_a_query_take_the_first_rows_output_without_waiting(ca
     result = p.predict("digits", {"input_batch": [one_hot(4), one_hot(5), one_hot(4)]})
     assert [x.output for x in result.predictions] == [4, 5, 4] and endpoint.calls == [2]
     assert polls == []  # the repeated row is filled from the first, not awaited in the cache
+
+
+def test_a_late_follower_says_it_waits_for_other_queries_not_for_an_empty_list_of_models(cached):
+    """A query all of whose rows another query is computing sends nothing: when it is answered late (the watchdog's
+    default), the explanation names what it waits for, not "replies from " and an empty list of models."""
+    import numpy as np
+
+    from clipper.frontend import steps
+    from clipper.frontend.results import QueryTicket
+
+    p, _, queue, _endpoint, cache = cached
+    key = row_keys("mlp", "1", np.asarray([one_hot(7)], dtype=np.float32))[0]
+    cache.claims.add(key)  # another frontend is computing this input right now
+    queue.batcher = None
+    ticket = QueryTicket()
+    started = steps.run(p.start("digits", {"input": one_hot(7)}, ticket))
+    assert queue.sent == [] and started.fanout.followers
+    why = p.late(ticket).predictions[0].default_explanation
+    assert "still waiting for the answers of model mlp:1 for inputs that other queries are computing" in why
+    assert "replies from" not in why
+
+
+def test_a_late_query_names_the_models_it_sent_to(cached):
+    from clipper.frontend import steps
+    from clipper.frontend.results import QueryTicket
+
+    p, _, queue, _endpoint, _cache = cached
+    queue.batcher = None  # nobody answers
+    ticket = QueryTicket()
+    steps.run(p.start("digits", {"input": one_hot(5)}, ticket))
+    why = p.late(ticket).predictions[0].default_explanation
+    assert "still waiting for replies from model mlp:1 (a dependency" in why

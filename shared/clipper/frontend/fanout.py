@@ -64,6 +64,18 @@ class Fanout:
         """Whether some rows wait on other queries' computations."""
         return any(a.outputs[i] is None for a in self.answers for i in self.waiting.get(a.model.name, []))
 
+    def stage(self) -> str:
+        """What the query waits for once sent, as a late default names it: the replies of the models it sent
+        to, and the answers that other queries are computing for its inputs (it sent nothing for those rows)."""
+        parts = []
+        if self.sent:
+            parts.append("replies from " + ", ".join(f"model {m}:{a.model.version}" for m, (a, _) in self.sent.items()))
+        followed = [a.model for a in self.answers if self.waiting.get(a.model.name)]
+        if followed:
+            models = ", ".join(f"model {m.name}:{m.version}" for m in followed)
+            parts.append(f"the answers of {models} for inputs that other queries are computing")
+        return "waiting for " + " and ".join(parts) if parts else "answering from the cache"
+
 
 class Gatherer:
     def __init__(

@@ -240,9 +240,7 @@ class QueryProcessor:
         if self._listener is not None:
             self._listener.selected(app.name, choice.models)
         fan = yield from self._gatherer.send_steps(app, choice.models, query, ids[0], ticket.deadline, timings, ticket)
-        ticket.stage = "waiting for replies from " + ", ".join(
-            f"model {m}:{a.model.version}" for m, (a, _) in fan.sent.items()
-        )
+        ticket.stage = fan.stage()
         return Started(ticket, choice, fan, timings, self._clock.now())
 
     def finish(
