@@ -30,6 +30,8 @@ def test_predict_and_health(client):
         ("/digits/predict", {"input": [1.0] * 3}, 400, "input: expected shape [64]"),
         ("/digits/predict", {"input_batch": []}, 400, "input_batch: expected at least one input"),
         ("/digits/predict", {"input": [float("nan")] * 64}, 400, "no NaN"),
+        ("/digits/predict", {"input": [1.0] * 63 + [True]}, 400, "input: expected a list of finite floats"),
+        ("/digits/predict", {"input_batch": [[0.0] * 64, [False] * 64]}, 400, "input_batch[1]: expected a list"),
         ("/digits/predict", {"input": [0.0] * 64, "input_batch": []}, 400, "exactly one of"),
         ("/digits/predict", {"input": [0.0] * 64, "extra": 1}, 400, "extra: expected no such field"),
         ("/digits/update", {"input": [0.0] * 64, "label": 1, "labels": 2}, 503, "feedback is not configured"),
@@ -225,3 +227,17 @@ def test_an_unexpected_failure_on_the_fast_path_answers_clippers_500(world, monk
         r = TestClient(app, raise_server_exceptions=False).post("/digits/predict", json={"input": one_hot(4)})
     assert r.status_code == 500 and r.json()["error"] == "internal error"
     assert "KeyError: 'a bug'" in caplog.text
+
+
+def test_a_boolean_free_body_is_not_searched_for_booleans_and_a_boolean_is_still_refused(client, monkeypatch):
+    """The handler looks at the raw text (``may_hold_booleans``) and spares validation the search of the parsed
+    lists when no array can hold ``true`` or ``false``; a body that holds one is searched and refused."""
+    from clipper.core import validation
+
+    searched = []
+    real = validation._has_bool
+    monkeypatch.setattr(validation, "_has_bool", lambda value: searched.append(1) or real(value))
+    r = client.post("/digits/predict", json={"input": one_hot(2)})
+    assert r.status_code == 200 and r.json()["output"] == 2 and searched == []
+    r = client.post("/digits/predict", json={"input": [0.0] * 63 + [True]})
+    assert r.status_code == 400 and "non-numeric values" in r.json()["cause"] and searched

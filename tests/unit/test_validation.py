@@ -95,3 +95,34 @@ def test_strings_and_bytes():
     assert validate_query(b_app, {"input": data}).rows == [b"\x00\x01"]
     with pytest.raises(InvalidInput, match="base64"):
         validate_query(b_app, {"input": "not base64!"})
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"input": [1.0, 2.5e-06, -3]}', False),
+        (b'{"input": [[1, 2], [3, 4]], "user_id": "ann"}', False),  # the letters before the first "[" do not count
+        (b'{"input": [1.0, true]}', True),
+        (b'{"input_batch": [[1.0], [false]]}', True),
+        (b'{"input": [1.0], "user_id": "fred"}', True),  # a false alarm only costs the search of the parsed lists
+        (b'{"input": [1.0, Infinity]}', True),
+        (b'{"input": 3}', False),  # no array: validation rejects the value itself
+    ],
+)
+def test_the_raw_text_says_whether_an_array_can_hold_a_boolean(raw, expected):
+    from clipper.core.validation import may_hold_booleans
+
+    assert may_hold_booleans(raw) is expected
+
+
+def test_a_body_seen_without_booleans_is_not_searched_for_them(monkeypatch):
+    """The search of the parsed lists is skipped when the caller saw none in the raw text, and only then."""
+    from clipper.core import validation
+
+    searched = []
+    monkeypatch.setattr(validation, "_has_bool", lambda value: searched.append(1) or False)
+    body = {"input": [0.5] * 64}
+    validate_query(digits_app(), body, booleans=False)
+    assert searched == []
+    validate_query(digits_app(), body)
+    assert searched == [1]

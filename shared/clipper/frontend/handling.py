@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from clipper.core.validation import may_hold_booleans
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from clipper.feedback import FeedbackReceiver
 from clipper.frontend.query import QueryProcessor
@@ -117,7 +118,7 @@ class QueryHandling:
         body = self.parse(raw, content_type, PREDICT_FIELDS)
         if isinstance(body, HttpAnswer):
             return body
-        processor, ticket = self.processor, QueryTicket()
+        processor, ticket = self.processor, QueryTicket(booleans=may_hold_booleans(raw))
         try:
             processor.admit(app_name, body, ticket)
             if processor.can_inline(ticket):  # fast, bounded dependencies: on the loop, no thread held

@@ -151,7 +151,7 @@ class QueryProcessor:
             self._begin(app, body, ticket, self._clock.now())
 
     def _begin(self, app: Application, body: Any, ticket: QueryTicket, start: float) -> None:
-        query = validate_query(app, body, self._max_batch)
+        query = validate_query(app, body, self._max_batch, booleans=ticket.booleans)
         user = user_id(body)
         first_id = self._new_id()
         ticket.begin(app, [first_id + i for i in range(query.count)], query.batch, start + app.slo_seconds)

@@ -104,6 +104,8 @@ class QueryTicket:
     validate_ms: float = 0.0
     abandoned: bool = False  # the watchdog answered for it
     models: list[ModelVersion] = field(default_factory=list)  # the models it asked, once selected
+    # whether its body may hold JSON booleans in an array (False: its handler saw the raw text hold none)
+    booleans: bool = True
 
     def begin(self, app: Application, ids: list[int], batch: bool, deadline: float) -> None:
         self.app, self.ids, self.batch, self.deadline = app, ids, batch, deadline
