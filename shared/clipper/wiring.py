@@ -195,8 +195,8 @@ _refresher: Any = None
 
 
 def background_runner() -> Callable[[Callable[[], None]], Any]:
-    """One thread per process that reloads the frontend's registry copy off the query path (its thread
-    starts with the first reload)."""
+    """One thread per process that reloads the frontend's registry copy and bandit states off the query path (its
+    thread starts with the first reload)."""
     global _refresher
     with _session_lock:
         if _refresher is None:
@@ -301,8 +301,9 @@ def build_query_processor(
     listener: QueryListener | None = None,
     background_refresh: bool = True,
 ) -> QueryProcessor:
-    """``background_refresh``: the registry copy is reloaded off the query path once past its TTL
-    (``clipper.core.registry_cache``), and the canaries' tally flushed each second by its thread; tests that step
+    """``background_refresh``: the registry copy and the bandit states are reloaded off the query path once past
+    their TTLs (``clipper.core.registry_cache``, ``clipper.frontend.selection``), and the canaries' tally flushed
+    each second by its thread; tests that step
     a fake clock can turn both off (the tally is then flushed by whoever calls its ``tick``)."""
     from clipper.adapters.clock import SystemClock
     from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
@@ -316,7 +317,8 @@ def build_query_processor(
     tally = CanaryTally(registry, DynamoDBCanaryEvidence(dynamodb, settings.registry_table))
     if background_refresh:
         tally.start()
-    selector = Selector(registry, selection_store(settings, dynamodb), clock, random.Random(), settings.selection_ttl_s)
+    store = selection_store(settings, dynamodb)
+    selector = Selector(registry, store, clock, random.Random(), settings.selection_ttl_s, refresh=refresh)
     queue, cache = request_queue(settings, sqs), prediction_cache(settings, dynamodb)
     return QueryProcessor(
         registry=registry,

@@ -23,3 +23,53 @@ def test_per_user_states_are_bounded_least_recently_used_first():
     for user in range(5_000):
         assert selector.choose(app, f"user-{user}") is not None
     assert selector.cached_states <= 50
+
+
+def _bandit_world(refresh=None, ttl_s: float = 1.0):
+    registry = InMemoryRegistry()
+    registry.apps["d"] = digits_app(name="d", policy="exp3")
+    registry.links["d"] = ["a", "b"]
+    for m in ("a", "b"):
+        registry.versions[(m, "1")] = model_version(m)
+        registry.active[m] = "1"
+    reads: list[str] = []
+
+    class CountingStore(InMemorySelectionStore):
+        def load(self, key):
+            reads.append(key)
+            return super().load(key)
+
+    clock = FakeClock()
+    selector = Selector(registry, CountingStore(), clock, random.Random(1), ttl_s=ttl_s, refresh=refresh)
+    return selector, registry.get_app("d"), clock, reads
+
+
+def test_a_stale_bandit_state_is_read_again_off_the_query_path_once_however_many_queries_ask():
+    """Past its TTL a state is still used (``is_cached``: the query may run on the event loop) while one background
+    read renews it; past twice the TTL it is read on the query path again."""
+    queued = []
+    selector, app, clock, reads = _bandit_world(refresh=queued.append)
+    assert not selector.is_cached(app, None)
+    selector.choose(app, None)  # the first query reads it on its path
+    assert len(reads) == 1 and selector.is_cached(app, None)
+    clock.advance(1.5)
+    for _ in range(5):  # stale: used, and read again in the background, once
+        assert selector.is_cached(app, None)
+        assert selector.choose(app, None) is not None
+    assert len(reads) == 1 and len(queued) == 1
+    queued.pop()()  # the runner's thread reads it
+    assert len(reads) == 2 and selector.is_cached(app, None)
+    assert selector.choose(app, None) is not None and len(reads) == 2 and queued == []
+    clock.advance(2.5)  # past TTL + max stale (no query for a while): the next query reads it on its path
+    assert not selector.is_cached(app, None)
+    selector.choose(app, None)
+    assert len(reads) == 3 and queued == []
+
+
+def test_without_a_runner_a_stale_state_is_read_on_the_query_path():
+    selector, app, clock, reads = _bandit_world()
+    selector.choose(app, None)
+    clock.advance(1.5)
+    assert not selector.is_cached(app, None)
+    selector.choose(app, None)
+    assert len(reads) == 2

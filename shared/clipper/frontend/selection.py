@@ -3,7 +3,11 @@ bandit state (per application, or per (application, user) when the query carries
 
 States are read from the store and kept for ``ttl_s`` in the warm container (a bandit tolerates weights a
 moment old), at most ``max_states`` of them (least recently used out first: there is one per user, and users
-are unbounded); the single-model policy needs no state at all.
+are unbounded); the single-model policy needs no state at all. With a ``refresh`` runner (the registry copy's
+background thread), a state past ``ttl_s`` is still used while it is read again off the query path, once
+however many queries ask meanwhile (stale-while-revalidate, as ``clipper.core.registry_cache``), so a warm
+container's queries do not wait for the store each ``ttl_s``; only a state older than ``ttl_s + max_stale_s``
+(no query for a while, or reads that keep failing) is read on the query path.
 
 While a model has a canary (``Registry.canary``), the canary's share of the model's queries go to the canary's
 version: drawn per query, or fixed per user when the query carries a user id (a hash of the user, the model and
@@ -13,11 +17,13 @@ the trial), so one user sees one version throughout a trial.
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
 from clipper.errors import ClipperError
@@ -32,6 +38,8 @@ from clipper.selection import (
     state_for_user,
     state_key,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ class Selector:
         rng: random.Random,
         ttl_s: float,
         max_states: int = 10_000,
+        refresh: Callable[[Callable[[], None]], Any] | None = None,
+        max_stale_s: float | None = None,
     ) -> None:
         self._registry = registry
         # a registry copy that can tell whether choosing reads nothing (CachedRegistry); others always answer fast
@@ -60,7 +70,10 @@ class Selector:
         self._rng = rng
         self._ttl = ttl_s
         self._max_states = max_states
+        self._refresh = refresh
+        self._max_stale = (ttl_s if max_stale_s is None else max_stale_s) if refresh is not None else 0.0
         self._states: OrderedDict[str, tuple[float, SelectionState | None]] = OrderedDict()
+        self._reloading: set[str] = set()
         self._lock = threading.Lock()
 
     def after_restore(self) -> None:
@@ -83,17 +96,50 @@ class Selector:
             return True
         now = self._clock.now()
         keys = [state_key(app.name)] + ([state_key(app.name, user)] if user is not None else [])
-        for key in keys:
-            hit = self._states.get(key)
-            if hit is None or now - hit[0] >= self._ttl:
-                return False
-        return True
+        return all(self._usable(key, now) is not None for key in keys)
+
+    def _usable(self, key: str, now: float) -> tuple[SelectionState | None] | None:
+        """The held state of ``key`` (in a 1-tuple: a state may be None) when a query may use it now, else None; a
+        stale one that may still be used is read again in the background."""
+        hit = self._states.get(key)
+        if hit is None or now - hit[0] >= self._ttl + self._max_stale:
+            return None
+        if now - hit[0] >= self._ttl:
+            self._reload_in_background(key)
+        return (hit[1],)
+
+    def _reload_in_background(self, key: str) -> None:
+        assert self._refresh is not None
+        with self._lock:
+            if key in self._reloading:
+                return
+            self._reloading.add(key)
+
+        def reload() -> None:
+            try:
+                self._read(key, self._clock.now())
+            except ClipperError as e:  # the stale state stays; the next query past its TTL tries again
+                logger.warning("bandit state not read again: %s", e)
+            except Exception:  # a bug, on a background thread where nothing else would report it
+                logger.exception("bandit state not read again")
+            finally:
+                with self._lock:
+                    self._reloading.discard(key)
+
+        try:
+            self._refresh(reload)
+        except RuntimeError:  # the runner is shut down (interpreter exit): read on the next query's path
+            with self._lock:
+                self._reloading.discard(key)
 
     def _load(self, key: str) -> SelectionState | None:
         now = self._clock.now()
-        hit = self._states.get(key)
-        if hit is not None and now - hit[0] < self._ttl:
-            return hit[1]
+        held = self._usable(key, now)
+        if held is not None:
+            return held[0]
+        return self._read(key, now)
+
+    def _read(self, key: str, now: float) -> SelectionState | None:
         state = self._store.load(key) if self._store is not None else None
         with self._lock:
             self._states[key] = (now, state)
