@@ -142,6 +142,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="request queues: moto's SQS, or Redis Streams",
     )
     p.add_argument(
+        "--background-nice",
+        type=int,
+        choices=range(20),
+        metavar="0-19",
+        default=os.environ.get("CLIPPER_LOCAL_BACKGROUND_NICE") or None,  # a string default goes through type
+        help="CPU niceness of the work no query waits for: moto's server (the emulated AWS) and the feedback worker "
+        "(default: 19 with Redis Streams queues, so their bursts never hold up a query; 0 with --queue sqs, where "
+        "every query goes through moto)",
+    )
+    p.add_argument(
         "--state-dir",
         default=os.environ.get("CLIPPER_LOCAL_STATE_DIR") or str(REPO / ".local-stack"),
         help="what the stack keeps across restarts, its logs and processes.json",
@@ -150,7 +160,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--snapshot-s", type=float, default=5.0, help="how often moto's state is copied when changed")
     p.add_argument("--check-port", action="store_true", help="only check that the port is free, then exit")
     p.add_argument("--clean-state", action="store_true", help="only empty the state folder (not while in use)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.background_nice is None:
+        args.background_nice = 19 if args.queue == "redis" else 0
+    return args
 
 
 def preflight(args: argparse.Namespace) -> str | None:

@@ -123,6 +123,7 @@ class LocalStack:
                 self.outputs["FeedbackQueueUrl"],
             ],
             Stage.WORKERS,
+            nice=self.args.background_nice,
         )
         registry = DynamoDBRegistry(boto3.client("dynamodb"), self.env["CLIPPER_REGISTRY_TABLE"])
         demo.seed(registry, self.models, self.queues, endpoints, self.args.slo_ms)
@@ -140,6 +141,7 @@ class LocalStack:
             Stage.MOTO,
             on_exit=self._moto_exited,
             on_restart=self._moto_restarted,
+            nice=self.args.background_nice,
         )
         self.wait_ready(url + "/moto-api/", moto, "moto server")
         self.env["AWS_ENDPOINT_URL"] = url

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import json
 import logging
 import os
@@ -81,6 +82,7 @@ class ChildSpec:
     stage: Stage
     on_exit: Callable[[int], None] | None = None  # in the supervisor's thread, as soon as it exited unasked
     on_restart: Callable[[], None] | None = None  # in a thread of its own, once it was started again
+    nice: int = 0  # added to the child's CPU niceness when it starts (19: it runs when nothing else wants the CPU)
 
 
 @dataclass
@@ -178,7 +180,7 @@ class Supervisor:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 process_group=0,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_start_child, spec.nice),
             )
 
     # -- supervising -----------------------------------------------------------------------------------
@@ -339,6 +341,13 @@ try:  # looked up once here: nothing is loaded between fork and exec
     _prctl: Any = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
 except OSError:
     _prctl = None  # not Linux: children then outlive a launcher that is killed
+
+
+def _start_child(nice: int) -> None:
+    """In the child, before its command runs: die with the launcher, and take its niceness."""
+    _die_with_parent()
+    if nice:
+        os.nice(nice)
 
 
 def _die_with_parent() -> None:

@@ -83,6 +83,7 @@ def test_make_run_supervises_its_processes_keeps_its_state_and_stops_cleanly(dem
         local.wait_ready()
         token = re.search(r"CLIPPER_ADMIN_TOKEN=(\S+)", local.output).group(1)
         curl_line_answers(local.output, port)
+        background_work_runs_behind_the_queries(state)
         manage_as_a_user(url, token)
         a_killed_model_server_comes_back_on_its_port(url, state, x[200:260])
         killed_batcher_and_frontend_come_back(url, state, x[260:320])
@@ -110,6 +111,7 @@ def test_make_run_supervises_its_processes_keeps_its_state_and_stops_cleanly(dem
         assert mlp["active_version"] == "1" and set(mlp["versions"]) == {"1", "2"}
         feedback_is_skipped_without_the_cache(url, state, x[0])
         redis_and_moto_come_back(again, url, state, x[300:400], uploaded)
+        background_work_runs_behind_the_queries(state)  # moto restarted at its niceness
         stopped_cleanly(again)
     finally:
         again.close()
@@ -122,6 +124,20 @@ def curl_line_answers(output: str, port: int) -> None:
     answer = json.loads(out)
     assert answer["default"] is False and isinstance(answer["output"], int), answer
     assert re.search(r"sample query answered: .*'default': False", output)
+
+
+def background_work_runs_behind_the_queries(state: Path) -> None:
+    """On Redis Streams queues, moto's server and the feedback worker run at niceness 19 (no query waits for
+    them), every process on a query's path at the launcher's own."""
+    own = os.nice(0)
+
+    def niceness(name: str) -> int:
+        pid = processes(state)[name]["pid"]
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+    assert {n: niceness(n) for n in ("moto", "feedback")} == {"moto": 19, "feedback": 19}
+    on_the_path = ("frontend", "redis", "batcher-mlp", "endpoint-mlp")
+    assert {n: niceness(n) for n in on_the_path} == dict.fromkeys(on_the_path, own)
 
 
 def manage_as_a_user(url: str, token: str) -> None:

@@ -1,5 +1,5 @@
-"""The local stack's supervisor without processes: a fake launcher and a fake clock drive its restarts, back-off,
-crash-loop report, stops and status file."""
+"""The local stack's supervisor: a fake launcher and a fake clock drive its restarts, back-off,
+crash-loop report, stops and status file; one test starts real children (their niceness)."""
 
 from __future__ import annotations
 
@@ -222,3 +222,32 @@ def test_the_same_name_twice_is_refused(tmp_path):
     w.start("feedback", Stage.WORKERS)
     with pytest.raises(ValueError, match="already supervised"):
         w.start("feedback", Stage.WORKERS)
+
+
+def _niceness(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[16])  # field 19: nice
+
+
+def test_a_child_starts_with_its_niceness_and_keeps_it_when_restarted(tmp_path):
+    """A real child (the supervisor's own launcher): ``nice`` is added to its CPU niceness, here and after a crash;
+    a child without one runs at the launcher's."""
+    import os
+    import sys
+
+    sup = Supervisor(tmp_path / "logs", tmp_path / "processes.json", backoff=Backoff(first_s=0.0))
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    own = os.nice(0)
+    try:
+        background = sup.start(ChildSpec("background", sleeper, dict(os.environ), Stage.WORKERS, nice=7))
+        query_path = sup.start(ChildSpec("query-path", sleeper, dict(os.environ), Stage.FRONTEND))
+        assert _niceness(background.proc.pid) == min(19, own + 7)
+        assert _niceness(query_path.proc.pid) == own
+        first = background.proc.pid
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (background.proc.pid == first or background.status != "running") and time.monotonic() < deadline:
+            sup.poll()
+            time.sleep(0.05)
+        assert background.proc.pid != first and _niceness(background.proc.pid) == min(19, own + 7)
+    finally:
+        sup.stop(["background", "query-path"])

@@ -1,0 +1,30 @@
+"""The local stack's command line: the niceness of its background work follows the request-queue transport."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.local.run import parse_args
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def _no_environment(monkeypatch):
+    for name in ("CLIPPER_QUEUE_TRANSPORT", "CLIPPER_LOCAL_BACKGROUND_NICE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_background_work_runs_behind_the_queries_on_redis_streams_and_not_on_sqs():
+    assert parse_args([]).background_nice == 19  # Redis Streams: no query waits for moto or the feedback worker
+    assert parse_args(["--queue", "redis"]).background_nice == 19
+    assert parse_args(["--queue", "sqs"]).background_nice == 0  # every query goes through moto's SQS
+
+
+def test_the_niceness_can_be_set_by_flag_or_environment(monkeypatch):
+    assert parse_args(["--background-nice", "0"]).background_nice == 0
+    assert parse_args(["--queue", "sqs", "--background-nice", "10"]).background_nice == 10
+    monkeypatch.setenv("CLIPPER_LOCAL_BACKGROUND_NICE", "5")
+    assert parse_args([]).background_nice == 5
+    with pytest.raises(SystemExit):
+        parse_args(["--background-nice", "20"])
