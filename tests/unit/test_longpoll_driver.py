@@ -247,3 +247,44 @@ def test_received_messages_are_stamped_and_replies_report_their_batch_wait():
         driver.handle([m])
         (reply,) = replies.lists["1"]
         assert reply.timings["batch_wait_ms"] == pytest.approx(7, abs=0.01)
+
+
+class GatedStateStore:
+    """A controller-state store whose writes wait for ``gate`` (a slow store); it records what was written."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.saved: list[dict] = []
+        self.writing = threading.Event()
+
+    def load(self, model: str, version: str):
+        return None
+
+    def save(self, model: str, version: str, state: dict) -> None:
+        self.writing.set()
+        self.gate.wait(5.0)
+        self.saved.append(state)
+
+
+def test_the_controller_state_is_saved_off_the_batch_path_and_the_last_state_at_stop():
+    """A save that falls due after a batch is written on a thread of its own: the batches go on while the store
+    holds it, no second write starts meanwhile, and the stop's save waits for it and comes last."""
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
+    reader, store = ListReader(), GatedStateStore()
+    driver = LongPollDriver(
+        reader,
+        Batcher(FakeResolver(endpoint), replies, clock),
+        FixedController(10),
+        0.0,
+        state_store=store,
+        state_key=("mlp", "1"),
+        save_every_s=0.0,  # a save falls due after every batch
+    )
+    stop = threading.Event()
+    with driving(driver, reader):
+        for i in range(1, 4):  # three batches while the first save is held by the store
+            reader.add(message(i, one_hot(i), clock, ttl_s=60))
+            assert driver.handle(driver.collect(stop)).answered == 1
+        assert store.writing.is_set() and store.saved == [] and endpoint.calls == [1, 1, 1]
+        store.gate.set()
+    assert len(store.saved) == 2  # the held one, then the stop's (none started while the first was held)

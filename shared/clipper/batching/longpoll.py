@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from clipper.batching.acker import BackgroundAcker
 from clipper.batching.controller import BatchSizeController
@@ -100,6 +101,8 @@ class LongPollDriver:
         self._pending: tuple[BatchSizeController, float] | None = None  # reconfigure(): applied between batches
         self._pending_lock = threading.Lock()
         self._saved_at = time.monotonic()
+        self._saver: threading.Thread | None = None
+        self._save_lock = threading.Lock()
         self._buffer_batches = buffer_batches
         self._receivers_floor = receivers * (receive_max or 1)
         self.stats = DriverStats()
@@ -129,14 +132,33 @@ class LongPollDriver:
             self._controller.restore(state)
             logger.info("controller restored: %s", state)
 
-    def save_state(self) -> None:
+    def save_state(self, wait: bool = True) -> None:
+        """Write the controller's state to the store: on this thread (``wait``), or on a thread of its own, so a
+        batch never waits for the store (skipped while the last such write still runs; the next one is due
+        ``save_every_s`` later). Writes go one at a time, in the order their states were taken."""
         if self._store is None or self._key is None:
             return
-        try:
-            self._store.save(*self._key, self._controller.state())
-        except ClipperError as e:
-            logger.warning("controller state not saved: %s", e)
+        state = self._controller.state()  # taken here, on the thread that drives the controller
         self._saved_at = time.monotonic()
+        if wait:
+            self._write_state(state)
+            return
+        if self._saver is not None and self._saver.is_alive():
+            return
+        self._saver = threading.Thread(
+            target=self._write_state, args=(state,), name="clipper-controller-save", daemon=True
+        )
+        self._saver.start()
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        assert self._store is not None and self._key is not None
+        with self._save_lock:
+            try:
+                self._store.save(*self._key, state)
+            except ClipperError as e:
+                logger.warning("controller state not saved: %s", e)
+            except Exception:  # a bug, on a thread where nothing else would report it
+                logger.exception("controller state not saved")
 
     @property
     def buffered(self) -> int:
@@ -214,7 +236,7 @@ class LongPollDriver:
         if self._on_report is not None:
             self._on_report(report)
         if time.monotonic() - self._saved_at >= self._save_every:
-            self.save_state()
+            self.save_state(wait=False)  # off the batch path: the next batch does not wait for the store
         return report
 
     def flush_acks(self, timeout_s: float | None = None) -> bool:
