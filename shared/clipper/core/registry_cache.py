@@ -45,6 +45,45 @@ def _model_entries(record: ModelRecord) -> dict[Key, object]:
     return entries
 
 
+class BackgroundReloads:
+    """Reloads handed to a ``runner`` (e.g. a one-thread executor's ``submit``), at most one in flight per key
+    however many callers ask; what a reload raises is logged as ``what`` (the stale value stays, and the next
+    caller past its TTL asks again)."""
+
+    def __init__(self, runner: Callable[[Callable[[], None]], Any], what: str) -> None:
+        self._runner, self._what = runner, what
+        self._in_flight: set[Any] = set()
+        self._lock = threading.Lock()
+
+    def submit(self, key: Any, reload: Callable[[], object], inline_when_shut_down: bool = False) -> None:
+        """Run ``reload`` on the runner unless one for ``key`` is in flight. When the runner is shut down
+        (interpreter exit): run it here (``inline_when_shut_down``), or leave it to the next caller."""
+        with self._lock:
+            if key in self._in_flight:
+                return
+            self._in_flight.add(key)
+
+        def guarded() -> None:
+            try:
+                reload()
+            except ClipperError as e:
+                logger.warning("%s: %s", self._what, e)
+            except Exception:  # a bug, on a background thread where nothing else would report it
+                logger.exception("%s", self._what)
+            finally:
+                with self._lock:
+                    self._in_flight.discard(key)
+
+        try:
+            self._runner(guarded)
+        except RuntimeError:  # the runner is shut down
+            if inline_when_shut_down:
+                guarded()
+            else:
+                with self._lock:
+                    self._in_flight.discard(key)
+
+
 class CachedRegistry:
     def __init__(
         self,
@@ -67,7 +106,7 @@ class CachedRegistry:
         self._negative_ttl = min(ttl_s, negative_ttl_s)
         self._entries: OrderedDict[Key, tuple[float, object]] = OrderedDict()
         self._negative: OrderedDict[Key, tuple[float, NotFound]] = OrderedDict()
-        self._in_flight: set[Key] = set()
+        self._reloads = BackgroundReloads(refresh, "registry reload failed") if refresh is not None else None
         self._lock = threading.Lock()
         self._app_and_links: Callable[[str], tuple[Application, list[str]]] | None = getattr(
             inner, "app_and_links", None
@@ -123,27 +162,8 @@ class CachedRegistry:
                         self._entries.popitem(last=False)
 
     def _reload_in_background(self, key: Key) -> None:
-        assert self._refresh is not None
-        with self._lock:
-            if key in self._in_flight:
-                return
-            self._in_flight.add(key)
-
-        def reload() -> None:
-            try:
-                self._store(key, self._clock.now())
-            except ClipperError as e:  # the stale entry stays; the next query past its TTL tries again
-                logger.warning("registry reload failed: %s", e)
-            except Exception:  # a bug, on a background thread where nothing else would report it
-                logger.exception("registry reload failed")
-            finally:
-                with self._lock:
-                    self._in_flight.discard(key)
-
-        try:
-            self._refresh(reload)
-        except RuntimeError:  # the runner is shut down (interpreter exit): reload here
-            reload()
+        assert self._reloads is not None
+        self._reloads.submit(key, lambda: self._store(key, self._clock.now()), inline_when_shut_down=True)
 
     def _cached(self, key: Key, now: float) -> object | None:
         """The entry's value (a ``NotFound`` for a remembered miss) if fresh enough, else None."""

@@ -17,7 +17,6 @@ the trial), so one user sees one version throughout a trial.
 from __future__ import annotations
 
 import hashlib
-import logging
 import random
 import threading
 from collections import OrderedDict
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
+from clipper.core.registry_cache import BackgroundReloads
 from clipper.errors import ClipperError
 from clipper.ports import Clock, Registry, SelectionStore
 from clipper.selection import (
@@ -38,8 +38,6 @@ from clipper.selection import (
     state_for_user,
     state_key,
 )
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class Selector:
         self._refresh = refresh
         self._max_stale = (ttl_s if max_stale_s is None else max_stale_s) if refresh is not None else 0.0
         self._states: OrderedDict[str, tuple[float, SelectionState | None]] = OrderedDict()
-        self._reloading: set[str] = set()
+        self._reloads = BackgroundReloads(refresh, "bandit state not read again") if refresh is not None else None
         self._lock = threading.Lock()
 
     def after_restore(self) -> None:
@@ -109,28 +107,8 @@ class Selector:
         return (hit[1],)
 
     def _reload_in_background(self, key: str) -> None:
-        assert self._refresh is not None
-        with self._lock:
-            if key in self._reloading:
-                return
-            self._reloading.add(key)
-
-        def reload() -> None:
-            try:
-                self._read(key, self._clock.now())
-            except ClipperError as e:  # the stale state stays; the next query past its TTL tries again
-                logger.warning("bandit state not read again: %s", e)
-            except Exception:  # a bug, on a background thread where nothing else would report it
-                logger.exception("bandit state not read again")
-            finally:
-                with self._lock:
-                    self._reloading.discard(key)
-
-        try:
-            self._refresh(reload)
-        except RuntimeError:  # the runner is shut down (interpreter exit): read on the next query's path
-            with self._lock:
-                self._reloading.discard(key)
+        assert self._reloads is not None
+        self._reloads.submit(key, lambda: self._read(key, self._clock.now()))
 
     def _load(self, key: str) -> SelectionState | None:
         now = self._clock.now()
