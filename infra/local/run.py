@@ -147,9 +147,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=range(20),
         metavar="0-19",
         default=os.environ.get("CLIPPER_LOCAL_BACKGROUND_NICE") or None,  # a string default goes through type
-        help="CPU niceness of the work no query waits for: moto's server (the emulated AWS) and the feedback worker "
-        "(default: 19 with Redis Streams queues, so their bursts never hold up a query; 0 with --queue sqs, where "
-        "every query goes through moto)",
+        help="CPU niceness of the work no query waits for: moto's server (the emulated AWS), the feedback worker and "
+        "this launcher's background threads (the state copy and replica follow, the upload dispatch) (default: 19 "
+        "with Redis Streams queues, so their bursts never hold up a query; 0 with --queue sqs, where every query "
+        "goes through moto)",
     )
     p.add_argument(
         "--state-dir",

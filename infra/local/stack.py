@@ -32,9 +32,11 @@ from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from infra.local import demo
 from infra.local.serving import LocalModelServing
 from infra.local.state import SNAPSHOT_TABLES, Ports, Snapshot, repoint_endpoints
-from infra.local.supervisor import Child, ChildSpec, Stage, Supervisor
+from infra.local.supervisor import Child, ChildSpec, Stage, Supervisor, lower_thread_priority
 
 logger = logging.getLogger("clipper.local")
+
+RECONCILE_S = 2.0  # how often the replica counts and deleted versions the admin API set are applied
 
 
 class LocalStack:
@@ -233,7 +235,7 @@ class LocalStack:
         from infra.local.uploads import start_uploads
 
         self.serving = local_serving(self.name, self.outputs, self.dir / "artifacts", self, self.args.slo_ms)
-        self.dispatcher = start_uploads(self.name, self.outputs, self.serving)
+        self.dispatcher = start_uploads(self.name, self.outputs, self.serving, self.args.background_nice)
         bucket = self.outputs["ModelBucketName"]
         log(f"uploads to s3://{bucket}/models/<name>/<version>/model.onnx reach the model updater")
         restored = self.serving.restore()
@@ -277,13 +279,25 @@ class LocalStack:
 
     # -- running ---------------------------------------------------------------------------------------
     def watch(self) -> None:
-        """Until a signal: follow the registry (replicas, deleted versions), copy moto's state when it changed."""
+        """Until a signal: follow the registry (replicas, deleted versions) every ``RECONCILE_S``, copy moto's state
+        when it changed every ``--snapshot-s``. Both run on a thread of their own at the background niceness (no
+        query waits for them); this thread waits for the signal."""
+        follower = threading.Thread(target=self._follow, name="stack-follow", daemon=True)
+        follower.start()
+        while not self.stopping.wait(0.5):
+            pass
+        follower.join(timeout=10)
+
+    def _follow(self) -> None:
+        lower_thread_priority(self.args.background_nice, "stack-follow")
         snapshot_at = time.monotonic() + self.args.snapshot_s
+        reconcile_at = time.monotonic()
         while not self.stopping.wait(0.5):
             if not self.state_ready.is_set():
                 continue
-            if self.serving is not None:
+            if self.serving is not None and time.monotonic() >= reconcile_at:
                 self.serving.reconcile()  # replica counts and deleted versions, as the admin API set them
+                reconcile_at = time.monotonic() + RECONCILE_S
             if time.monotonic() >= snapshot_at:
                 self.take_snapshot()
                 snapshot_at = time.monotonic() + self.args.snapshot_s
@@ -346,8 +360,8 @@ class LocalStack:
         sup = self.supervisor
         for stage in (Stage.FRONTEND, Stage.BATCHERS, Stage.SERVERS, Stage.WORKERS):
             sup.stop_stage(stage)
-        if self.dispatcher is not None:
-            self.dispatcher.join(timeout=10)
+        if self.dispatcher is not None and not self.dispatcher.finish(timeout_s=10):
+            logger.warning("an upload was still being handled after 10 s when the stack stopped")
         self.take_snapshot()
         for stage in (Stage.REDIS, Stage.MOTO):
             sup.stop_stage(stage)

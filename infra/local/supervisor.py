@@ -337,10 +337,25 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 try:  # looked up once here: nothing is loaded between fork and exec
     _prctl: Any = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
 except OSError:
     _prctl = None  # not Linux: children then outlive a launcher that is killed
+
+
+def lower_thread_priority(nice: int, name: str = "") -> None:
+    """Add ``nice`` to the CPU niceness of the calling thread only (Linux: a thread's niceness is its own) and
+    give it ``name`` (15 bytes at most) where ``ps -L`` and ``/proc/<pid>/task/*/comm`` show it; the threads
+    and processes it starts from then on inherit the niceness, so it must not launch children (the supervisor's
+    thread does, on request from ``Supervisor.start``). Best effort: where it cannot be set, nothing changes."""
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as e:
+        logger.debug("thread niceness not changed: %s", e)
+    if name and _prctl is not None:
+        _prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def _start_child(nice: int) -> None:

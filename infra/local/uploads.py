@@ -4,6 +4,9 @@ of that rule, and ``UploadDispatcher`` (a thread) hands each event, as EventBrid
 updater's own handler code (``functions.model_updater.app.handle_event``), with ``LocalModelServing`` as its
 ``ServingStacks``. A failed event becomes visible again and is retried, as Lambda retries an asynchronous
 invocation.
+
+The dispatcher long-polls (20 s, SQS's longest: on an idle stack three receives a minute, not sixty); a stop
+waits for the events it holds to be handled, not for a receive that is waiting for one.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from infra.local.serving import LocalModelServing
+from infra.local.supervisor import lower_thread_priority
 
 logger = logging.getLogger("clipper.local")
 
@@ -23,16 +27,30 @@ logger = logging.getLogger("clipper.local")
 class UploadDispatcher(threading.Thread):
     """Long-polls the queue the model bucket's EventBridge rule delivers to and runs the updater's handler."""
 
-    def __init__(self, sqs: Any, queue_url: str, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        sqs: Any,
+        queue_url: str,
+        handle: Callable[[dict[str, Any]], dict[str, Any]],
+        wait_s: int = 20,
+        nice: int = 0,
+    ) -> None:
+        """``wait_s``: each receive's long poll; ``nice``: added to this thread's CPU niceness when it starts (no
+        query waits for it)."""
         super().__init__(name="upload-dispatcher", daemon=True)
         self._sqs, self._queue_url, self._handle = sqs, queue_url, handle
+        self._wait_s, self._nice = wait_s, nice
         self.halt = threading.Event()
+        self._handling = threading.Lock()  # held while events are handled, not while a receive waits
         self._failing = False
 
     def run(self) -> None:
+        lower_thread_priority(self._nice, "upload-dispatch")
         while not self.halt.is_set():
             try:
-                got = self._sqs.receive_message(QueueUrl=self._queue_url, MaxNumberOfMessages=1, WaitTimeSeconds=1)
+                got = self._sqs.receive_message(
+                    QueueUrl=self._queue_url, MaxNumberOfMessages=1, WaitTimeSeconds=self._wait_s
+                )
             except Exception as e:  # moto restarting, or a transient error: said once, not every second
                 if not self._failing and not self.halt.is_set():
                     logger.warning("upload events not received (retrying every second): %s", e)
@@ -42,8 +60,18 @@ class UploadDispatcher(threading.Thread):
             if self._failing and not self.halt.is_set():
                 logger.info("upload events received again")
             self._failing = False
-            for message in got.get("Messages", []):
-                self.dispatch(message)
+            with self._handling:
+                for message in got.get("Messages", []):
+                    self.dispatch(message)
+
+    def finish(self, timeout_s: float = 10.0) -> bool:
+        """After ``halt``: wait for the events in hand (up to ``timeout_s``), not for a receive that waits for
+        one (the thread is a daemon); False if they were still being handled."""
+        self.halt.set()
+        if not self._handling.acquire(timeout=timeout_s):
+            return False
+        self._handling.release()
+        return True
 
     def dispatch(self, message: dict[str, Any]) -> None:
         event = json.loads(message["Body"])
@@ -92,10 +120,10 @@ def connect_uploads(stack: str, bucket: str) -> str:
     return queue_url
 
 
-def start_uploads(stack: str, outputs: dict[str, str], serving: LocalModelServing) -> UploadDispatcher:
+def start_uploads(stack: str, outputs: dict[str, str], serving: LocalModelServing, nice: int = 0) -> UploadDispatcher:
     """Connect the bucket's rule to a local queue and start the dispatcher over the updater's handler, with
-    ``serving`` as the updater's ``ServingStacks``. The handler module reads its settings from this process's
-    environment (the caller sets it)."""
+    ``serving`` as the updater's ``ServingStacks``, its thread ``nice`` steps nicer than the caller's. The
+    handler module reads its settings from this process's environment (the caller sets it)."""
     import boto3
 
     from functions.model_updater import app as updater_app
@@ -104,7 +132,7 @@ def start_uploads(stack: str, outputs: dict[str, str], serving: LocalModelServin
     queue_url = connect_uploads(stack, bucket)
     updater = updater_app.build(updater_app.settings, boto3.client("dynamodb"), boto3.client("s3"), stacks=serving)
     dispatcher = UploadDispatcher(
-        boto3.client("sqs"), queue_url, lambda event: updater_app.handle_event(updater, event, bucket)
+        boto3.client("sqs"), queue_url, lambda event: updater_app.handle_event(updater, event, bucket), nice=nice
     )
     dispatcher.start()
     return dispatcher

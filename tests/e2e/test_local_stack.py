@@ -138,6 +138,15 @@ def background_work_runs_behind_the_queries(state: Path) -> None:
     assert {n: niceness(n) for n in ("moto", "feedback")} == {"moto": 19, "feedback": 19}
     on_the_path = ("frontend", "redis", "batcher-mlp", "endpoint-mlp")
     assert {n: niceness(n) for n in on_the_path} == dict.fromkeys(on_the_path, own)
+    # the launcher's own background threads (moto's copy and the registry's follow; the upload dispatch) too,
+    # its main thread and the supervisor's (which starts every process) at its own
+    launcher = int(Path(f"/proc/{processes(state)['moto']['pid']}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    threads: dict[str, list[int]] = {}
+    for task in Path(f"/proc/{launcher}/task").iterdir():
+        stat = (task / "stat").read_text()
+        threads.setdefault((task / "comm").read_text().strip(), []).append(int(stat.rsplit(")", 1)[1].split()[16]))
+    assert threads["stack-follow"] == [19] and threads["upload-dispatch"] == [19], threads
+    assert int(Path(f"/proc/{launcher}/stat").read_text().rsplit(")", 1)[1].split()[16]) == own
 
 
 def manage_as_a_user(url: str, token: str) -> None:

@@ -149,3 +149,57 @@ def test_a_poison_message_stays_when_it_cannot_be_dead_lettered():
     queue = FakeQueue(["not json"])
     worker = FeedbackWorker(queue, processor().process, dead_letter=dead_letter)
     assert worker.handle(queue.receive(10, 0)) == [] and queue.deleted == []  # the redrive policy moves it later
+
+
+class HeldQueue(FakeQueue):
+    """A receive that waits, as SQS's long poll does, until the test lets it answer."""
+
+    def __init__(self, bodies: list[str]) -> None:
+        super().__init__(bodies)
+        self.waits: list[float] = []
+        self.receiving, self.answer = threading.Event(), threading.Event()
+
+    def receive(self, max_messages: int, wait_s: float) -> list[ReceivedMessage]:
+        self.waits.append(wait_s)
+        self.receiving.set()
+        self.answer.wait(10)
+        self.answer.clear()
+        return super().receive(max_messages, wait_s)
+
+
+def test_the_loop_long_polls_and_a_stop_does_not_wait_for_the_poll():
+    queue = HeldQueue([message(feedback_id="f1")])
+    worker = FeedbackWorker(queue, lambda m: "applied")
+    stop = threading.Event()
+    loop = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    loop.start()
+    assert queue.receiving.wait(5)
+    assert queue.waits == [20]  # SQS's longest long poll: an idle queue costs three receives a minute
+    stop.set()
+    assert worker.finish(timeout_s=0.5)  # nothing in hand: the receive that waits is left behind
+    queue.answer.set()  # the receive that was waiting answers after the stop: what it got is still handled
+    loop.join(5)
+    assert not loop.is_alive() and queue.deleted == ["r0"]
+
+
+def test_a_stop_waits_for_the_messages_in_hand():
+    handling, go_on = threading.Event(), threading.Event()
+
+    def apply(msg: FeedbackMessage) -> str:
+        handling.set()
+        go_on.wait(10)
+        return "applied"
+
+    queue = HeldQueue([message(feedback_id="f1")])
+    worker = FeedbackWorker(queue, apply)
+    stop = threading.Event()
+    loop = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    loop.start()
+    queue.answer.set()
+    assert handling.wait(5)
+    stop.set()
+    assert not worker.finish(timeout_s=0.2)  # still applying it
+    go_on.set()
+    assert worker.finish(timeout_s=5) and queue.deleted == ["r0"]
+    loop.join(5)
+    assert not loop.is_alive()

@@ -53,6 +53,7 @@ class FeedbackWorker:
         self._apply = apply
         self._why_not = why_not
         self._dead_letter = dead_letter
+        self._handling = threading.Lock()  # held while received messages are handled
         self.counts: dict[str, int] = {}
 
     def handle(self, messages: list[ReceivedMessage]) -> list[str]:
@@ -102,7 +103,9 @@ class FeedbackWorker:
         logger.error("feedback %s can never be applied, moved to the dead-letter queue: %s", m.message_id, reason)
         return "dead_lettered"
 
-    def run(self, stop: threading.Event, wait_s: int = 1, retry_s: float = 1.0) -> None:
+    def run(self, stop: threading.Event, wait_s: int = 20, retry_s: float = 1.0) -> None:
+        """Receive and handle until ``stop``; each receive long-polls up to ``wait_s`` (20 s, SQS's longest: on an
+        idle queue three requests a minute). A stop does not wait for a receive: see ``finish``."""
         while not stop.is_set():
             try:
                 messages = self._reader.receive(10, wait_s)
@@ -110,11 +113,21 @@ class FeedbackWorker:
                 logger.warning("feedback not received: %s", e)
                 stop.wait(retry_s)
                 continue
-            try:
-                self.handle(messages)
-            except Exception:  # the batch's messages come back after their visibility timeout; the worker goes on
-                logger.exception("feedback batch of %d not handled (it will come back)", len(messages))
-                stop.wait(retry_s)
+            with self._handling:
+                try:
+                    self.handle(messages)
+                except Exception:  # the batch's messages come back after their visibility timeout; the worker goes on
+                    logger.exception("feedback batch of %d not handled (it will come back)", len(messages))
+                    stop.wait(retry_s)
+
+    def finish(self, timeout_s: float) -> bool:
+        """After ``stop``: wait up to ``timeout_s`` for the messages in hand to be handled, not for a receive that
+        waits for some (those it may still get come back after the queue's visibility timeout). False: still
+        handling."""
+        if not self._handling.acquire(timeout=timeout_s):
+            return False
+        self._handling.release()
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     reviews = threading.Thread(target=reviewer.run, args=(stop,), name="clipper-canary-review", daemon=True)
     reviews.start()
     logger.info("feedback worker polling %s; reviewing canaries each second", args.queue_url)
-    worker.run(stop)
+    receiving = threading.Thread(target=worker.run, args=(stop,), name="clipper-feedback", daemon=True)
+    receiving.start()
+    while not stop.wait(0.5):  # this thread takes the signals; the loop's long poll is not interrupted by them
+        if not receiving.is_alive():
+            logger.error("the feedback loop ended unexpectedly")
+            return 1
+    if not worker.finish(timeout_s=5):
+        logger.warning("feedback still being handled at exit: it comes back after the visibility timeout")
     reviews.join(timeout=5)
     logger.info("feedback worker stopped: %s", worker.counts)
     return 0

@@ -1,0 +1,95 @@
+"""The local stack's upload dispatcher (``infra.local.uploads.UploadDispatcher``) over a fake SQS client: it
+long-polls, runs at its niceness under its own thread name, handles what it received, and a stop waits for the
+events in hand but not for a receive that is waiting for one."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.local.uploads import UploadDispatcher
+
+pytestmark = pytest.mark.unit
+
+
+class FakeSqs:
+    """receive_message waits until the test lets it answer, as a long poll does; it records the calling thread."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = list(events)
+        self.calls: list[dict[str, Any]] = []
+        self.threads: list[tuple[str, int]] = []  # (OS thread name, niceness) of each receive
+        self.deleted: list[str] = []
+        self.receiving, self.answer = threading.Event(), threading.Event()
+
+    def receive_message(self, **kwargs: Any) -> dict[str, Any]:
+        tid = threading.get_native_id()
+        self.calls.append(kwargs)
+        self.threads.append(
+            (Path(f"/proc/self/task/{tid}/comm").read_text().strip(), os.getpriority(os.PRIO_PROCESS, tid))
+        )
+        self.receiving.set()
+        self.answer.wait(10)
+        self.answer.clear()
+        if not self.events:
+            return {}
+        event = self.events.pop(0)
+        return {"Messages": [{"Body": json.dumps(event), "ReceiptHandle": f"h-{event['id']}"}]}
+
+    def delete_message(self, QueueUrl: str, ReceiptHandle: str) -> None:
+        self.deleted.append(ReceiptHandle)
+
+
+def test_it_long_polls_on_a_thread_of_its_own_at_its_niceness():
+    sqs = FakeSqs([])
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    dispatcher = UploadDispatcher(sqs, "queue", lambda event: {}, nice=5)
+    dispatcher.start()
+    try:
+        assert sqs.receiving.wait(5)
+        assert sqs.calls[0]["WaitTimeSeconds"] == 20  # SQS's longest long poll: three receives a minute when idle
+        assert sqs.threads == [("upload-dispatch", min(19, own + 5))]
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # only its own thread
+    finally:
+        assert dispatcher.finish(timeout_s=1)
+        sqs.answer.set()
+        dispatcher.join(5)
+
+
+def test_a_stop_waits_for_the_event_in_hand_not_for_the_poll():
+    handling, go_on = threading.Event(), threading.Event()
+    handled = []
+
+    def handle(event: dict[str, Any]) -> dict[str, Any]:
+        handling.set()
+        go_on.wait(10)
+        handled.append(event["id"])
+        return {}
+
+    sqs = FakeSqs([{"id": "a"}])
+    dispatcher = UploadDispatcher(sqs, "queue", handle)
+    dispatcher.start()
+    sqs.answer.set()
+    assert handling.wait(5)
+    assert not dispatcher.finish(timeout_s=0.2)  # halted, but the upload it holds is still being handled
+    go_on.set()
+    assert dispatcher.finish(timeout_s=5) and handled == ["a"] and sqs.deleted == ["h-a"]
+    dispatcher.join(5)
+    assert not dispatcher.is_alive()  # halted: no receive after the one that answered
+
+
+def test_a_stop_while_it_waits_for_an_event_returns_at_once():
+    sqs = FakeSqs([])
+    dispatcher = UploadDispatcher(sqs, "queue", lambda event: {})
+    dispatcher.start()
+    assert sqs.receiving.wait(5)
+    assert dispatcher.finish(timeout_s=0.5)  # the waiting receive is left behind: the thread is a daemon
+    assert dispatcher.daemon and dispatcher.is_alive()
+    sqs.answer.set()
+    dispatcher.join(5)
+    assert not dispatcher.is_alive() and len(sqs.calls) == 1
