@@ -166,3 +166,28 @@ def test_a_batch_that_fills_within_its_window_is_cut_at_once():
     assert not taker.is_alive()
     assert [m.message_id for m in taken[0]] == [f"m{i}" for i in range(5)]
     assert time.monotonic() - started < 2.0  # the full batch, not its 10 s window
+
+
+def test_an_idle_batcher_sleeps_until_its_idle_wait_ends_and_a_stop_wakes_it():
+    """On the system's clock a batcher waiting for a first message sleeps once for its whole idle wait (it woke
+    every 50 ms to read the clock: twenty thread wake-ups a second for each idle batcher); a stop wakes it."""
+    buffer = ReceiveBuffer(capacity=100)
+    waits: list[float | None] = []
+    wait = buffer._filled.wait
+    buffer._filled.wait = lambda timeout=None: waits.append(timeout) or wait(timeout)  # type: ignore[method-assign]
+    stop = threading.Event()
+    taken: list[list[ReceivedMessage]] = []
+    taker = threading.Thread(target=lambda: taken.append(buffer.take(5, 0.0, 0.6, stop)))
+    taker.start()
+    taker.join(5)
+    assert taken == [[]]
+    assert len(waits) <= 2 and max(w for w in waits if w is not None) > 0.5, waits
+
+    taker = threading.Thread(target=lambda: taken.append(buffer.take(5, 0.0, 30.0, stop)))
+    started = time.monotonic()
+    taker.start()
+    time.sleep(0.1)
+    stop.set()
+    buffer.wake()
+    taker.join(5)
+    assert not taker.is_alive() and taken[-1] == [] and time.monotonic() - started < 5

@@ -16,6 +16,7 @@ clock (the batch wait T is measured on it).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -41,8 +42,10 @@ class Arrival:
 class ReceiveBuffer:
     """Received messages in arrival order, at most ``capacity`` of them (counting the receives in flight).
 
-    ``clock`` is monotonic seconds (injected so tests can step it: every wait also wakes at least every
-    ``WAKE_S`` to read it again); ``wall`` is epoch seconds, for ``received_ms``."""
+    ``clock`` is monotonic seconds (injected so tests can step it: every wait then also wakes at least every
+    ``WAKE_S`` to read it again; on the system's clock a wait is exact, and a stop calls ``wake``, so an idle
+    batcher sleeps until a message comes or its idle wait ends); ``wall`` is epoch seconds, for
+    ``received_ms``."""
 
     def __init__(
         self,
@@ -61,6 +64,7 @@ class ReceiveBuffer:
         self._reserved = 0
         self._capacity = max(1, capacity)
         self._clock = clock
+        self._recheck = WAKE_S if clock is not time.monotonic else math.inf
         self._wall = wall
         self.received = 0  # messages that entered, ever
 
@@ -133,14 +137,14 @@ class ReceiveBuffer:
                     left = give_up - self._clock()
                     if left <= 0 or stop.is_set():
                         return []
-                    self._wait_for(1, min(left, WAKE_S))
+                    self._wait_for(1, min(left, self._recheck))
                 cutoff = max(self._items[0].at + batch_wait_s, opened)
             while True:
                 ready = self._count_until(cutoff, room)
                 left = cutoff - self._clock()
                 if ready >= room or left <= 0 or stop.is_set():
                     break
-                self._wait_for(room, min(left, WAKE_S))
+                self._wait_for(room, min(left, self._recheck))
             taken = [self._items.popleft().message for _ in range(ready)]
             self._room.notify_all()  # receivers waiting for room
             return taken
