@@ -303,8 +303,8 @@ def build_query_processor(
 ) -> QueryProcessor:
     """``background_refresh``: the registry copy and the bandit states are reloaded off the query path once past
     their TTLs (``clipper.core.registry_cache``, ``clipper.frontend.selection``), and the canaries' tally flushed
-    each second by its thread; tests that step
-    a fake clock can turn both off (the tally is then flushed by whoever calls its ``tick``)."""
+    each second by its thread; tests that step a fake clock can turn both off (the tally is then flushed by
+    whoever calls its ``tick``)."""
     from clipper.adapters.clock import SystemClock
     from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
     from clipper.frontend.canary_tally import CanaryTally

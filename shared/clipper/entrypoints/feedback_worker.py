@@ -116,9 +116,10 @@ class FeedbackWorker:
             with self._handling:
                 try:
                     self.handle(messages)
+                    continue
                 except Exception:  # the batch's messages come back after their visibility timeout; the worker goes on
                     logger.exception("feedback batch of %d not handled (it will come back)", len(messages))
-                    stop.wait(retry_s)
+            stop.wait(retry_s)  # the pause after a failed batch holds nothing a stop waits for
 
     def finish(self, timeout_s: float) -> bool:
         """After ``stop``: wait up to ``timeout_s`` for the messages in hand to be handled, not for a receive that

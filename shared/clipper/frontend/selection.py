@@ -68,7 +68,6 @@ class Selector:
         self._rng = rng
         self._ttl = ttl_s
         self._max_states = max_states
-        self._refresh = refresh
         self._max_stale = (ttl_s if max_stale_s is None else max_stale_s) if refresh is not None else 0.0
         self._states: OrderedDict[str, tuple[float, SelectionState | None]] = OrderedDict()
         self._reloads = BackgroundReloads(refresh, "bandit state not read again") if refresh is not None else None
