@@ -36,6 +36,9 @@ from infra.local.supervisor import Child, ChildSpec, Stage, Supervisor, lower_th
 
 logger = logging.getLogger("clipper.local")
 
+# The processes behind the frontend on a query's path: they start at --backend-nice (replicas, deployed versions and
+# restarts too)
+BACKEND_STAGES = frozenset({Stage.REDIS, Stage.BATCHERS, Stage.SERVERS})
 RECONCILE_S = 2.0  # how often the replica counts and deleted versions the admin API set are applied
 
 
@@ -82,6 +85,8 @@ class LocalStack:
     def spawn(self, name: str, cmd: list[str], stage: Stage, env: dict[str, str] | None = None, **hooks: Any) -> Child:
         if self.stopping.is_set():
             raise RuntimeError(f"{name} not started: the stack is stopping")
+        if stage in BACKEND_STAGES:
+            hooks.setdefault("nice", self.args.backend_nice)
         return self.supervisor.start(ChildSpec(name, cmd, dict(env or self.env), stage, **hooks))
 
     def stop_children(self, names: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""The local stack's command line: the niceness of its background work follows the request-queue transport."""
+"""The local stack's command line: the niceness of its background work and of the processes behind its frontend
+follow the request-queue transport."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture(autouse=True)
 def _no_environment(monkeypatch):
-    for name in ("CLIPPER_QUEUE_TRANSPORT", "CLIPPER_LOCAL_BACKGROUND_NICE"):
+    for name in ("CLIPPER_QUEUE_TRANSPORT", "CLIPPER_LOCAL_BACKGROUND_NICE", "CLIPPER_LOCAL_BACKEND_NICE"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -28,3 +29,13 @@ def test_the_niceness_can_be_set_by_flag_or_environment(monkeypatch):
     assert parse_args([]).background_nice == 5
     with pytest.raises(SystemExit):
         parse_args(["--background-nice", "20"])
+
+
+def test_the_processes_behind_the_frontend_yield_to_it_on_redis_streams_and_not_on_sqs(monkeypatch):
+    assert parse_args([]).backend_nice == 5  # redis-server, the batchers, the model servers
+    assert parse_args(["--queue", "sqs"]).backend_nice == 0  # moto is on every query's path there, at 0 too
+    assert parse_args(["--backend-nice", "0"]).backend_nice == 0
+    monkeypatch.setenv("CLIPPER_LOCAL_BACKEND_NICE", "3")
+    assert parse_args([]).backend_nice == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--backend-nice", "-1"])
