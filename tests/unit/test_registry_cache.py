@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 from clipper.core.domain import Application
-from clipper.core.registry_cache import CachedRegistry
+from clipper.core.registry_cache import RELOAD_PATIENCE_S, CachedRegistry
 from clipper.errors import NotFound, Unavailable
 from tests.fakes import FakeClock, InMemoryRegistry, digits_app, model_version
 
@@ -100,6 +100,30 @@ def test_a_failing_reload_keeps_the_stale_entry_until_the_staleness_bound():
     assert cached.get_app("digits").name == "digits"
 
 
+def test_past_the_staleness_bound_an_entry_is_still_answered_while_its_reload_is_in_flight():
+    """A slow registry (its reload started, not back): the query would wait for a read of its own no sooner, so the
+    stale entry is answered, up to RELOAD_PATIENCE_S more; once the reload ends, the bound applies again."""
+    inner, clock = world()
+    runner = ManualRunner()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, max_stale_s=2)
+    cached.get_app("digits")
+    clock.advance(2.5)
+    assert cached.get_app("digits").name == "digits" and len(runner.tasks) == 1  # its reload is now in flight
+    clock.advance(10.0)  # 12.5 s old, past ttl + max_stale: answered while the reload is in flight
+    assert cached.get_app("digits").name == "digits" and cached.linked_models("digits") == ["mlp"]  # one read
+    assert inner.queries == 1 and len(runner.tasks) == 1
+    clock.advance(RELOAD_PATIENCE_S)  # past the patience too: read on the query path
+    assert cached.get_app("digits").name == "digits" and inner.queries == 2
+    inner.down = True
+    clock.advance(2.5)
+    assert cached.get_app("digits").name == "digits"  # stale: reload queued
+    runner.tasks[-1]()  # ... and it fails: nothing in flight any more
+    runner.tasks.clear()
+    clock.advance(2.0)  # 4.5 s old, past the bound, no reload in flight: the query path reads, and fails
+    with pytest.raises(Unavailable):
+        cached.get_app("digits")
+
+
 def test_without_the_combined_read_each_entry_is_read_alone():
     inner = InMemoryRegistry()
     inner.apps["digits"] = digits_app()
@@ -175,6 +199,8 @@ def test_ready_for_says_whether_choosing_an_apps_models_would_read_the_registry(
     clock.advance(3)
     assert cached.ready_for("digits") and inline_now()
     # the registry hangs: the version's reload (it was stale) never completes, the runner's task never runs
-    clock.advance(1.5)  # the app is fresh, the version past ttl + max_stale: choosing would read the registry
+    clock.advance(1.5)  # the app is fresh, the version past ttl + max_stale but its reload in flight: held
+    assert cached.ready_for("digits") and inline_now()
+    clock.advance(RELOAD_PATIENCE_S)  # the reload outlived the patience: choosing would read the registry
     assert cached.get_app_nowait("digits") is not None
     assert cached.ready_for("digits") is False and inline_now() is False

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from clipper.core.registry_cache import RELOAD_PATIENCE_S
 from clipper.frontend.selection import Selector
 from tests.fakes import FakeClock, InMemoryRegistry, InMemorySelectionStore, digits_app, model_version
 
@@ -64,6 +65,23 @@ def test_a_stale_bandit_state_is_read_again_off_the_query_path_once_however_many
     assert not selector.is_cached(app, None)
     selector.choose(app, None)
     assert len(reads) == 3 and queued == []
+
+
+def test_past_twice_the_ttl_a_state_whose_read_is_in_flight_is_still_used():
+    """The store is slow (a background read started and is not back): the query uses the state it holds rather
+    than read it on its path, for up to RELOAD_PATIENCE_S past the bound."""
+    queued = []
+    selector, app, clock, reads = _bandit_world(refresh=queued.append)
+    selector.choose(app, None)
+    clock.advance(1.5)
+    assert selector.choose(app, None) is not None and len(queued) == 1  # the background read is in flight
+    clock.advance(5.0)  # 6.5 s old: past TTL + max stale
+    assert selector.is_cached(app, None) and selector.choose(app, None) is not None
+    assert len(reads) == 1 and len(queued) == 1
+    clock.advance(RELOAD_PATIENCE_S)
+    assert not selector.is_cached(app, None)
+    selector.choose(app, None)
+    assert len(reads) == 2
 
 
 def test_without_a_runner_a_stale_state_is_read_on_the_query_path():

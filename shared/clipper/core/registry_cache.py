@@ -11,7 +11,10 @@ With a ``refresh`` runner (e.g. a one-thread executor's ``submit``), an entry ol
 still answered while it is reloaded off the query path (stale-while-revalidate), so no query waits for a
 registry read after the first: a version switch then reaches a frontend within ``ttl_s`` plus one
 reload. Only an entry older than ``ttl_s + max_stale_s`` (a reload keeps failing, or no query came for a
-while) is reloaded on the query path, as without a runner.
+while) is reloaded on the query path, as without a runner; not while its reload is still in flight (for up to
+``RELOAD_PATIENCE_S`` more): a registry slow to answer would answer the query's read no sooner, and every query
+meanwhile would make one of its own (on a saturated core, the local stack's emulated DynamoDB at its background
+niceness took over 2 s, and the queries waiting on their reads in that time were answered with their defaults).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ Key = tuple[str, ...]
 _NO_CANARY = object()
 
 logger = logging.getLogger(__name__)
+
+# How much longer than ``ttl_s + max_stale_s`` an entry whose reload is in flight is still answered. A reload that
+# fails or ends in that time ends it sooner; one that hangs longer leaves the next read to the query path.
+RELOAD_PATIENCE_S = 30.0
 
 
 def _model_entries(record: ModelRecord) -> dict[Key, object]:
@@ -54,6 +61,17 @@ class BackgroundReloads:
         self._runner, self._what = runner, what
         self._in_flight: set[Any] = set()
         self._lock = threading.Lock()
+
+    def in_flight(self, key: Any) -> bool:
+        with self._lock:
+            return key in self._in_flight
+
+    def usable(self, key: Any, age_s: float, fresh_s: float, stale_s: float) -> bool:
+        """Whether a value ``age_s`` old may still be answered: within ``fresh_s + stale_s``, or within
+        ``RELOAD_PATIENCE_S`` past that while its reload is in flight (the source is slow, not the value gone)."""
+        if age_s < fresh_s + stale_s:
+            return True
+        return age_s < fresh_s + stale_s + RELOAD_PATIENCE_S and self.in_flight(key)
 
     def submit(self, key: Any, reload: Callable[[], object], inline_when_shut_down: bool = False) -> None:
         """Run ``reload`` on the runner unless one for ``key`` is in flight. When the runner is shut down
@@ -161,9 +179,21 @@ class CachedRegistry:
                     while len(self._entries) > self._max_entries:
                         self._entries.popitem(last=False)
 
+    def _read_of(self, key: Key) -> Key:
+        """The read that loads ``key`` (``_load``): an application and its links are one read where the registry
+        offers ``app_and_links``, a model's active version and canary one where it offers ``model_record``; one
+        reload of it is in flight at a time, whichever of its entries asked."""
+        kind = key[0]
+        if kind in ("app", "links") and self._app_and_links is not None:
+            return ("app+links", key[1])
+        if kind in ("active", "canary") and self._model_record is not None:
+            return ("model", key[1])
+        return key
+
     def _reload_in_background(self, key: Key) -> None:
         assert self._reloads is not None
-        self._reloads.submit(key, lambda: self._store(key, self._clock.now()), inline_when_shut_down=True)
+        read = self._read_of(key)
+        self._reloads.submit(read, lambda: self._store(key, self._clock.now()), inline_when_shut_down=True)
 
     def _cached(self, key: Key, now: float) -> object | None:
         """The entry's value (a ``NotFound`` for a remembered miss) if fresh enough, else None."""
@@ -174,12 +204,17 @@ class CachedRegistry:
                     return missing[1]
                 del self._negative[key]
             hit = self._entries.get(key)
-            if hit is None or now - hit[0] >= self._ttl + self._max_stale:
+            if hit is None or not self._usable(key, now - hit[0]):
                 return None
             self._entries.move_to_end(key)
         if now - hit[0] >= self._ttl:
             self._reload_in_background(key)
         return hit[1]
+
+    def _usable(self, key: Key, age_s: float) -> bool:
+        if self._reloads is None:
+            return age_s < self._ttl
+        return self._reloads.usable(self._read_of(key), age_s, self._ttl, self._max_stale)
 
     def _get(self, key: Key) -> Any:
         now = self._clock.now()

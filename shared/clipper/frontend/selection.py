@@ -7,7 +7,8 @@ are unbounded); the single-model policy needs no state at all. With a ``refresh`
 background thread), a state past ``ttl_s`` is still used while it is read again off the query path, once
 however many queries ask meanwhile (stale-while-revalidate, as ``clipper.core.registry_cache``), so a warm
 container's queries do not wait for the store each ``ttl_s``; only a state older than ``ttl_s + max_stale_s``
-(no query for a while, or reads that keep failing) is read on the query path.
+(no query for a while, or reads that keep failing) is read on the query path, unless its read is still in flight
+(``clipper.core.registry_cache.RELOAD_PATIENCE_S``: the store is slow, and a read of the query's own would be too).
 
 While a model has a canary (``Registry.canary``), the canary's share of the model's queries go to the canary's
 version: drawn per query, or fixed per user when the query carries a user id (a hash of the user, the model and
@@ -99,10 +100,14 @@ class Selector:
         """The held state of ``key`` (in a 1-tuple: a state may be None) when a query may use it now, else None; a
         stale one that may still be used is read again in the background."""
         hit = self._states.get(key)
-        if hit is None or now - hit[0] >= self._ttl + self._max_stale:
+        if hit is None:
             return None
-        if now - hit[0] >= self._ttl:
-            self._reload_in_background(key)
+        age = now - hit[0]
+        if age < self._ttl:
+            return (hit[1],)
+        if self._reloads is None or not self._reloads.usable(key, age, self._ttl, self._max_stale):
+            return None
+        self._reload_in_background(key)
         return (hit[1],)
 
     def _reload_in_background(self, key: str) -> None:
