@@ -29,7 +29,8 @@ from typing import IO, Any
 import boto3
 
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
-from infra.local import demo
+from clipper.adapters.resp import RespClient
+from infra.local import aof, demo
 from infra.local.serving import LocalModelServing
 from infra.local.state import SNAPSHOT_TABLES, Ports, Snapshot, repoint_endpoints
 from infra.local.supervisor import Child, ChildSpec, Stage, Supervisor, lower_thread_priority
@@ -166,7 +167,7 @@ class LocalStack:
         # volatile-lru: what expires (replies, cache entries) makes room; request queues and what else has no
         # TTL are never evicted
         options = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", ""]
-        options += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        options += ["--appendonly", "yes", "--appendfsync", "everysec", *aof.REDIS_OPTIONS]  # rewrites: infra.local.aof
         options += ["--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru"]
         redis = self.spawn("redis", [binary, *options], Stage.REDIS)
         self._wait_port(port, redis, "redis-server")
@@ -284,9 +285,10 @@ class LocalStack:
 
     # -- running ---------------------------------------------------------------------------------------
     def watch(self) -> None:
-        """Until a signal: follow the registry (replicas, deleted versions) every ``RECONCILE_S``, copy moto's state
-        when it changed every ``--snapshot-s``. Both run on a thread of their own at the background niceness (no
-        query waits for them); this thread waits for the signal."""
+        """Until a signal: follow the registry (replicas, deleted versions) and see whether Redis's append-only file
+        is due a rewrite (``infra.local.aof``) every ``RECONCILE_S``, copy moto's state when it changed every
+        ``--snapshot-s``. They run on a thread of their own at the background niceness (no query waits for them);
+        this thread waits for the signal."""
         follower = threading.Thread(target=self._follow, name="stack-follow", daemon=True)
         follower.start()
         while not self.stopping.wait(0.5):
@@ -297,11 +299,14 @@ class LocalStack:
         lower_thread_priority(self.args.background_nice, "stack-follow")
         snapshot_at = time.monotonic() + self.args.snapshot_s
         reconcile_at = time.monotonic()
+        compactor = aof.AofCompactor(RespClient.from_url(self.env["REDIS_URL"]))
         while not self.stopping.wait(0.5):
             if not self.state_ready.is_set():
                 continue
-            if self.serving is not None and time.monotonic() >= reconcile_at:
-                self.serving.reconcile()  # replica counts and deleted versions, as the admin API set them
+            if time.monotonic() >= reconcile_at:
+                if self.serving is not None:
+                    self.serving.reconcile()  # replica counts and deleted versions, as the admin API set them
+                compactor.tick()  # Redis's append-only file, rewritten when it is quiet
                 reconcile_at = time.monotonic() + RECONCILE_S
             if time.monotonic() >= snapshot_at:
                 self.take_snapshot()

@@ -84,6 +84,7 @@ def test_make_run_supervises_its_processes_keeps_its_state_and_stops_cleanly(dem
         token = re.search(r"CLIPPER_ADMIN_TOKEN=(\S+)", local.output).group(1)
         curl_line_answers(local.output, port)
         background_work_runs_behind_the_queries(state)
+        redis_rewrites_its_file_only_when_the_launcher_asks(state)
         manage_as_a_user(url, token)
         a_killed_model_server_comes_back_on_its_port(url, state, x[200:260])
         killed_batcher_and_frontend_come_back(url, state, x[260:320])
@@ -150,6 +151,15 @@ def background_work_runs_behind_the_queries(state: Path) -> None:
         threads.setdefault((task / "comm").read_text().strip(), []).append(int(stat.rsplit(")", 1)[1].split()[16]))
     assert threads["stack-follow"] == [19] and threads["upload-dispatch"] == [19], threads
     assert int(Path(f"/proc/{launcher}/stat").read_text().rsplit(")", 1)[1].split()[16]) == own
+
+
+def redis_rewrites_its_file_only_when_the_launcher_asks(state: Path) -> None:
+    """The stack's Redis keeps an append-only file and does not rewrite it by itself (infra.local.aof)."""
+    from clipper.adapters.resp import RespClient
+
+    client = RespClient.from_url(json.loads((state / "env.json").read_text())["REDIS_URL"])
+    assert client.call("CONFIG", "GET", "appendonly") == [b"appendonly", b"yes"]
+    assert client.call("CONFIG", "GET", "auto-aof-rewrite-percentage") == [b"auto-aof-rewrite-percentage", b"0"]
 
 
 def manage_as_a_user(url: str, token: str) -> None:
