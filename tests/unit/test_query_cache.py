@@ -154,6 +154,39 @@ def test_an_owner_without_a_reply_releases_its_claims_as_a_timeout(cached):
     assert "timeout" in cause
 
 
+def test_a_timed_out_querys_unconfirmed_release_is_not_a_warning_but_an_earlier_failure_is(cached, caplog):
+    """At its deadline a query's release of its claims is sent with no time left to confirm it: under overload
+    every late query would log a warning that says nothing (the commands went out). With time left, a release that
+    fails is a warning."""
+    from clipper.errors import Unavailable
+
+    p, _, queue, endpoint, cache = cached
+
+    def unconfirmed(failures, ttl_s, timeout=None):
+        raise Unavailable("redis: no answer in time")
+
+    cache.fail_many = unconfirmed
+    replies, wait = p._replies, p._replies.wait
+
+    def wait_out(reply_to, models, timeout_s):  # as a real reply channel: nothing came, so it waited it all
+        got = wait(reply_to, models, timeout_s)
+        if not got:
+            cache.clock.advance(timeout_s)
+        return got
+
+    replies.wait = wait_out
+    queue.batcher = None  # nobody answers: the query times out
+    with caplog.at_level("DEBUG", logger="clipper.frontend.fanout"):
+        assert p.predict("digits", {"input": one_hot(3)}).predictions[0].default
+    assert [r.levelname for r in caplog.records if "claims" in r.getMessage()] == ["DEBUG"]
+    caplog.clear()
+    queue.batcher = Batcher(FakeResolver(endpoint), p._replies, cache.clock, cache=cache)
+    endpoint.fail_with = "boom"  # the model fails at once: the release has the query's time left
+    with caplog.at_level("DEBUG", logger="clipper.frontend.fanout"):
+        assert p.predict("digits", {"input": one_hot(4)}).predictions[0].default
+    assert [r.levelname for r in caplog.records if "claims" in r.getMessage()] == ["WARNING"]
+
+
 def test_identical_rows_of_a_query_take_the_first_rows_output_without_waiting(cached):
     p, _, _, endpoint, cache = cached
     polls = []
