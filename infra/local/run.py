@@ -45,6 +45,7 @@ STACK = "clipper"
 # The niceness of redis-server, the batchers and the model servers with Redis Streams queues (--backend-nice). On one
 # shared core (bench/README.md, "Front door"), 5 against 0 over ten alternating pairs of MLP trials: p50 12 % and p99
 # 10 % lower at 1,000 q/s, 20 % and 21 % at 1,250; 10 (three pairs) passed fewer trials, as did 3 or redis-server alone.
+# The CNN, whose model server is the busiest process, pays in its tail (p99 at 150 q/s 58 -> 74 ms, passes alike).
 BACKEND_NICE = 5
 logger = logging.getLogger("clipper.local")
 
