@@ -55,23 +55,26 @@ def _model_entries(record: ModelRecord) -> dict[Key, object]:
 class BackgroundReloads:
     """Reloads handed to a ``runner`` (e.g. a one-thread executor's ``submit``), at most one in flight per key
     however many callers ask; what a reload raises is logged as ``what`` (the stale value stays, and the next
-    caller past its TTL asks again)."""
+    caller past its TTL asks again). It also says how old a value may be answered (``usable``): fresh for
+    ``fresh_s``, then stale while reloaded for ``stale_s`` more (``fresh_s`` when None)."""
 
-    def __init__(self, runner: Callable[[Callable[[], None]], Any], what: str) -> None:
+    def __init__(
+        self, runner: Callable[[Callable[[], None]], Any], what: str, fresh_s: float, stale_s: float | None = None
+    ) -> None:
         self._runner, self._what = runner, what
+        self._bound = fresh_s + (fresh_s if stale_s is None else stale_s)
         self._in_flight: set[Any] = set()
         self._lock = threading.Lock()
 
-    def in_flight(self, key: Any) -> bool:
-        with self._lock:
-            return key in self._in_flight
-
-    def usable(self, key: Any, age_s: float, fresh_s: float, stale_s: float) -> bool:
+    def usable(self, key: Any, age_s: float) -> bool:
         """Whether a value ``age_s`` old may still be answered: within ``fresh_s + stale_s``, or within
         ``RELOAD_PATIENCE_S`` past that while its reload is in flight (the source is slow, not the value gone)."""
-        if age_s < fresh_s + stale_s:
+        if age_s < self._bound:
             return True
-        return age_s < fresh_s + stale_s + RELOAD_PATIENCE_S and self.in_flight(key)
+        if age_s >= self._bound + RELOAD_PATIENCE_S:
+            return False
+        with self._lock:
+            return key in self._in_flight
 
     def submit(self, key: Any, reload: Callable[[], object], inline_when_shut_down: bool = False) -> None:
         """Run ``reload`` on the runner unless one for ``key`` is in flight. When the runner is shut down
@@ -118,13 +121,14 @@ class CachedRegistry:
         self._clock = clock
         self._ttl = ttl_s
         self._refresh = refresh
-        self._max_stale = (ttl_s if max_stale_s is None else max_stale_s) if refresh is not None else 0.0
         self._max_entries = max_entries
         self._max_negative = max_negative
         self._negative_ttl = min(ttl_s, negative_ttl_s)
         self._entries: OrderedDict[Key, tuple[float, object]] = OrderedDict()
         self._negative: OrderedDict[Key, tuple[float, NotFound]] = OrderedDict()
-        self._reloads = BackgroundReloads(refresh, "registry reload failed") if refresh is not None else None
+        self._reloads = (
+            BackgroundReloads(refresh, "registry reload failed", ttl_s, max_stale_s) if refresh is not None else None
+        )
         self._lock = threading.Lock()
         self._app_and_links: Callable[[str], tuple[Application, list[str]]] | None = getattr(
             inner, "app_and_links", None
@@ -214,7 +218,7 @@ class CachedRegistry:
     def _usable(self, key: Key, age_s: float) -> bool:
         if self._reloads is None:
             return age_s < self._ttl
-        return self._reloads.usable(self._read_of(key), age_s, self._ttl, self._max_stale)
+        return self._reloads.usable(self._read_of(key), age_s)
 
     def _get(self, key: Key) -> Any:
         now = self._clock.now()

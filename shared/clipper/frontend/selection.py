@@ -69,9 +69,10 @@ class Selector:
         self._rng = rng
         self._ttl = ttl_s
         self._max_states = max_states
-        self._max_stale = (ttl_s if max_stale_s is None else max_stale_s) if refresh is not None else 0.0
         self._states: OrderedDict[str, tuple[float, SelectionState | None]] = OrderedDict()
-        self._reloads = BackgroundReloads(refresh, "bandit state not read again") if refresh is not None else None
+        self._reloads: BackgroundReloads | None = None
+        if refresh is not None:
+            self._reloads = BackgroundReloads(refresh, "bandit state not read again", ttl_s, max_stale_s)
         self._lock = threading.Lock()
 
     def after_restore(self) -> None:
@@ -105,7 +106,7 @@ class Selector:
         age = now - hit[0]
         if age < self._ttl:
             return (hit[1],)
-        if self._reloads is None or not self._reloads.usable(key, age, self._ttl, self._max_stale):
+        if self._reloads is None or not self._reloads.usable(key, age):
             return None
         self._reload_in_background(key)
         return (hit[1],)
