@@ -183,11 +183,11 @@ class RedisReplyChannel:
 
     def expect(self, reply_to: str) -> None:
         if self._loop_listener_here() is not None:
-            self._waiters.setdefault(reply_to, _Waiter())
+            self._waiter(reply_to)
             return  # the event loop's listener serves every waiter of the process
         loop = _running_loop()
         with self._lock:
-            self._waiters.setdefault(reply_to, _Waiter())
+            self._waiter(reply_to)
             listening = self._loop_listener is not None and not self._loop_listener.done()
             if listening and (loop is None or self._loop_listener.get_loop() is loop):  # type: ignore[union-attr]
                 return  # the event loop's listener serves every waiter of the process
@@ -217,7 +217,7 @@ class RedisReplyChannel:
                 listener = self._loop_listener
                 if listener is None or listener.done() or listener.get_loop() is not loop:
                     self._start_loop_listener(loop)
-        waiter = self._waiters.setdefault(reply_to, _Waiter())
+        waiter = self._waiter(reply_to)
         waiter.loop, waiter.loop_thread = loop, threading.get_ident()
         waiter.future = loop.create_future()
         waiter.expect(models)  # resolves the future at once when every model replied already
@@ -229,6 +229,13 @@ class RedisReplyChannel:
             with self._lock:
                 self._waiters.pop(reply_to, None)
         return self._outcome(waiter, models)
+
+    def _waiter(self, reply_to: str) -> _Waiter:
+        """The query's waiter, made on its first use (``expect``, then ``wait``/``wait_async``: one a query)."""
+        waiter = self._waiters.get(reply_to)
+        if waiter is None:
+            waiter = self._waiters[reply_to] = _Waiter()
+        return waiter
 
     def _outcome(self, waiter: _Waiter, models: Collection[str]) -> list[Reply]:
         replies = list(waiter.replies.values())
