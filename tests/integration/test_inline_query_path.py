@@ -55,7 +55,9 @@ def stack(redis_url):  # noqa: F811
     registry.apps["ens"] = digits_app(name="ens", latency_slo_micros=2_000_000, policy="exp4")
     registry.links["digits"] = ["a"]
     registry.links["ens"] = ["a", "b"]
-    for m in ("a", "b"):
+    registry.apps["slow"] = digits_app(name="slow", latency_slo_micros=150_000)
+    registry.links["slow"] = ["c"]  # no batcher reads c's queue: its queries time out
+    for m in ("a", "b", "c"):
         registry.versions[(m, "1")] = model_version(m, queue_url=f"https://sqs.local/123/{prefix}-{m}")
         registry.active[m] = "1"
     replies = RedisReplyChannel(client, ttl_s=60, prefix=prefix)
@@ -83,7 +85,9 @@ def stack(redis_url):  # noqa: F811
             inline=inline,
             fused=RedisLookupOrSend(cache, queue) if fused else None,
         )
-        return TestClient(create_app(processor, max_body_bytes=1 << 20))
+        http = TestClient(create_app(processor, max_body_bytes=1 << 20))
+        http.processor = processor  # type: ignore[attr-defined]  # for the tests of the common query's lane
+        return http
 
     yield make, endpoint, client, cache
     stop.set()
@@ -202,3 +206,81 @@ def test_the_async_client_bounds_each_call_and_drops_a_hung_connection(redis_url
         proc.send_signal(signal.SIGCONT)
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _answer(body: dict) -> dict:
+    return {k: v for k, v in body.items() if k != "query_id"}
+
+
+def _ask(http, lane_on: bool, app: str, row: list[float]) -> dict:
+    processor = http.processor
+    lane, processor.lane = processor.lane, (processor.lane if lane_on else None)
+    try:
+        return http.post(f"/{app}/predict", json={"input": row}).json()
+    finally:
+        processor.lane = lane
+
+
+def test_the_common_query_takes_the_lane_and_answers_as_the_general_path_does(stack):
+    make, endpoint, _, _ = stack
+    rows = [one_hot(i) for i in (2, 7, 11, 40)]
+    with make(True, True) as http:
+        lane = http.processor.lane
+        assert lane is not None  # on the loop, with the fused lookup-and-send
+        http.post("/digits/predict", json={"input": one_hot(0)})  # the registry copy knows the app now
+        taken = lane.taken
+        misses = [http.post("/digits/predict", json={"input": r}).json() for r in rows]
+        assert lane.taken == taken + len(rows)
+        assert [b["output"] for b in misses] == [2, 7, 11, 40] and not any(b["default"] for b in misses)
+        deadline = time.monotonic() + 5
+        while not all(_cached(stack, r) for r in rows) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        calls = len(endpoint.calls)
+        hits = [http.post("/digits/predict", json={"input": r}).json() for r in rows]
+        assert len(endpoint.calls) == calls and lane.taken == taken + 2 * len(rows)  # hits, in the lane
+        general = [_ask(http, False, "digits", r) for r in rows]  # the same queries the general way (hits too)
+        assert lane.taken == taken + 2 * len(rows)
+        assert [_answer(b) for b in misses] == [_answer(b) for b in hits] == [_answer(g) for g in general]
+        assert {b["query_id"] for b in misses + hits} == {1 << 16}  # the processor's query ids (fixed here)
+
+
+def test_the_lane_leaves_every_other_query_to_the_general_path(stack):
+    make, _, _, _ = stack
+    with make(True, True) as http:
+        lane = http.processor.lane
+        http.post("/digits/predict", json={"input": one_hot(0)})
+        http.post("/ens/predict", json={"input": one_hot(0)})
+        taken = lane.taken
+        assert http.post("/ens/predict", json={"input": one_hot(5)}).json()["output"] == 5  # two models, exp4
+        batch = http.post("/digits/predict", json={"input_batch": [one_hot(3), one_hot(4)]}).json()
+        assert [p["output"] for p in batch["batch_predictions"]] == [3, 4]
+        assert http.post("/digits/predict", json={"input": one_hot(6), "uid": "u1"}).json()["output"] == 6
+        assert http.post("/digits/predict?debug=true", json={"input": one_hot(8)}).json()["output"] == 8
+        bad = http.post("/digits/predict", json={"input": [1.0, 2.0]})
+        assert bad.status_code == 400 and "input" in bad.json()["cause"]
+        assert http.post("/nope/predict", json={"input": one_hot(1)}).status_code == 404
+        assert lane.taken == taken
+
+
+def test_a_query_of_the_lane_without_an_answer_gets_the_general_paths_default_and_releases_its_claim(stack):
+    make, endpoint, _, cache = stack
+    from clipper.core.cache_keys import row_keys
+
+    with make(True, True) as http:
+        lane = http.processor.lane
+        http.post("/slow/predict", json={"input": one_hot(0)})  # the registry copy knows the apps now
+        http.post("/digits/predict", json={"input": one_hot(0)})
+        taken = lane.taken
+        mine, general = _ask(http, True, "slow", one_hot(20)), _ask(http, False, "slow", one_hot(21))
+        assert lane.taken == taken + 1
+        assert mine["default"] is True and mine["output"] == -1
+        assert mine["default_explanation"] == general["default_explanation"]
+        assert "timeout, no reply within the SLO of 150 ms" in mine["default_explanation"]
+        (key,) = row_keys("c", "1", __import__("numpy").asarray([one_hot(20)], dtype="float32"))
+        _, failed = cache.poll([key])
+        assert key in failed and "timeout" in failed[key]  # the claim released with its cause, as the general path does
+        endpoint.fail_with = "boom"
+        mine, general = _ask(http, True, "digits", one_hot(30)), _ask(http, False, "digits", one_hot(31))
+        assert lane.taken == taken + 2
+        assert mine["default"] is True and mine["default_explanation"] == general["default_explanation"]
+        assert "endpoint error: boom" in mine["default_explanation"]

@@ -118,14 +118,23 @@ class QueryHandling:
         body = self.parse(raw, content_type, PREDICT_FIELDS)
         if isinstance(body, HttpAnswer):
             return body
-        processor, ticket = self.processor, QueryTicket(booleans=may_hold_booleans(raw))
+        processor, booleans = self.processor, may_hold_booleans(raw)
+        lane = processor.lane
         try:
-            processor.admit(app_name, body, ticket)
-            if processor.can_inline(ticket):  # fast, bounded dependencies: on the loop, no thread held
-                result = await processor.predict_async(app_name, body, ticket)
+            # the common query (one input, one model) in its lane; anything else, or None, the general way
+            taken = None
+            if lane is not None and not debug:
+                taken = await lane.predict(app_name, body, booleans, processor.finish_lane)
+            if taken is not None:
+                result = taken
             else:
-                future = self._workers.submit(processor.predict, app_name, body, ticket)
-                result = await self._within_deadline(future, ticket)
+                ticket = QueryTicket(booleans=booleans)
+                processor.admit(app_name, body, ticket)
+                if processor.can_inline(ticket):  # fast, bounded dependencies: on the loop, no thread held
+                    result = await processor.predict_async(app_name, body, ticket)
+                else:
+                    future = self._workers.submit(processor.predict, app_name, body, ticket)
+                    result = await self._within_deadline(future, ticket)
         except ClipperError as e:
             return self._error_answer(e)
         except RecursionError:

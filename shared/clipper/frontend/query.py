@@ -38,6 +38,7 @@ from clipper.errors import ClipperError, InvalidInput, Unavailable
 from clipper.frontend import steps
 from clipper.frontend.canary_tally import CanaryTally
 from clipper.frontend.fanout import ANSWER_MARGIN_S, FAILED_CLAIM_TTL_S, Fanout, Gatherer, split_model_time
+from clipper.frontend.lane import SingleModelLane
 from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice, Selector
 from clipper.ports import ClaimStore, Clock, LookupOrSend, PredictionCache, Registry, ReplyChannel, RequestQueue
@@ -113,6 +114,12 @@ class QueryProcessor:
         self._gatherer = Gatherer(queue, replies, clock, claims, cache, cache_poll_s, fused)
         self._inline = inline
         self._tally = tally
+        # the common query's lane (clipper.frontend.lane): on the loop, with the fused lookup-and-send, and a
+        # registry copy that tells whether it holds what a query needs
+        self.lane: SingleModelLane | None = None
+        if inline and self._gatherer.fused and all(hasattr(registry, a) for a in ("get_app_nowait", "ready_for")):
+            parts = (registry, self._gatherer, replies, clock, new_query_id, max_batch, listener, tally)
+            self.lane = SingleModelLane(*parts)
 
     @property
     def registry(self) -> Registry:
@@ -202,12 +209,30 @@ class QueryProcessor:
                 replies = await self._replies.wait_async(fan.reply_to, list(fan.sent), self._gatherer.wait_timeout(fan))
             except Unavailable as e:
                 replies = e
+        return await self.finish_async(started, replies)
+
+    async def finish_async(self, started: Started, replies: list[Reply] | Unavailable) -> QueryResult:
+        """``finish`` on an event loop; rows that wait on other queries' computations are awaited on a worker
+        thread (the cache is polled)."""
         result = await steps.run_async(self.finish(started, replies, blocking=False))
-        if result is None:  # followers: poll the cache on a worker thread
-            await asyncio.to_thread(self._gatherer.await_followers, started.ticket.app, fan)  # type: ignore[arg-type]
+        if result is None:
+            await asyncio.to_thread(self._gatherer.await_followers, started.ticket.app, started.fanout)  # type: ignore[arg-type]
             result = await steps.run_async(self.finish(started, None, blocking=False))
         assert result is not None
         return result
+
+    async def finish_lane(
+        self,
+        ticket: QueryTicket,
+        choice: Choice,
+        fan: Fanout,
+        timings: dict[str, float],
+        wait_started: float,
+        replies: list[Reply] | Unavailable,
+    ) -> QueryResult:
+        """A query of the lane (``clipper.frontend.lane``) whose outcome was not an answer, finished the general
+        way from the state the lane built."""
+        return await self.finish_async(Started(ticket, choice, fan, timings, wait_started), replies)
 
     def start(
         self, app_name: str, body: Any, ticket: QueryTicket, on_worker: bool = True
