@@ -127,6 +127,7 @@ class SingleModelLane:
         except Unavailable as e:
             replies = e
         if outcome == "hit":
+            timings["wait"] = (clock.now() - t1) * 1000  # as the general path records it for a hit
             result = self._result(app, query, qid, answer, timings)
             if result is not None:
                 return result
