@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -101,7 +100,7 @@ class Gatherer:
 
     @property
     def fused(self) -> bool:
-        """Whether a single-input query's lookup and send are one call (``lookup_or_send_one``)."""
+        """Whether a single-input query's lookup and send are one call (a standalone Redis holds both)."""
         return self._fused is not None
 
     def _left(self, deadline: float) -> float:
@@ -177,39 +176,18 @@ class Gatherer:
             return
         t1 = self._clock.now()
         for a, (what, value) in zip(sending, outcomes, strict=True):
-            _take_outcome(fan, a, what, value, t0, t1)
-        timings["cache"], timings["enqueue"] = 0.0, (t1 - t0) * 1000
-
-    async def lookup_or_send_one(
-        self, app: Application, fan: Fanout, answer: ModelAnswer, rows: Rows, query_id: int
-    ) -> str:
-        """``_lookup_or_send`` for one model and one input, awaited on the event loop (``clipper.frontend.lane``):
-        "hit", "sent", "waiting" (another query computes it), or "failed" (``answer`` says why)."""
-        assert self._fused is not None
-        model = answer.model
-        fan.reply_to = self._replies.new_address()
-        self._replies.expect(fan.reply_to)
-        key = row_keys(model.name, model.version, rows)
-        fan.keys[model.name] = key
-        try:
-            body, answer.sent_ms = self._message(app, model, rows, query_id, fan, key)
-        except Unavailable as e:
-            answer.fail(f"model {model.name}:{model.version}: queue unavailable ({e})", "unavailable")
-            return "failed"
-        t0 = self._clock.now()
-        left = self._left(fan.deadline)
-        requests = [(key[0], model.queue_url, body)]
-        on_loop = getattr(self._fused, "lookup_or_send_async", None)  # as ``steps.run_async`` calls it
-        try:
-            if on_loop is not None:
-                ((what, value),) = await on_loop(requests, left, timeout=left)
+            name = a.model.name
+            fan.owned[name], fan.waiting[name] = [], []
+            if what == "hit":
+                a.outputs[0] = value
+                a.hits = 1
+            elif what == "sent":
+                fan.owned[name] = [0]
+                fan.sent[name] = (a, [0])
+                a.sent_at, a.timings_ms["send"] = t1, (t1 - t0) * 1000
             else:
-                ((what, value),) = self._fused.lookup_or_send(requests, left, timeout=left)
-        except Unavailable as e:  # Redis down: a default with this cause, never a 5xx
-            answer.fail(f"model {model.name}:{model.version}: queue unavailable ({e})", "unavailable")
-            return "failed"
-        _take_outcome(fan, answer, what, value, t0, self._clock.now())
-        return str(what)
+                fan.waiting[name] = [0]
+        timings["cache"], timings["enqueue"] = 0.0, (t1 - t0) * 1000
 
     def _from_cache(self, fan: Fanout, rows: Rows) -> Steps[dict[str, list[int]]]:
         """Fill cached outputs and claim the misses, for every model in one call; returns per model the rows this
@@ -417,21 +395,6 @@ class Gatherer:
                     "gave no answer within the SLO",
                     "unavailable",  # the owner query's timeout, counted there
                 )
-
-
-def _take_outcome(fan: Fanout, a: ModelAnswer, what: str, value: Any, t0: float, t1: float) -> None:
-    """Note one model's outcome of a fused lookup-and-send of one input (sent between ``t0`` and ``t1``)."""
-    name = a.model.name
-    fan.owned[name], fan.waiting[name] = [], []
-    if what == "hit":
-        a.outputs[0] = value
-        a.hits = 1
-    elif what == "sent":
-        fan.owned[name] = [0]
-        fan.sent[name] = (a, [0])
-        a.sent_at, a.timings_ms["send"] = t1, (t1 - t0) * 1000
-    else:
-        fan.waiting[name] = [0]
 
 
 def _open(answer: ModelAnswer, rows: list[int]) -> bool:

@@ -1,15 +1,15 @@
 """The common query's lane: one input, for an application served by its first linked model alone (the "single"
 policy), no canary running, on the event loop with the fused Redis lookup-and-send (the local stack).
 
-``QueryProcessor.predict_async`` runs every query through the general machinery: a ticket, admission, the
-selector (policy objects and a bandit state built per query), the steps runner, the fan-out over models, and
-``finish`` (absorbing replies, combining the models' outputs, recording for feedback, the canary tally). For this
-query all of that computes a known result: the one model's output, or the default. The lane takes the same
-decisions with the same functions where they decide something (``validate_query``, the registry copy,
-``row_keys``, the query message, ``combine_outputs`` and ``resolve``, ``split_model_time``) and builds the same
+``QueryProcessor.predict_async`` runs every query through the general machinery: a ticket admitted, the selector
+(policy objects and a bandit state built per query), the start and the finish as steps, and ``finish`` (absorbing
+replies, combining the models' outputs, recording for feedback, the canary tally). For this query all of that
+computes a known result: the one model's output, or the default. The lane takes the same decisions with the same
+functions where they decide something (``validate_query``, the registry copy, the general path's send
+``Gatherer.send_steps``, ``combine_outputs`` and ``resolve``, ``split_model_time``) and builds the same
 ``QueryResult``, so the answer, the metrics and the logs are the ones the general path gives; it skips only the
 generality. Measured on the pinned local stack (bench/README, "Where the frontend's CPU goes, and the common
-query's lane"): the frontend's CPU a query fell 26 % with 8 queries in flight and 9-13 % at 250-1,500 q/s.
+query's lane"): the frontend's CPU a query fell 26 % with 8 queries in flight and 9-13 % at 250-1,000 q/s.
 
 Anything else goes the general way, decided before anything is sent: a batch, a user id, a debug request, another
 policy, a canary running (or a model the canary tally has not looked up yet), an input too large for a message, a
@@ -29,8 +29,9 @@ from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, output_value
 from clipper.core.validation import QueryInput, validate_query
 from clipper.errors import ClipperError, Unavailable
+from clipper.frontend import steps
 from clipper.frontend.canary_tally import CanaryTally
-from clipper.frontend.fanout import Fanout, Gatherer, split_model_time
+from clipper.frontend.fanout import Gatherer, split_model_time
 from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice
 from clipper.ports import Clock, ReplyChannel
@@ -115,11 +116,13 @@ class SingleModelLane:
             listener.selected(app.name, [model])
         t0 = clock.now()
         timings = {"select": (selected - start) * 1000, "validate": (t0 - selected) * 1000}
-        answer = ModelAnswer(model, [None])
-        fan = Fanout([answer], deadline)
-        outcome = await self._gatherer.lookup_or_send_one(app, fan, answer, rows, qid)
+        ticket = QueryTicket(app=app, ids=[qid], deadline=deadline, query=query, started=start, booleans=booleans)
+        ticket.models, ticket.validate_ms = [model], timings["validate"]
+        # the general path's send: one input, one model, the fused lookup-and-send (cache and enqueue timings)
+        fan = await steps.run_async(self._gatherer.send_steps(app, [model], query, qid, deadline, timings, ticket))
+        answer = fan.answers[0]
         t1 = clock.now()
-        timings["cache"], timings["enqueue"] = 0.0, (t1 - t0) * 1000
+        outcome = "hit" if answer.hits else "sent" if model.name in fan.sent else "other"
         self.taken += 1
         replies: list[Reply] | Unavailable = []
         try:  # nothing sent (a hit, a failure, another query's computation): no reply to wait for, the waiter goes
@@ -144,9 +147,6 @@ class SingleModelLane:
                     if result is not None:
                         return result
                     answer.outputs[0] = None  # not an answer after all (a non-finite score): the general way
-        ticket = QueryTicket(app=app, ids=[qid], deadline=deadline, query=query, started=start, booleans=booleans)
-        ticket.models = [model]
-        ticket.validate_ms = timings["validate"]
         ticket.stage = fan.stage()
         return await finish(ticket, self._choice(app, linked, model), fan, timings, t1, replies)
 
