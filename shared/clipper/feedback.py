@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -200,14 +200,16 @@ class FeedbackProcessor:
         policy = policy_for(app.policy, app.policy_params)
         for _ in range(self.max_attempts):
             stored = self.store.load(key)
-            if key != state_key(app.name) and stored is None:
-                base = state_for_user(ensure_state(self.store.load(state_key(app.name)), app.policy, linked), None)
+            if key != state_key(app.name) and (stored is None or stored.incarnation != app.incarnation):
+                # a user without a state of this application's own (none, or one of a deleted namesake's)
+                app_state = ensure_state(self.store.load(state_key(app.name)), app.policy, linked, app.incarnation)
+                base = state_for_user(app_state, None)
             else:
-                base = ensure_state(stored, app.policy, linked)
+                base = ensure_state(stored, app.policy, linked, app.incarnation)
             expected = stored.version if stored is not None else 0
             updated = policy.update(base, sel, outputs, msg.label)
             if updated.version <= expected:
-                updated = type(updated)(updated.policy, updated.arms, expected + 1, updated.updates)
+                updated = replace(updated, version=expected + 1)
             try:
                 return self.store.save(key, updated, expected, msg.feedback_id)
             except Conflict:

@@ -148,6 +148,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
             policy_params=PolicyParams.from_dict(
                 {k: v["N"] for k, v in app_item.get("policy_params", {}).get("M", {}).items()}
             ),
+            incarnation=int(app_item.get("incarnation", {}).get("N", "0")),
         )
         return app, links
 
@@ -259,6 +260,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
                 "confidence_threshold": {"N": repr(float(app.confidence_threshold))},
                 "default_when_unsure": {"BOOL": app.default_when_unsure},
                 "policy_params": {"M": {k: {"N": repr(v)} for k, v in app.policy_params.to_dict().items()}},
+                "incarnation": {"N": str(app.incarnation)},
                 "updated_at": {"N": str(int(time.time()))},
             },
             None if overwrite else "attribute_not_exists(pk)",

@@ -5,6 +5,7 @@ anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -53,6 +54,7 @@ class AdminService:
             req.policy,
             req.confidence_threshold,
             req.default_when_unsure,
+            incarnation=secrets.randbits(62) | 1,  # never 0 (the incarnation of applications added before it)
         )
         self._registry.put_app(app)  # Conflict when it exists
         return app_info(app, [])

@@ -48,6 +48,10 @@ class Application:
     default_when_unsure: bool = False
     # eta, gamma, epsilon, Exp4's k (set_policy_params); unset ones are the policy's defaults
     policy_params: PolicyParams = field(default_factory=PolicyParams)
+    # Which registration of the name this is (random, set when the application is added; 0 for one registered
+    # before it existed): an application deleted and added again under the same name is a new one, so bandit
+    # states learned for the old one (the application's and its users') are not used for it.
+    incarnation: int = 0
 
     @property
     def slo_seconds(self) -> float:

@@ -182,5 +182,5 @@ class SingleModelLane:
     @staticmethod
     def _choice(app: Application, linked: list[str], model: ModelVersion) -> Choice:
         policy = policy_for(app.policy, app.policy_params)
-        state = initial_state(app.policy, linked)
+        state = initial_state(app.policy, linked, app.incarnation)
         return Choice(policy, state, policy.select(state, random.Random(0)), [model])

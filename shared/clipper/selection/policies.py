@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 from clipper.errors import InvalidInput
@@ -123,7 +123,7 @@ class _Policy:
     ) -> SelectionState:
         losses = _judged(state, {m: o for m, o in outputs.items() if m in selection.models}, label)
         arms = self._reweight(state, selection, losses)
-        return SelectionState(state.policy, with_losses(arms, losses), state.version + 1, state.updates + 1)
+        return replace(state, arms=with_losses(arms, losses), version=state.version + 1, updates=state.updates + 1)
 
     def _reweight(self, state: SelectionState, selection: Selection, losses: Mapping[str, float]) -> tuple[Arm, ...]:
         return state.arms

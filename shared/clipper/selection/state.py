@@ -54,6 +54,8 @@ class SelectionState:
     arms: tuple[Arm, ...]
     version: int = 0
     updates: int = 0
+    # the application's incarnation it was learned for (``Application.incarnation``); another is not used
+    incarnation: int = 0
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -75,6 +77,7 @@ class SelectionState:
             "version": self.version,
             "updates": self.updates,
             "arms": [{"model": a.model, "weight": a.weight, "pulls": a.pulls, "losses": a.losses} for a in self.arms],
+            "incarnation": self.incarnation,
         }
 
     @classmethod
@@ -91,7 +94,13 @@ class SelectionState:
                 Arm(str(a["model"]), float(a["weight"]), int(a.get("pulls", 0)), float(a.get("losses", 0.0)))
                 for a in data["arms"]
             )
-            state = cls(str(data["policy"]), arms, int(data["version"]), int(data.get("updates", 0)))
+            state = cls(
+                str(data["policy"]),
+                arms,
+                int(data["version"]),
+                int(data.get("updates", 0)),
+                int(data.get("incarnation", 0)),
+            )
         except (KeyError, TypeError) as e:
             raise ValueError(f"corrupt selection state: {e!r}") from e
         if len(set(state.models)) != len(arms):
@@ -143,11 +152,11 @@ def with_losses(arms: Sequence[Arm], losses: Mapping[str, float]) -> tuple[Arm, 
     )
 
 
-def initial_state(policy: str, models: Sequence[str]) -> SelectionState:
+def initial_state(policy: str, models: Sequence[str], incarnation: int = 0) -> SelectionState:
     """A never-stored state (version 0): every model with the same weight, counters at zero."""
     unique = list(dict.fromkeys(models))
     arms = tuple(Arm(m, 1.0 / len(unique)) for m in unique)  # empty when no model is linked
-    return SelectionState(policy, arms)
+    return SelectionState(policy, arms, incarnation=incarnation)
 
 
 def reconcile(state: SelectionState, models: Sequence[str]) -> SelectionState:
@@ -164,14 +173,18 @@ def reconcile(state: SelectionState, models: Sequence[str]) -> SelectionState:
     return replace(state, arms=tuple(_normalised(arms)), version=state.version + 1)
 
 
-def ensure_state(state: SelectionState | None, policy: str, models: Sequence[str]) -> SelectionState:
-    """The state to use for ``policy`` over ``models``: a fresh one when there is none or when the
-    application switched policy (its version continues the old one, so the conditional write still
-    applies), else the stored one reconciled with the linked models."""
+def ensure_state(
+    state: SelectionState | None, policy: str, models: Sequence[str], incarnation: int = 0
+) -> SelectionState:
+    """The state to use for ``policy`` over ``models`` in the application's ``incarnation``: a fresh one when
+    there is none, when the application switched policy, or when the state was learned for another
+    incarnation (an application deleted and added again under the same name) -- its version continues the
+    old one, so the conditional write still applies --, else the stored one reconciled with the linked
+    models."""
     if state is None:
-        return initial_state(policy, models)
-    if state.policy != policy:
-        return replace(initial_state(policy, models), version=state.version + 1)
+        return initial_state(policy, models, incarnation)
+    if state.policy != policy or state.incarnation != incarnation:
+        return replace(initial_state(policy, models, incarnation), version=state.version + 1)
     return reconcile(state, models)
 
 
@@ -192,12 +205,14 @@ def state_key(app: str, user_id: str | None = None) -> str:
 
 
 def state_for_user(app_state: SelectionState, user_state: SelectionState | None) -> SelectionState:
-    """The fallback rule of contextual selection: the user's own state when it exists; otherwise a copy of
-    the application's weights with zeroed counters and version 0 (not yet stored under the user's key)."""
-    if user_state is not None:
+    """The fallback rule of contextual selection: the user's own state when it exists (learned for the
+    application's incarnation); otherwise a copy of the application's weights with zeroed counters and
+    version 0 (not yet stored under the user's key, or stored for an application of the same name deleted
+    since)."""
+    if user_state is not None and user_state.incarnation == app_state.incarnation:
         return user_state
     arms = tuple(Arm(a.model, a.weight) for a in app_state.arms)
-    return SelectionState(app_state.policy, arms)
+    return SelectionState(app_state.policy, arms, incarnation=app_state.incarnation)
 
 
 __all__ = [
