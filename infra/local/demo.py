@@ -45,14 +45,23 @@ def seed(
 ) -> list[str]:
     """Register each demo model and application that is missing (with its links); what exists stays as it is
     (a rollback, an app's policy, its links). Returns what was registered."""
-    from clipper.core.domain import Application, InputType, ModelVersion
+    from clipper.core.domain import Application, InputType, ModelVersion, new_incarnation
     from clipper.errors import Conflict, NotFound
 
     slo = int(slo_ms * 1000)
-    apps = [
-        Application(APP, InputType.FLOATS, "-1", slo, (64,)),
-        Application(f"{APP}-exp3", InputType.FLOATS, "-1", slo, (64,), policy="exp3"),
-        Application(f"{APP}-exp4", InputType.FLOATS, "-1", slo, (64,), policy="exp4", confidence_threshold=0.75),
+    apps = [  # each a new incarnation when registered (a demo app deleted and registered again starts afresh)
+        Application(APP, InputType.FLOATS, "-1", slo, (64,), incarnation=new_incarnation()),
+        Application(f"{APP}-exp3", InputType.FLOATS, "-1", slo, (64,), policy="exp3", incarnation=new_incarnation()),
+        Application(
+            f"{APP}-exp4",
+            InputType.FLOATS,
+            "-1",
+            slo,
+            (64,),
+            policy="exp4",
+            confidence_threshold=0.75,
+            incarnation=new_incarnation(),
+        ),
     ]
     added = []
     for m in models:

@@ -114,3 +114,19 @@ def test_an_application_kept_keeps_what_it_learned(world):
     before = weights(registry, store, None)
     admin.set_app_policy(schemas.SetPolicy(name="digits", policy="exp3"))  # rewritten, the same application
     assert weights(registry, store, None) == pytest.approx(before) and before["a"] > 0.5
+
+
+def test_a_demo_application_registered_again_by_the_local_stack_is_a_new_one(aws):
+    from infra.local.demo import seed
+
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    models = [{"name": "mlp"}]
+    queues, endpoints = {"mlp": {"QueueUrl": "https://sqs.local/q-mlp"}}, {"mlp": "http://127.0.0.1:9"}
+    seed(registry, models, queues, endpoints, 100.0)
+    first = {name: registry.get_app(name).incarnation for name in ("digits", "digits-exp3", "digits-exp4")}
+    assert 0 not in first.values() and len(set(first.values())) == 3
+    registry.delete_app("digits-exp3")  # deleted by hand; the next make run registers it again
+    seed(registry, models, queues, endpoints, 100.0)
+    again = {name: registry.get_app(name).incarnation for name in first}
+    assert again["digits"] == first["digits"] and again["digits-exp4"] == first["digits-exp4"]  # kept as they were
+    assert again["digits-exp3"] not in (0, first["digits-exp3"])

@@ -5,7 +5,6 @@ anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` 
 from __future__ import annotations
 
 import contextlib
-import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -17,7 +16,7 @@ from clipper.admin.canary import deleted_canary_event, end_by_hand, get_canary, 
 from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
 from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
-from clipper.core.domain import Application, BatchingSettings, Canary, InputType, ModelVersion
+from clipper.core.domain import Application, BatchingSettings, Canary, InputType, ModelVersion, new_incarnation
 from clipper.errors import Conflict, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks, unserved_reason
 from clipper.ports import CanaryEvidenceStore, Clock
@@ -54,7 +53,7 @@ class AdminService:
             req.policy,
             req.confidence_threshold,
             req.default_when_unsure,
-            incarnation=secrets.randbits(62) | 1,  # never 0 (the incarnation of applications added before it)
+            incarnation=new_incarnation(),
         )
         self._registry.put_app(app)  # Conflict when it exists
         return app_info(app, [])

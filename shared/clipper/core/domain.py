@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +32,12 @@ class InputType(enum.StrEnum):
             InputType.FLOATS: "float32",
             InputType.DOUBLES: "float64",
         }.get(self, "object")
+
+
+def new_incarnation() -> int:
+    """A new application's ``incarnation``: random, never 0 (the incarnation of applications added before
+    incarnations existed)."""
+    return secrets.randbits(62) | 1
 
 
 @dataclass(frozen=True)
