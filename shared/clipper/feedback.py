@@ -152,6 +152,9 @@ class FeedbackProcessor:
         if record is None:
             logger.info("feedback without a recorded prediction", extra={"app": app.name})
             return "no_record"
+        if record.get("incarnation", 0) != app.incarnation:  # answered by a deleted application of this name
+            logger.info("feedback on a prediction of a deleted application of this name", extra={"app": app.name})
+            return "no_record"
         if canaries:
             self._add_evidence(canaries, record, message)
         if app.policy == "single":

@@ -182,3 +182,39 @@ def test_exp4_query_then_feedback_updates_the_bandit_state(stack):
     assert feedback.handler(sqs_event([message], arn), LambdaContext())["batchItemFailures"] == []
     again = DynamoDBSelectionStore(stack.extra["dynamodb"], "e2e-selection").load(state_key("ens"))
     assert again == state
+
+
+def test_feedback_on_a_prediction_of_a_deleted_application_of_the_same_name_is_not_learned(stack):
+    from clipper.adapters.dynamodb_selection import DynamoDBSelectionStore
+    from clipper.selection import state_key
+    from tests.e2e.conftest import fresh_import
+    from tests.events import sqs_event
+
+    stack.registry.put_app(Application("again", InputType.FLOATS, "-1", 3_000_000, (64,), policy="exp4", incarnation=7))
+    stack.registry.link("again", "mlp")
+    row = stack.holdout_x[5].tolist()
+    status, body = call(stack, "POST", "/again/predict", {"input": row})  # recorded as incarnation 7's prediction
+    assert status == 200 and body["default"] is False
+    stack.registry.delete_app("again")  # and added again: a new application of the same name
+    stack.registry.put_app(Application("again", InputType.FLOATS, "-1", 3_000_000, (64,), policy="exp4", incarnation=8))
+    stack.registry.link("again", "mlp")
+    status, accepted = call(stack, "POST", "/again/update", {"input": row, "label": int(stack.expected[5])})
+    assert status == 200 and accepted["accepted"] is True
+    feedback = fresh_import("functions.feedback.app")
+    url = stack.extra["feedback_url"]
+    got = stack.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"])
+    (message,) = got["Messages"]
+    arn = stack.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    assert feedback.handler(sqs_event([message], arn), LambdaContext())["batchItemFailures"] == []
+    store = DynamoDBSelectionStore(stack.extra["dynamodb"], "e2e-selection")
+    assert store.load(state_key("again")) is None
+    # the same input queried again, by incarnation 8 now (the stack reads the registry afresh every time): the
+    # frontend records whose prediction it is, and feedback on it is learned
+    status, body = call(stack, "POST", "/again/predict", {"input": row})
+    assert status == 200 and body["default"] is False
+    status, accepted = call(stack, "POST", "/again/update", {"input": row, "label": int(stack.expected[5])})
+    assert status == 200 and accepted["accepted"] is True
+    (message,) = stack.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    assert feedback.handler(sqs_event([message], arn), LambdaContext())["batchItemFailures"] == []
+    state = store.load(state_key("again"))
+    assert state is not None and state.updates == 1 and state.incarnation == 8

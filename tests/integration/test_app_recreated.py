@@ -61,7 +61,8 @@ def learn(processor: FeedbackProcessor, cache: DynamoDBPredictionCache, n: int, 
     """``n`` labels, each judging model "b" (the one Exp3 picked, as the frontend recorded it) wrong."""
     (key,) = record_keys("digits", user, ROWS)
     selection = Selection("exp3", ("b",), {"a": 0.5, "b": 0.5}, 0)
-    cache.put_many({key: {"selection": selection.to_dict(), "outputs": {"b": 0}}})
+    incarnation = processor.registry.get_app("digits").incarnation  # the frontend records whose prediction it is
+    cache.put_many({key: {"selection": selection.to_dict(), "outputs": {"b": 0}, "incarnation": incarnation}})
     for i in range(n):
         message = FeedbackMessage(
             feedback_id=f"fb-{user}-{random.random()}-{i}",
@@ -130,3 +131,17 @@ def test_a_demo_application_registered_again_by_the_local_stack_is_a_new_one(aws
     again = {name: registry.get_app(name).incarnation for name in first}
     assert again["digits"] == first["digits"] and again["digits-exp4"] == first["digits-exp4"]  # kept as they were
     assert again["digits-exp3"] not in (0, first["digits-exp3"])
+
+
+def test_feedback_on_a_prediction_of_the_deleted_application_is_not_learned(world):
+    admin, registry, store, processor, cache = world
+    add_app(admin, registry)
+    (key,) = record_keys("digits", None, ROWS)
+    selection = Selection("exp3", ("b",), {"a": 0.5, "b": 0.5}, 0)
+    old = registry.get_app("digits").incarnation
+    cache.put_many({key: {"selection": selection.to_dict(), "outputs": {"b": 0}, "incarnation": old}})
+    admin.delete_app("digits")
+    add_app(admin, registry)  # the old prediction's record is still in the cache (its TTL)
+    message = FeedbackMessage(feedback_id="fb-old", app="digits", payload=encode_rows(ROWS)[0], label=5)
+    assert processor.process(message) == "no_record"
+    assert store.load(state_key("digits")) is None

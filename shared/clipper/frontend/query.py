@@ -382,12 +382,14 @@ class QueryProcessor:
         """Keep what each model answered, and the selection, so that feedback can update the bandit."""
         if self._cache is None:
             return
-        entries = {}
+        entries: dict[str, dict[str, Any]] = {}
         for row, key in enumerate(record_keys(app.name, user, query.rows)):
             outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
             if outputs:  # with the version that answered for each model: a canary's feedback is its own
                 versions = {a.model.name: a.model.version for a in answers if a.model.name in outputs}
                 entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs, "versions": versions}
+                if app.incarnation:  # whose prediction it is: feedback joins it only to this incarnation's states
+                    entries[key]["incarnation"] = app.incarnation
                 if preds is not None:  # what the query answered, for the selection report (clipper.report)
                     p = preds[row]
                     entries[key]["answer"] = {"output": p.output, "default": p.default, "confidence": p.confidence}
