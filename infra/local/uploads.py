@@ -7,10 +7,17 @@ invocation.
 
 The dispatcher long-polls (20 s, SQS's longest: on an idle stack three receives a minute, not sixty); a stop
 waits for the events it holds to be handled, not for a receive that is waiting for one.
+
+The queue's events live in moto's memory, which the state folder does not keep: an upload made just before a stop
+(its object copied, its event not yet handled) would come back without its event and never be registered. So at
+each start, after the bucket is restored, ``lost_uploads`` finds the model files that no upload was handled for
+(the version neither registered nor rejected for those bytes) and ``replay_lost_uploads`` hands each to the
+dispatcher as the event its upload sent; the updater takes one it has seen as a duplicate.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -39,6 +46,7 @@ class UploadDispatcher(threading.Thread):
         query waits for it)."""
         super().__init__(name="upload-dispatcher", daemon=True)
         self._sqs, self._queue_url, self._handle = sqs, queue_url, handle
+        self.queue_url = queue_url
         self._wait_s, self._nice = wait_s, nice
         self.halt = threading.Event()
         self._handling = threading.Lock()  # held while events are handled, not while a receive waits
@@ -120,6 +128,37 @@ def connect_uploads(stack: str, bucket: str) -> str:
     return queue_url
 
 
+def lost_uploads(s3: Any, bucket: str, registry: Any) -> list[dict[str, Any]]:
+    """The model files in ``bucket`` (``models/<name>/<version>/model.onnx``) that no upload was handled for:
+    their version is not registered, and not rejected for these bytes (a rejection records the file's SHA-256
+    when it read the file). ``registry``: the updater's (``model_view``). Each as ``key``, ``size``, ``etag``."""
+    from clipper.models.updater import MODEL_KEY
+
+    lost = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="models/"):
+        for obj in page.get("Contents", []):
+            match = MODEL_KEY.fullmatch(obj["Key"])
+            if match is None:
+                continue
+            view = registry.model_view(match["model"], match["version"])
+            if view.registered is not None:
+                continue
+            if view.rejected is not None:
+                if not view.rejected.sha256:  # rejected without being read (its size): it would be again
+                    continue
+                data = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+                if hashlib.sha256(data).hexdigest() == view.rejected.sha256:
+                    continue
+            lost.append({"key": obj["Key"], "size": int(obj["Size"]), "etag": str(obj["ETag"]).strip('"')})
+    return lost
+
+
+def upload_event(bucket: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """The EventBridge event an upload of ``obj`` (``lost_uploads``'s) sends (what the rule delivers)."""
+    detail = {"bucket": {"name": bucket}, "object": {"key": obj["key"], "size": obj["size"], "etag": obj["etag"]}}
+    return {"source": "aws.s3", "detail-type": "Object Created", "detail": detail}
+
+
 def start_uploads(stack: str, outputs: dict[str, str], serving: LocalModelServing, nice: int = 0) -> UploadDispatcher:
     """Connect the bucket's rule to a local queue and start the dispatcher over the updater's handler, with
     ``serving`` as the updater's ``ServingStacks``, its thread ``nice`` steps nicer than the caller's. The
@@ -136,3 +175,20 @@ def start_uploads(stack: str, outputs: dict[str, str], serving: LocalModelServin
     )
     dispatcher.start()
     return dispatcher
+
+
+def replay_lost_uploads(bucket: str, dispatcher: UploadDispatcher) -> list[str]:
+    """Hand ``dispatcher`` the uploads of ``bucket`` whose events were lost (``lost_uploads``), each as the event
+    its upload sent; returns their keys. Called once the versions registered before are served again, so that
+    what it hands over is only what they are not."""
+    import boto3
+
+    from clipper.models.updater import DynamoDBUpdaterRegistry
+    from functions.model_updater import app as updater_app
+
+    registry = DynamoDBUpdaterRegistry(boto3.client("dynamodb"), updater_app.settings.registry_table)
+    lost = lost_uploads(boto3.client("s3"), bucket, registry)
+    sqs = boto3.client("sqs")
+    for obj in lost:
+        sqs.send_message(QueueUrl=dispatcher.queue_url, MessageBody=json.dumps(upload_event(bucket, obj)))
+    return [o["key"] for o in lost]

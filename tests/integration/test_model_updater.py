@@ -497,3 +497,34 @@ def test_a_new_models_first_version_takes_the_defaults_and_becomes_active(
     mv = world.registry.active_version("digits-lr")
     assert mv.queue_url.endswith("/clipper-model-digits-lr") and mv.endpoint == "sagemaker:clipper-digits-lr"
     assert mv.input_type.value == "floats" and mv.input_shape == (64,)
+
+
+# --- uploads whose events were lost (the local stack's restart) ----------------------------------------------
+
+
+def test_the_uploads_no_event_was_handled_for_are_found_and_their_events_register_them(world: World) -> None:
+    """The local stack keeps the bucket's objects across a restart but not the queue of their events: an upload
+    made as it stopped comes back without its event. ``lost_uploads`` finds such files (the version neither
+    registered nor rejected for these bytes), and the event ``upload_event`` makes for one is handled as the
+    upload's own."""
+    from infra.local.uploads import lost_uploads, upload_event
+
+    bucket, good, bad = world.aws.bucket, world.model_bytes(), b"not an onnx model"
+    statuses = [
+        world.handle(world.upload(f"models/mlp/{v}/model.onnx", d))[0]["status"] for v, d in (("2", good), ("3", bad))
+    ]
+    assert statuses == ["registered", "rejected"]
+    for version, data in (("4", good), ("5", bad), ("3", bad)):  # uploaded, their events lost (3: the same bytes)
+        world.aws.s3.put_object(Bucket=bucket, Key=f"models/mlp/{version}/model.onnx", Body=data)
+    world.aws.s3.put_object(Bucket=bucket, Key="models/mlp/6/weights.bin", Body=b"x")  # not a model file
+    registry = DynamoDBUpdaterRegistry(world.aws.dynamodb, world.aws.registry_table)
+
+    lost = lost_uploads(world.aws.s3, bucket, registry)
+
+    assert [o["key"] for o in lost] == ["models/mlp/4/model.onnx", "models/mlp/5/model.onnx"]
+    outcomes = [world.handle(upload_event(bucket, o))[0] for o in lost]
+    assert [o["status"] for o in outcomes] == ["registered", "rejected"]
+    assert world.registry.get_version("mlp", "4").endpoint == "http://endpoint.local/mlp/4"
+    assert lost_uploads(world.aws.s3, bucket, registry) == []  # each handled once
+    world.aws.s3.put_object(Bucket=bucket, Key="models/mlp/5/model.onnx", Body=good)  # 5 fixed, its event lost too
+    assert [o["key"] for o in lost_uploads(world.aws.s3, bucket, registry)] == ["models/mlp/5/model.onnx"]
