@@ -238,7 +238,7 @@ class LocalStack:
     def start_uploads(self) -> None:
         """The S3 -> model updater dispatch, and the processes of every version uploaded in an earlier run."""
         from infra.local.serving import local_serving
-        from infra.local.uploads import replay_lost_uploads, start_uploads
+        from infra.local.uploads import start_uploads
 
         self.serving = local_serving(self.name, self.outputs, self.dir / "artifacts", self, self.args.slo_ms)
         self.dispatcher = start_uploads(self.name, self.outputs, self.serving, self.args.background_nice)
@@ -247,7 +247,7 @@ class LocalStack:
         restored = self.serving.restore()
         if restored:
             log(f"uploaded versions served again: {', '.join(restored)}")
-        replayed = replay_lost_uploads(bucket, self.dispatcher)
+        replayed = self.dispatcher.replay_lost()
         if replayed:
             log(f"uploads whose events were lost at the last stop, handed to the model updater: {', '.join(replayed)}")
         moved = self.ports.moved_urls()
@@ -351,7 +351,7 @@ class LocalStack:
             return
 
     def _restore_moto(self) -> None:
-        from infra.local.uploads import connect_uploads, replay_lost_uploads
+        from infra.local.uploads import connect_uploads
 
         child = self.supervisor.get("moto")
         assert child is not None
@@ -363,7 +363,7 @@ class LocalStack:
         if self.serving is not None:
             self.serving.recreate_stacks()
         if self.dispatcher is not None:  # the queue of upload events went with moto
-            replayed = replay_lost_uploads(self.outputs["ModelBucketName"], self.dispatcher)
+            replayed = self.dispatcher.replay_lost()
             if replayed:
                 logger.info("uploads whose events went with moto, handed to the model updater: %s", ", ".join(replayed))
 

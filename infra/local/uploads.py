@@ -11,8 +11,8 @@ waits for the events it holds to be handled, not for a receive that is waiting f
 The queue's events live in moto's memory, which the state folder does not keep: an upload made just before a stop
 (its object copied, its event not yet handled) would come back without its event and never be registered. So at
 each start, after the bucket is restored, ``lost_uploads`` finds the model files that no upload was handled for
-(the version neither registered nor rejected for those bytes) and ``replay_lost_uploads`` hands each to the
-dispatcher as the event its upload sent; the updater takes one it has seen as a duplicate.
+(the version neither registered nor rejected for those bytes) and the dispatcher's ``replay_lost`` queues for each
+the event its upload sent; the updater takes one it has seen as a duplicate.
 """
 
 from __future__ import annotations
@@ -41,13 +41,15 @@ class UploadDispatcher(threading.Thread):
         handle: Callable[[dict[str, Any]], dict[str, Any]],
         wait_s: int = 20,
         nice: int = 0,
+        find_lost: Callable[[], list[dict[str, Any]]] | None = None,
+        bucket: str = "",
     ) -> None:
         """``wait_s``: each receive's long poll; ``nice``: added to this thread's CPU niceness when it starts (no
-        query waits for it)."""
+        query waits for it); ``find_lost``: the uploads of ``bucket`` whose events were lost (``lost_uploads``)."""
         super().__init__(name="upload-dispatcher", daemon=True)
         self._sqs, self._queue_url, self._handle = sqs, queue_url, handle
-        self.queue_url = queue_url
         self._wait_s, self._nice = wait_s, nice
+        self._find_lost, self._bucket = find_lost, bucket
         self.halt = threading.Event()
         self._handling = threading.Lock()  # held while events are handled, not while a receive waits
         self._failing = False
@@ -80,6 +82,15 @@ class UploadDispatcher(threading.Thread):
             return False
         self._handling.release()
         return True
+
+    def replay_lost(self) -> list[str]:
+        """Queue, for each upload whose event was lost (``find_lost``), the event its upload sent; returns their
+        keys. Called once the versions registered before are served again, so that what it hands over is only
+        what they are not."""
+        lost = self._find_lost() if self._find_lost is not None else []
+        for obj in lost:
+            self._sqs.send_message(QueueUrl=self._queue_url, MessageBody=json.dumps(upload_event(self._bucket, obj)))
+        return [o["key"] for o in lost]
 
     def dispatch(self, message: dict[str, Any]) -> None:
         event = json.loads(message["Body"])
@@ -165,30 +176,21 @@ def start_uploads(stack: str, outputs: dict[str, str], serving: LocalModelServin
     handler module reads its settings from this process's environment (the caller sets it)."""
     import boto3
 
+    from clipper.models.updater import DynamoDBUpdaterRegistry
     from functions.model_updater import app as updater_app
 
     bucket = outputs["ModelBucketName"]
     queue_url = connect_uploads(stack, bucket)
-    updater = updater_app.build(updater_app.settings, boto3.client("dynamodb"), boto3.client("s3"), stacks=serving)
+    dynamodb, s3 = boto3.client("dynamodb"), boto3.client("s3")
+    updater = updater_app.build(updater_app.settings, dynamodb, s3, stacks=serving)
+    registry = DynamoDBUpdaterRegistry(dynamodb, updater_app.settings.registry_table)
     dispatcher = UploadDispatcher(
-        boto3.client("sqs"), queue_url, lambda event: updater_app.handle_event(updater, event, bucket), nice=nice
+        boto3.client("sqs"),
+        queue_url,
+        lambda event: updater_app.handle_event(updater, event, bucket),
+        nice=nice,
+        find_lost=lambda: lost_uploads(s3, bucket, registry),
+        bucket=bucket,
     )
     dispatcher.start()
     return dispatcher
-
-
-def replay_lost_uploads(bucket: str, dispatcher: UploadDispatcher) -> list[str]:
-    """Hand ``dispatcher`` the uploads of ``bucket`` whose events were lost (``lost_uploads``), each as the event
-    its upload sent; returns their keys. Called once the versions registered before are served again, so that
-    what it hands over is only what they are not."""
-    import boto3
-
-    from clipper.models.updater import DynamoDBUpdaterRegistry
-    from functions.model_updater import app as updater_app
-
-    registry = DynamoDBUpdaterRegistry(boto3.client("dynamodb"), updater_app.settings.registry_table)
-    lost = lost_uploads(boto3.client("s3"), bucket, registry)
-    sqs = boto3.client("sqs")
-    for obj in lost:
-        sqs.send_message(QueueUrl=dispatcher.queue_url, MessageBody=json.dumps(upload_event(bucket, obj)))
-    return [o["key"] for o in lost]

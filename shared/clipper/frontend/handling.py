@@ -121,13 +121,11 @@ class QueryHandling:
         processor, booleans = self.processor, may_hold_booleans(raw)
         lane = processor.lane
         try:
-            # the common query (one input, one model) in its lane; anything else, or None, the general way
-            taken = None
+            # the common query (one input, one model) in its lane; anything else (None from it) the general way
+            result = None
             if lane is not None and not debug:
-                taken = await lane.predict(app_name, body, booleans, processor.finish_lane)
-            if taken is not None:
-                result = taken
-            else:
+                result = await lane.predict(app_name, body, booleans, processor.finish_lane)
+            if result is None:
                 ticket = QueryTicket(booleans=booleans)
                 processor.admit(app_name, body, ticket)
                 if processor.can_inline(ticket):  # fast, bounded dependencies: on the loop, no thread held

@@ -135,9 +135,11 @@ class Selector:
         if app.policy == "single" or self._store is None:
             return initial_state(app.policy, linked, app.incarnation)
         state = ensure_state(self._load(state_key(app.name)), app.policy, linked, app.incarnation)
-        if user is not None:
-            state = state_for_user(state, self._load(state_key(app.name, user)))
-        return ensure_state(state, app.policy, linked, app.incarnation)
+        if user is None:
+            return state
+        return ensure_state(
+            state_for_user(state, self._load(state_key(app.name, user))), app.policy, linked, app.incarnation
+        )
 
     def choose(self, app: Application, user: str | None) -> Choice | None:
         linked = self._registry.linked_models(app.name)
