@@ -476,3 +476,43 @@ def test_resolve_answers_the_default_when_nothing_arrived_or_the_app_asks():
     sure = resolve(Combined(7, 0.9, ("a",), ()), "-1", threshold=0.5)
     assert (sure.output, sure.default, sure.low_confidence, sure.explanation) == (7, False, False, None)
     assert Combined(7, 0.9, ("a",), ()).confident(0.9) and not nothing.confident(0.0)
+
+
+_ONE_MODEL_OUTPUTS = [
+    0.3,
+    -2.5,
+    1.0,
+    7,
+    0,
+    True,
+    False,
+    None,
+    "7",
+    [1, 2],
+    {"a": 1},
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e308,
+]
+
+
+@pytest.mark.parametrize("output", _ONE_MODEL_OUTPUTS, ids=repr)
+def test_one_selected_model_combines_as_the_general_combination_does(output: object) -> None:
+    from clipper.selection.combining import _combine_many
+
+    for weight in (None, -1.0, 0.0, 1e-300, 0.3, 1.0, 3.0):
+        for replied in (True, False):
+            for missing in (frozenset(), frozenset({"m"})):
+                for tolerance in (0.0, 0.1, 1.0):
+                    weights = {"other": 2.0} if weight is None else {"m": weight, "other": 2.0}
+                    outputs = {"m": output, "other": 1} if replied else {"other": 1}
+                    one = combine_outputs(weights, ["m"], outputs, missing, tolerance)
+                    general = _combine_many(weights, ["m"], outputs, missing, tolerance)
+                    case = (weight, replied, missing, tolerance)
+                    assert (one.used, one.missing, one.confidence) == (
+                        general.used,
+                        general.missing,
+                        general.confidence,
+                    ), case
+                    assert repr(one.output) == repr(general.output), case  # NaN-safe; 1 and 1.0 told apart

@@ -88,6 +88,18 @@ def combine_outputs(
     Models in ``missing``, selected models absent from ``outputs`` and non-finite scores are reported as
     missing; outputs of models that were not selected are ignored.
     """
+    if len(selected) == 1:  # the common query (one model): the same arithmetic without the general bookkeeping
+        return _combine_one(weights, selected[0], outputs, missing, tolerance)
+    return _combine_many(weights, selected, outputs, missing, tolerance)
+
+
+def _combine_many(
+    weights: Mapping[str, float],
+    selected: Sequence[str],
+    outputs: Mapping[str, Any],
+    missing: Set[str],
+    tolerance: float,
+) -> Combined:
     replied = [m for m in selected if m in outputs and m not in missing]
     replied = [m for m in replied if not (isinstance(outputs[m], float) and not math.isfinite(outputs[m]))]
     absent = tuple(m for m in selected if m not in replied)
@@ -115,6 +127,27 @@ def combine_outputs(
         output, agree = first[winner], best
     confidence = min(1.0, max(0.0, agree / total))
     return Combined(output, confidence, tuple(replied), absent)
+
+
+def _combine_one(
+    weights: Mapping[str, float], model: str, outputs: Mapping[str, Any], missing: Set[str], tolerance: float
+) -> Combined:
+    """``combine_outputs`` for one selected model, step for step (a sum of one term is that term)."""
+    weight = max(weights.get(model, 0.0), 0.0)
+    value = outputs.get(model, _ABSENT) if model not in missing else _ABSENT
+    if value is _ABSENT or (isinstance(value, float) and not math.isfinite(value)):
+        return Combined(None, 0.0, (), (model,))
+    if weight <= 0:
+        return Combined(None, 0.0, (), ())
+    if _real(value) and _is_score(value):
+        output: Any = weight * float(value) / weight
+        agree = weight if abs(float(value) - output) <= tolerance else 0.0
+    else:
+        output, agree = value, weight
+    return Combined(output, min(1.0, max(0.0, agree / weight)), (model,), ())
+
+
+_ABSENT = object()
 
 
 def resolve(
