@@ -41,8 +41,27 @@ def err(model: str = "mlp") -> Reply:
 def test_addresses_are_unique_and_uuid_wide(channel):
     addresses = {channel.new_address() for _ in range(10_000)}
     assert len(addresses) == 10_000
-    # 32 hex digits (a UUID4: 122 random bits) after the inbox, not a 37-bit number
-    assert all(len(a.rsplit(".", 1)[-1]) == 32 for a in addresses)
+    if isinstance(channel, RedisReplyChannel):
+        # a uuid4 inbox (122 random bits) a process, then that process's serial: no two processes share an inbox
+        inboxes = {inbox_of(a) for a in addresses}
+        assert len(inboxes) == 1 and all(len(i) == 32 for i in inboxes)
+    else:  # 32 hex digits (a UUID4: 122 random bits), not a 37-bit number
+        assert all(len(a) == 32 for a in addresses)
+
+
+def test_redis_addresses_of_two_processes_never_meet(redis_url):  # noqa: F811
+    # two frontends (or one after a reset, as after a SnapStart restore) number their queries alike: the inbox
+    # part tells them apart, so a reply or a duplicate claim of one is never taken for the other's
+    a = RedisReplyChannel(RespClient.from_url(redis_url), ttl_s=60)
+    b = RedisReplyChannel(RespClient.from_url(redis_url), ttl_s=60)
+    first = [a.new_address() for _ in range(100)]
+    a.reset()
+    after_reset = [a.new_address() for _ in range(100)]
+    other = [b.new_address() for _ in range(100)]
+    assert len(set(first) | set(after_reset) | set(other)) == 300
+    assert inbox_of(first[0]) != inbox_of(after_reset[0]) != inbox_of(other[0])
+    a.close()
+    b.close()
 
 
 def test_publish_then_wait(channel):

@@ -2,8 +2,9 @@
 inbox a query's reply address names, and one listener thread per process pops the inbox and hands each reply to
 the query waiting for it.
 
-A reply address is ``<inbox>.<uuid4 hex>``: 122 random bits per query, so two live queries never share one (it
-is also the key that drops duplicate answers), and the inbox part tells a batcher where to push.
+A reply address is ``<inbox>.<serial>``: the inbox is a uuid4 (122 random bits), new for each process (and after a
+``reset``), and the serial counts that process's queries in hex, so two queries never share one (it is also the key
+that drops duplicate answers), and the inbox part tells a batcher where to push.
 
 Why an inbox and a listener rather than a blocking pop per query: Redis checks the timeouts of blocked clients
 on its ~100 ms internal tick, so a ``BLPOP`` with a 20 ms timeout returns at ~100 ms and every default came
@@ -23,6 +24,7 @@ the loop, so the frontend's route awaits its replies without holding a thread).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -59,11 +61,12 @@ def inbox_of(address: str) -> str:
 class _Waiter:
     """The replies of one query so far: at most one per model, a success winning over an error."""
 
-    __slots__ = ("_lock", "done", "future", "loop", "loop_thread", "models", "replies")
+    __slots__ = ("_event", "_lock", "finished", "future", "loop", "loop_thread", "models", "replies")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.done = threading.Event()
+        self.finished = False  # every expected model replied
+        self._event: threading.Event | None = None  # made for a thread that waits (``block``), not on a loop
         self.models: frozenset[str] | None = None
         self.replies: dict[str, Reply] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -82,9 +85,21 @@ class _Waiter:
             self.models = frozenset(models)
             self._check()
 
+    def block(self, timeout_s: float) -> None:
+        """Wait on this thread until every expected model replied, at most ``timeout_s``."""
+        with self._lock:
+            if self.finished:
+                return
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        event.wait(timeout_s)
+
     def _check(self) -> None:
-        if self.models is not None and self.models <= self.replies.keys() and not self.done.is_set():
-            self.done.set()
+        if self.models is not None and self.models <= self.replies.keys() and not self.finished:
+            self.finished = True
+            if self._event is not None:
+                self._event.set()
             if self.loop is not None and self.future is not None:
                 if threading.get_ident() == self.loop_thread:  # on the waiter's loop (its listener's)
                     _resolve(self.future)
@@ -121,6 +136,7 @@ class RedisReplyChannel:
         self._lock = threading.Lock()
         self._inbox: str | None = None
         self._waiters: dict[str, _Waiter] = {}
+        self._serials = itertools.count(1)  # the serial part of this process's reply addresses
         self._listener: threading.Thread | None = None
         self._loop_listener: asyncio.Task[None] | None = None
         self._loop_thread = 0
@@ -170,7 +186,7 @@ class RedisReplyChannel:
         with self._lock:
             if self._inbox is None:
                 self._inbox = uuid.uuid4().hex
-            return f"{self._inbox}.{uuid.uuid4().hex}"
+            return f"{self._inbox}.{next(self._serials):x}"
 
     def _loop_listener_here(self) -> asyncio.AbstractEventLoop | None:
         """The loop listener's loop when this thread runs it (no asyncio lookup: that costs a getpid call)."""
@@ -201,7 +217,7 @@ class RedisReplyChannel:
         waiter = self._waiters[reply_to]
         waiter.expect(models)
         try:
-            waiter.done.wait(max(0.0, timeout_s))
+            waiter.block(max(0.0, timeout_s))
         finally:
             with self._lock:
                 self._waiters.pop(reply_to, None)
