@@ -204,3 +204,54 @@ def test_ready_for_says_whether_choosing_an_apps_models_would_read_the_registry(
     clock.advance(RELOAD_PATIENCE_S)  # the reload outlived the patience: choosing would read the registry
     assert cached.get_app_nowait("digits") is not None
     assert cached.ready_for("digits") is False and inline_now() is False
+
+
+def test_held_first_model_is_ready_for_with_what_it_found():
+    """The common query's lane asks once what ``ready_for`` and three lookups would answer: it must say None
+    wherever ``ready_for`` says False (a read would follow), and otherwise give what the lookups give."""
+    from clipper.core.domain import Canary
+
+    clock, registry = FakeClock(), OneQueryRegistry()
+    registry.apps["digits"] = digits_app()
+    registry.links["digits"] = ["mlp", "tree"]
+    for name in ("mlp", "tree"):
+        registry.versions[(name, "1")] = model_version(name, "1")
+        registry.active[name] = "1"
+    registry.versions[("mlp", "2")] = model_version("mlp", "2")
+    runner = ManualRunner()
+    cached = CachedRegistry(registry, clock, ttl_s=2, refresh=runner, max_stale_s=2)
+
+    def agrees() -> bool:
+        held = cached.held_first_model("digits")
+        if not cached.ready_for("digits"):
+            return held is None
+        found = (cached.linked_models("digits"), cached.active_version("mlp"), cached.canary("mlp"))
+        return held == found
+
+    assert cached.held_first_model("digits") is None and agrees()  # nothing held
+    cached.linked_models("digits")
+    cached.active_version("mlp")
+    cached.canary("mlp")
+    assert cached.held_first_model("digits") is None and agrees()  # the second model's entries are not held
+    cached.active_version("tree")
+    cached.canary("tree")
+    assert cached.held_first_model("digits") is not None and agrees()
+    # a canary on the first model: held only once the canary's version is
+    registry.canaries["mlp"] = Canary("2", 0.1, 0.0)
+    cached.invalidate()
+    for name in ("mlp", "tree"):
+        cached.linked_models("digits")
+        cached.active_version(name)
+        cached.canary(name)
+    assert cached.held_first_model("digits") is None and agrees()
+    cached.get_version("mlp", "2")
+    held = cached.held_first_model("digits")
+    assert held is not None and held[2] == Canary("2", 0.1, 0.0) and agrees()
+    # the second model's entry past ttl + max stale with no reload in flight: a read would follow
+    clock.advance(3)
+    cached.active_version("mlp"), cached.canary("mlp"), cached.linked_models("digits"), cached.get_version("mlp", "2")
+    runner.run()
+    clock.advance(1.5)
+    assert agrees()
+    # an unknown application's links (a remembered miss): the lane leaves it to the general path's 404
+    assert cached.held_first_model("nope") is None

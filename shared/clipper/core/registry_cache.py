@@ -269,6 +269,26 @@ class CachedRegistry:
             return True  # answered at once, from memory
         return all(self._holds_model(m, now) for m in links)  # type: ignore[attr-defined]
 
+    def held_first_model(self, app: str) -> tuple[list[str], ModelVersion, Canary | None] | None:
+        """``ready_for(app)``'s check, with what it found: the linked models, and the first one's active version
+        and canary, as ``linked_models``, ``active_version`` and ``canary`` would answer them without a read;
+        None when any of them would read or raise (the caller then asks them, or goes the general way)."""
+        now = self._clock.now()
+        held = self._cached(("links", app), now)
+        if held is None or isinstance(held, NotFound) or not held:
+            return None
+        links: list[str] = held  # type: ignore[assignment]
+        first, others = links[0], links[1:]
+        active = self._cached(("active", first), now)
+        canary = self._cached(("canary", first), now)
+        if active is None or isinstance(active, NotFound) or canary is None or isinstance(canary, NotFound):
+            return None
+        if isinstance(canary, Canary) and self._cached(("version", first, canary.version), now) is None:
+            return None
+        if not all(self._holds_model(m, now) for m in others):
+            return None
+        return list(links), active, None if canary is _NO_CANARY else canary  # type: ignore[return-value]
+
     def _holds_model(self, model: str, now: float) -> bool:
         if self._cached(("active", model), now) is None:
             return False

@@ -72,15 +72,14 @@ class SingleModelLane:
         registry = self._registry
         try:
             app = registry.get_app_nowait(app_name)
-            if app is None or app.policy != "single" or not registry.ready_for(app_name):
-                return None
-            linked = registry.linked_models(app_name)
-            if not linked:
-                return None
-            model = registry.active_version(linked[0])
-            canary = registry.canary(model.name)
         except ClipperError:
-            return None  # unknown application or model: the general path says so
+            return None  # unknown application: the general path says so
+        if app is None or app.policy != "single":
+            return None
+        held = registry.held_first_model(app_name)  # what the general path's choice would read, all held
+        if held is None:
+            return None  # something to read, or an unknown model: the general path reads it or says so
+        linked, model, canary = held
         if canary is not None or not model.queue_url:
             return None
         if self._tally is not None:

@@ -117,7 +117,11 @@ class QueryProcessor:
         # the common query's lane (clipper.frontend.lane): on the loop, with the fused lookup-and-send, and a
         # registry copy that tells whether it holds what a query needs
         self.lane: SingleModelLane | None = None
-        if inline and self._gatherer.fused and all(hasattr(registry, a) for a in ("get_app_nowait", "ready_for")):
+        if (
+            inline
+            and self._gatherer.fused
+            and all(hasattr(registry, a) for a in ("get_app_nowait", "held_first_model"))
+        ):
             parts = (registry, self._gatherer, replies, clock, new_query_id, max_batch, listener, tally)
             self.lane = SingleModelLane(*parts)
 
