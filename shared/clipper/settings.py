@@ -23,6 +23,8 @@ class CommonSettings(BaseSettings):
     cache_ttl_s: int = Field(3600, ge=1)
     cache_enabled: bool = True
     selection_table: str = Field("", description="DynamoDB table of bandit states (empty: no learning)")
+    # A user's bandit state is removed (DynamoDB TTL) this many days after its last feedback; 0 keeps it.
+    user_state_retention_days: int = Field(0, ge=0, le=36500)
     aws_endpoint_url: str = Field("", validation_alias=AliasChoices("AWS_ENDPOINT_URL"))
     # The request queues' transport: SQS on AWS; Redis Streams (REDIS_URL) on one machine. A version's queue
     # address stays its SQS queue URL either way (the Redis transport names its stream after the queue).

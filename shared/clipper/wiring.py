@@ -151,7 +151,8 @@ def selection_store(settings: CommonSettings, dynamodb: Any) -> SelectionStore |
         return None
     from clipper.adapters.dynamodb_selection import DynamoDBSelectionStore
 
-    return DynamoDBSelectionStore(dynamodb, settings.selection_table)
+    ttl = settings.user_state_retention_days * 86400
+    return DynamoDBSelectionStore(dynamodb, settings.selection_table, user_state_ttl_s=ttl)
 
 
 def _queue_redis_url(settings: CommonSettings) -> str:

@@ -295,3 +295,16 @@ def test_model_stacks_get_the_shared_parameters_of_their_serving_mode(translated
             assert {"SageMakerEndpoint", "ImageUri", "InstanceType", "ExecutionRoleArn", "RedisUrl"} <= names
         else:
             assert names == {"LambdaBatcher", "BatcherFunctionArn"}
+
+
+# --- users' bandit states: retention ------------------------------------------------------------------------
+
+
+def test_the_feedback_function_expires_users_states_after_the_retention(translated: dict[str, Any]) -> None:
+    template = resolve(translated)
+    # the feedback function saves the states; the setting is global, so every function reads the same value
+    assert env(template, "FeedbackFunction")["CLIPPER_USER_STATE_RETENTION_DAYS"] == {"Ref": "UserStateRetentionDays"}
+    parameter = template["Parameters"]["UserStateRetentionDays"]
+    assert (parameter["Default"], parameter["MinValue"]) == (365, 0)
+    table = template["Resources"]["SelectionTable"]["Properties"]
+    assert table["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}

@@ -3,6 +3,11 @@
     pk = <state key>   sk = STATE             the state (JSON) and its version
     pk = <state key>   sk = FEEDBACK#<id>     marks a feedback applied to that state (expires after a day)
 
+With ``user_state_ttl_s`` (``CLIPPER_USER_STATE_RETENTION_DAYS``), a user's state (``state_key(app, user)``)
+carries ``expires_at`` that many seconds after its last save, so DynamoDB's TTL removes the states of users who
+gave no feedback for that long, and those of deleted applications (each user's query then starts again from a
+copy of the application's state, as a new user's does). An application's own state never expires.
+
 A save is one transaction: the state, conditional on the version read, and the feedback marker,
 conditional on its absence. A lost race raises ``Conflict`` (the caller reads again and reapplies); a
 redelivered feedback finds its marker and changes nothing.
@@ -27,7 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, cancellation_codes, translate
 from clipper.errors import Conflict
-from clipper.selection.state import SelectionState
+from clipper.selection.state import SelectionState, is_user_key
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -47,8 +52,13 @@ class DynamoDBSelectionStore:
         max_backoff_s: float = 0.25,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        user_state_ttl_s: int = 0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``user_state_ttl_s``: how long a user's state is kept after its last save (0: for ever)."""
         self._client = client
+        self._user_ttl = user_state_ttl_s
+        self._now = clock
         self._table = table
         self._conflict_retries = conflict_retries
         self._backoff_s = backoff_s
@@ -74,6 +84,8 @@ class DynamoDBSelectionStore:
                 "version": {"N": str(state.version)},
             },
         }
+        if self._user_ttl > 0 and is_user_key(key):
+            put_state["Item"]["expires_at"] = {"N": str(int(self._now()) + self._user_ttl)}
         if expected_version == 0:
             put_state["ConditionExpression"] = "attribute_not_exists(pk) OR version = :v"
         else:
@@ -88,7 +100,7 @@ class DynamoDBSelectionStore:
                         "Item": {
                             "pk": {"S": key},
                             "sk": {"S": f"FEEDBACK#{feedback_id}"},
-                            "expires_at": {"N": str(int(time.time()) + MARKER_TTL_S)},
+                            "expires_at": {"N": str(int(self._now()) + MARKER_TTL_S)},
                         },
                         "ConditionExpression": "attribute_not_exists(pk)",
                     }

@@ -204,6 +204,11 @@ def state_key(app: str, user_id: str | None = None) -> str:
     return f"{key}/user/{quote(user_id, safe='')}"
 
 
+def is_user_key(key: str) -> bool:
+    """Whether ``key`` is a user's state key (``state_key(app, user)``), not an application's."""
+    return key.count("/") == 3 and key.startswith("app/") and key.split("/", 3)[2] == "user"
+
+
 def state_for_user(app_state: SelectionState, user_state: SelectionState | None) -> SelectionState:
     """The fallback rule of contextual selection: the user's own state when it exists (learned for the
     application's incarnation); otherwise a copy of the application's weights with zeroed counters and
@@ -221,6 +226,7 @@ __all__ = [
     "SelectionState",
     "ensure_state",
     "initial_state",
+    "is_user_key",
     "reconcile",
     "reweighted",
     "state_for_user",
