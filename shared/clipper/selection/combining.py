@@ -139,9 +139,9 @@ def _combine_one(
         return Combined(None, 0.0, (), (model,))
     if weight <= 0:
         return Combined(None, 0.0, (), ())
-    if _real(value) and _is_score(value):
-        output: Any = weight * float(value) / weight
-        agree = weight if abs(float(value) - output) <= tolerance else 0.0
+    if isinstance(value, float):  # a score (_real and _is_score: a float is never a bool)
+        output: Any = weight * value / weight
+        agree = weight if abs(value - output) <= tolerance else 0.0
     else:
         output, agree = value, weight
     return Combined(output, min(1.0, max(0.0, agree / weight)), (model,), ())
