@@ -31,6 +31,7 @@ class EventSourceMapping(threading.Thread):
         self.running = threading.Event()
         self.running.set()
         self.halt = threading.Event()
+        self._polling = threading.Lock()  # held through each receive, invoke and delete
         self.invocations: list[dict[str, Any]] = []
 
     def poll_once(self) -> int:
@@ -55,9 +56,19 @@ class EventSourceMapping(threading.Thread):
                 self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=m["ReceiptHandle"])
         return len(got)
 
+    def pause(self) -> None:
+        """Stop receiving, once the poll in flight (if any) has deleted what it handled: a test that pauses the
+        mapping after an answer must not find that query's message still in the queue, nor have a query sent
+        after the pause received."""
+        self.running.clear()
+        with self._polling:
+            pass
+
     def run(self) -> None:
         while not self.halt.is_set():
-            if not self.running.is_set() or self.poll_once() == 0:
+            with self._polling:
+                polled = self.poll_once() if self.running.is_set() else 0
+            if polled == 0:
                 time.sleep(0.005)
 
 

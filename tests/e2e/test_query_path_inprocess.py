@@ -42,7 +42,7 @@ def test_single_and_batch_predictions_come_from_the_model(stack):
 
 
 def test_bad_requests_never_reach_the_queue(stack):
-    stack.esm.running.clear()
+    stack.esm.pause()
     status, body = call(stack, "POST", "/nope/predict", {"input": [0.0] * 64})
     assert status == 404 and "'nope'" in body["cause"]
     status, body = call(stack, "POST", "/digits/predict", {"input": [0.0] * 10})
@@ -54,7 +54,7 @@ def test_bad_requests_never_reach_the_queue(stack):
 
 def test_batcher_stopped_gives_the_default_by_the_slo(stack):
     stack.registry.put_app(Application("digits", InputType.FLOATS, "-1", 300_000, (64,)), overwrite=True)
-    stack.esm.running.clear()
+    stack.esm.pause()
     start = time.monotonic()
     status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[0].tolist()})
     elapsed = time.monotonic() - start
@@ -95,7 +95,7 @@ def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(s
 def test_duplicate_sqs_delivery_produces_one_answer(stack, capsys, monkeypatch):
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     stack.registry.put_app(Application("digits", InputType.FLOATS, "-1", 200_000, (64,)), overwrite=True)
-    stack.esm.running.clear()
+    stack.esm.pause()
     _status, body = call(stack, "POST", "/digits/predict", {"input": stack.holdout_x[1].tolist()}, "debug=1")
     assert body["default"] is True  # nobody answered while the mapping was paused
     assert body["debug"]["model"] == "mlp" and "enqueue" in body["debug"]["timings_ms"]
@@ -136,7 +136,7 @@ def test_a_cached_prediction_is_answered_without_the_queue(stack):
     row = stack.holdout_x[2].tolist()
     status, first = call(stack, "POST", "/digits/predict", {"input": row}, "debug=1")
     assert status == 200 and first["default"] is False and first["debug"]["cache"] == {"hits": 0, "misses": 1}
-    stack.esm.running.clear()  # no batcher: only the cache can answer now
+    stack.esm.pause()  # no batcher: only the cache can answer now
     status, again = call(stack, "POST", "/digits/predict", {"input": row}, "debug=1")
     assert again["default"] is False and again["output"] == first["output"] == int(stack.expected[2])
     assert again["debug"]["cache"] == {"hits": 1, "misses": 0}
