@@ -5,11 +5,12 @@ policy), no canary running, on the event loop with the fused Redis lookup-and-se
 (policy objects and a bandit state built per query), the start and the finish as steps, and ``finish`` (absorbing
 replies, combining the models' outputs, recording for feedback, the canary tally). For this query all of that
 computes a known result: the one model's output, or the default. The lane takes the same decisions with the same
-functions where they decide something (``validate_query``, the registry copy, the general path's send
-``Gatherer.send_steps``, ``combine_outputs`` and ``resolve``, ``split_model_time``) and builds the same
-``QueryResult``, so the answer, the metrics and the logs are the ones the general path gives; it skips only the
-generality. Measured on the pinned local stack (bench/README, "Where the frontend's CPU goes, and the common
-query's lane"): the frontend's CPU a query fell 26 % with 8 queries in flight and 9-13 % at 250-1,000 q/s.
+functions where they decide something (``validate_query``, the registry copy (read once: ``held_first_model``
+is ``ready_for``'s check with what it found), the general path's send ``Gatherer.send_steps``, ``combine_outputs``
+and ``resolve``, ``split_model_time``) and builds the same ``QueryResult``, so the answer, the metrics and the logs
+are the ones the general path gives; it skips only the generality. Measured on the pinned local stack
+(bench/README, "Where the frontend's CPU goes, and the common query's lane"): the frontend's CPU a query fell 24 %
+with 8 queries in flight and 9-12 % at 250-1,000 q/s.
 
 Anything else goes the general way, decided before anything is sent: a batch, a user id, a debug request, another
 policy, a canary running (or a model the canary tally has not looked up yet), an input too large for a message, a
