@@ -110,8 +110,10 @@ def _combine_many(
     w = [max(weights.get(m, 0.0), 0.0) for m in replied]
     if all(_real(v) for v in values) and any(_is_score(v) for v in values):
         arrived = math.fsum(w)
-        if arrived > 0:
-            output: Any = math.fsum(wi * float(v) for wi, v in zip(w, values, strict=True)) / arrived
+        if len(values) == 1:  # the mean of one score is that score, exactly ((w * v) / w can be 1 ulp off)
+            output: Any = float(values[0])
+        elif arrived > 0:
+            output = math.fsum(wi * float(v) for wi, v in zip(w, values, strict=True)) / arrived
         else:
             output = math.fsum(float(v) for v in values) / len(values)
         agree = math.fsum(wi for wi, v in zip(w, values, strict=True) if abs(float(v) - output) <= tolerance)
@@ -139,12 +141,8 @@ def _combine_one(
         return Combined(None, 0.0, (), (model,))
     if weight <= 0:
         return Combined(None, 0.0, (), ())
-    if isinstance(value, float):  # a score (_real and _is_score: a float is never a bool)
-        output: Any = weight * value / weight
-        agree = weight if abs(value - output) <= tolerance else 0.0
-    else:
-        output, agree = value, weight
-    return Combined(output, min(1.0, max(0.0, agree / weight)), (model,), ())
+    # a score or a class: the mean of one score is that score, and it agrees with itself
+    return Combined(value, min(1.0, max(0.0, weight / weight)), (model,), ())
 
 
 _ABSENT = object()
