@@ -5,6 +5,7 @@ from a fake endpoint. The same queries through the worker-thread path answer ali
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 import uuid
@@ -284,3 +285,62 @@ def test_a_query_of_the_lane_without_an_answer_gets_the_general_paths_default_an
         assert lane.taken == taken + 2
         assert mine["default"] is True and mine["default_explanation"] == general["default_explanation"]
         assert "endpoint error: boom" in mine["default_explanation"]
+
+
+def test_a_model_output_that_is_no_answer_gets_the_default_on_both_paths_and_is_not_cached(stack):
+    """A NaN score travels as JSON null: the lane and the general path both answer the default, saying the model
+    gave no answer; the batcher does not cache it, so a later query asks the model again and a query waiting on
+    the first one's claim hears that it failed instead of waiting out its SLO."""
+    make, endpoint, _, cache = stack
+    from clipper.core.cache_keys import row_keys
+
+    real = endpoint.predict
+
+    def nan_for_13(rows):
+        return [math.nan if o == 13 else o for o in real(rows)]
+
+    endpoint.predict = nan_for_13
+    with make(True, True) as http:
+        lane = http.processor.lane
+        http.post("/digits/predict", json={"input": one_hot(0)})
+        taken = lane.taken
+        first, second = one_hot(13), one_hot(13)
+        first[1], second[1] = 0.5, 0.25  # distinct inputs, both answered NaN
+        mine, general = _ask(http, True, "digits", first), _ask(http, False, "digits", second)
+        assert lane.taken == taken + 1
+        for body in (mine, general):
+            assert body["default"] is True and body["output"] == -1, body
+            assert "no answer for 1 of 1 inputs (null or not a finite number)" in body["default_explanation"]
+        assert _answer(mine) == _answer(general)
+        for row in (first, second):
+            (key,) = row_keys("a", "1", __import__("numpy").asarray([row], dtype="float32"))
+            hits, failed = cache.poll([key])
+            assert key not in hits and "no answer" in failed[key]  # not cached; the claim released with the cause
+        time.sleep(0.3)  # past the failed claims' short memory (FAILED_CLAIM_TTL_S)
+        calls = len(endpoint.calls)
+        again = _ask(http, True, "digits", first)
+        assert again["default"] is True and len(endpoint.calls) == calls + 1  # asked again, not a cached null
+
+        # a second query for the same input while the first one's model call is in flight waits on its claim,
+        # and hears of the failure as soon as the first query releases it (well before the 2 s SLO)
+        def slow_nan(rows):
+            time.sleep(0.3)
+            return [math.nan for _ in real(rows)]
+
+        endpoint.predict = slow_nan
+        row, took = one_hot(17), {}
+        row[3] = 0.3
+
+        def ask(i: int) -> None:
+            started = time.monotonic()
+            body = http.post("/digits/predict", json={"input": row}).json()
+            took[i] = (time.monotonic() - started, body)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        threads[0].start()
+        time.sleep(0.05)
+        threads[1].start()
+        for t in threads:
+            t.join()
+        for elapsed, body in took.values():
+            assert body["default"] is True and elapsed < 1.2, (elapsed, body)

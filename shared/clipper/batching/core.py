@@ -25,7 +25,7 @@ import numpy as np
 
 from clipper.batching.latency import LatencyModel
 from clipper.core.cache_keys import row_keys
-from clipper.core.messages import QueryMessage, Reply, decode_rows
+from clipper.core.messages import QueryMessage, Reply, decode_rows, no_answer
 from clipper.core.validation import Rows
 from clipper.errors import ClipperError, EndpointError, MalformedMessage
 from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, PublishAndFill, ReplyPublisher
@@ -319,13 +319,18 @@ class Batcher:
 
 def _cache_entries(model: str, version: str, members: list[_Work], outputs: list[Any]) -> dict[str, Any]:
     """The cache entries of a batch's outputs: each row's key (the one its message carries, else its hash) and
-    its output."""
+    its output. A row the model gave no answer for (``null``, or a score that is not a finite number: NaN and
+    infinities travel as ``null`` in JSON) is not cached: it would be a hit that answers nothing, for the cache's
+    TTL, and the queries waiting on its claim would wait out their SLO instead of hearing that it failed (its
+    owner releases the claim with the cause)."""
     entries: dict[str, Any] = {}
     offset = 0
     for w in members:
         keys = w.message.cache_keys
         if keys is None or len(keys) != len(w.rows):
             keys = row_keys(model, version, w.rows)
-        entries.update(zip(keys, outputs[offset : offset + len(keys)], strict=True))
+        for key, output in zip(keys, outputs[offset : offset + len(keys)], strict=True):
+            if not no_answer(output):
+                entries[key] = output
         offset += len(keys)
     return entries

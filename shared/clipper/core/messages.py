@@ -8,6 +8,7 @@ through S3 (a claim check: the message carries the object key instead of the row
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -179,4 +180,10 @@ def output_value(value: Any) -> Any:
     return value
 
 
-__all__ = ["MAX_INLINE_PAYLOAD", "Payload", "QueryMessage", "Reply", "decode_rows", "encode_rows"]
+def no_answer(output: Any) -> bool:
+    """Whether a model's output for a row answers nothing: ``null``, or a score that is not a finite number (NaN
+    and infinities, which JSON carries as ``null``). Such a row is the model's failure, not its prediction."""
+    return output is None or (isinstance(output, float) and not math.isfinite(output))
+
+
+__all__ = ["MAX_INLINE_PAYLOAD", "Payload", "QueryMessage", "Reply", "decode_rows", "encode_rows", "no_answer"]

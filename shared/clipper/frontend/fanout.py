@@ -20,7 +20,7 @@ import numpy as np
 
 from clipper.core.cache_keys import row_keys
 from clipper.core.domain import Application, ModelVersion
-from clipper.core.messages import QueryMessage, Reply, encode_rows
+from clipper.core.messages import QueryMessage, Reply, encode_rows, no_answer
 from clipper.core.validation import QueryInput, Rows
 from clipper.errors import Unavailable
 from clipper.frontend.results import ModelAnswer, QueryTicket
@@ -324,8 +324,15 @@ class Gatherer:
             elif len(reply.outputs or []) != len(rows):
                 a.fail(f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs", "error")
             else:
+                empty = 0
                 for i, out in zip(rows, reply.outputs or [], strict=True):
-                    a.outputs[i] = out
+                    if no_answer(out):  # null (NaN and infinities travel as null): the model's failure for the row
+                        empty += 1
+                    else:
+                        a.outputs[i] = out
+                if empty:
+                    why = f"no answer for {empty} of {len(rows)} inputs (null or not a finite number)"
+                    a.fail(f"{name}: {why}", "error")
         n = len(fan.answers[0].outputs) if fan.answers else 0
         for a in fan.answers:
             if a.problem is None and any(a.outputs[i] is None for i in fan.owned.get(a.model.name, range(n))):

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
-from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, output_value
+from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, no_answer, output_value
 from clipper.core.validation import QueryInput, validate_query
 from clipper.errors import ClipperError, Unavailable
 from clipper.frontend import steps
@@ -146,7 +146,7 @@ class SingleModelLane:
                     result = self._result(app, query, qid, answer, timings)
                     if result is not None:
                         return result
-                    answer.outputs[0] = None  # not an answer after all (a non-finite score): the general way
+                    answer.outputs[0] = None  # not an answer after all (null, a non-finite score): the general way
         ticket.stage = fan.stage()
         return await finish(ticket, self._choice(app, linked, model), fan, timings, t1, replies)
 
@@ -157,6 +157,8 @@ class SingleModelLane:
         resolves to the default (the general path then explains it)."""
         t0 = self._clock.now()
         name, output = answer.model.name, answer.outputs[0]
+        if no_answer(output):
+            return None  # the model answered nothing for it: the general path says so
         combined = combine_outputs({name: 1.0}, (name,), {name: output})
         res = resolve(combined, app.default_output, app.confidence_threshold, app.default_when_unsure)
         if res.default:
