@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from clipper.admin import schemas
+from clipper.admin.compatibility import check_serves_linked_apps
 from clipper.canary import CanaryEvidence, CanaryParams, VersionEvidence, decide
-from clipper.core.domain import Canary, Model, ModelRecord
+from clipper.core.domain import Application, Canary, Model, ModelRecord
 from clipper.errors import Conflict, InvalidInput
 from clipper.ports import CanaryEvidenceStore
 
@@ -22,6 +23,8 @@ EVENTS_SHOWN = 10
 
 class CanaryRegistry(Protocol):
     def model_record(self, name: str) -> ModelRecord: ...
+
+    def app_and_links(self, name: str) -> tuple[Application, list[str]]: ...
 
     def start_canary(
         self, model: str, version: str, share: float, now: float, params: CanaryParams | None = None
@@ -49,12 +52,16 @@ def canary_info(canary: Canary) -> dict[str, Any]:
 
 
 def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float) -> dict[str, Any]:
-    """Start the canary; refused (nothing written) for an unknown model or version (404), the active version or a
-    bad parameter (400, naming it), or while another canary runs (409)."""
+    """Start the canary; refused (nothing written) for an unknown model or version (404), the active version, a
+    version that cannot serve an application linked to the model, or a bad parameter (400, naming it), or while
+    another canary runs (409)."""
     given = req.params.model_dump(exclude_none=True) if req.params is not None else {}
     params = CanaryParams(**given)  # InvalidInput naming the parameter (max_feedback below min_feedback...)
     record = registry.model_record(req.model_name)  # NotFound
     active = record.head.active_version
+    candidate = record.versions.get(req.model_version)
+    if candidate is not None:  # an unknown version: the registry's 404 below
+        check_serves_linked_apps(registry, candidate, "model_version")  # it answers a share, then all if promoted
     canary = registry.start_canary(req.model_name, req.model_version, req.share_percent / 100, now, params)
     registry.add_canary_event(
         req.model_name,

@@ -13,6 +13,7 @@ from typing import Any
 from clipper.admin import schemas
 from clipper.admin.batching import set_model_batching
 from clipper.admin.canary import deleted_canary_event, end_by_hand, get_canary, refuse_switch_while_canary, start_canary
+from clipper.admin.compatibility import check_compatible, check_serves_linked_apps, linked_apps
 from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
 from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
@@ -249,6 +250,7 @@ class AdminService:
         if version not in versions:
             raise NotFound("model version", f"{model}:{version}")
         refuse_switch_while_canary(head)  # and the registry's write is conditional on no canary
+        check_serves_linked_apps(self._registry, versions[version], "model_version")
         previous = self._registry.set_active_version(model, version)
         return {"model_name": model, "active_version": version, "previous_version": previous}
 
@@ -262,6 +264,7 @@ class AdminService:
         after = now.rolled_back(versions.keys())
         if after is None or after.active is None:
             raise InvalidInput("model_name", f"a model with an earlier active version to return to ({model} has none)")
+        check_serves_linked_apps(self._registry, versions[after.active], "model_name")
         self._registry.switch_version(model, now, after)
         return {"model_name": model, "active_version": after.active, "previous_version": now.active}
 
@@ -303,6 +306,8 @@ class AdminService:
         for name in model_names:
             head, versions = self._registry.model_and_versions(name)
             self._check_compatible(app, versions[head.active_version], "model_names")
+            if head.canary is not None and head.canary.version in versions:  # it answers a share of the queries
+                self._check_compatible(app, versions[head.canary.version], "model_names")
         for name in model_names:
             self._registry.link(app_name, name)
         return {"app_name": app_name, "linked_models": sorted(set(links) | set(model_names))}
@@ -327,29 +332,8 @@ class AdminService:
         return {"applications": apps, "models": models_state(self._registry, self._probe)}
 
     def _apps_linked_to(self, model: str) -> list[Application]:
-        try:
-            names = self._registry.model_record(model).linked_apps
-        except NotFound:
-            return []
-        out = []
-        for name in names:
-            try:
-                out.append(self._registry.app_and_links(name)[0])
-            except NotFound:
-                continue
-        return out
+        return linked_apps(self._registry, model)
 
     @staticmethod
     def _check_compatible(app: Application, mv: ModelVersion, field: str) -> None:
-        if app.input_type is not mv.input_type:
-            raise InvalidInput(
-                field,
-                f"a model taking {app.input_type.value} like application {app.name}",
-                f"{mv.name}:{mv.version} takes {mv.input_type.value}",
-            )
-        if app.input_shape and mv.input_shape and app.input_shape != mv.input_shape:
-            raise InvalidInput(
-                field,
-                f"a model of input shape {list(app.input_shape)} like application {app.name}",
-                f"{mv.name}:{mv.version} has {list(mv.input_shape)}",
-            )
+        check_compatible(app, mv, field)
