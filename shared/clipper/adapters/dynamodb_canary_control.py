@@ -227,8 +227,8 @@ class DynamoDBCanaryControl:
         for _ in range(_RETRIES):
             running = self.running_canary(model)
             if running is None or running.version != version:
-                with aws_call("dynamodb.DeleteItem(registry)"):
-                    self._client.delete_item(TableName=self._table, Key=self._key(model, f"VERSION#{version}"))
+                if not self._delete_inactive(model, version):
+                    continue  # a canary started on it meanwhile: end it with the delete
                 late = self.running_canary(model)
                 if late is not None and late.version == version and self.end_canary(model, late.trial, False):
                     return late
@@ -254,6 +254,39 @@ class DynamoDBCanaryControl:
                 raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
             return running
         raise Conflict(f"model {model}: its canary kept changing; {model}:{version} was not deleted - retry")
+
+    def _delete_inactive(self, model: str, version: str) -> bool:
+        """Delete the version's item on the condition, checked in the same transaction, that it is not the active
+        version and not a running canary's (an active version without its item would leave every query of the
+        model with the default: a promotion or a switch can land between the caller's read and this delete).
+        ``InvalidInput`` when it is the active version now; False when a canary runs on it now."""
+        check = {
+            "TableName": self._table,
+            "Key": self._key(model),
+            "ConditionExpression": (
+                "(attribute_not_exists(active_version) OR active_version <> :v)"
+                " AND (attribute_not_exists(#c) OR #c.#v <> :v)"
+            ),
+            "ExpressionAttributeNames": {"#c": _NAMES["#c"], "#v": _NAMES["#v"]},
+            "ExpressionAttributeValues": {":v": {"S": version}},
+        }
+        delete = {"Delete": {"TableName": self._table, "Key": self._key(model, f"VERSION#{version}")}}
+        try:
+            self._client.transact_write_items(TransactItems=[{"ConditionCheck": check}, delete])
+            return True
+        except ClientError as e:
+            if not cancellation_codes(e):
+                raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
+        except BotoCoreError as e:
+            raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
+        item = self._model_item(model)
+        if item is None:  # no model item (never made: a version is only registered with it): nothing to keep
+            with aws_call("dynamodb.DeleteItem(registry)"):
+                self._client.delete_item(TableName=self._table, Key=self._key(model, f"VERSION#{version}"))
+            return True
+        if item.get("active_version", {}).get("S") == version:
+            raise InvalidInput("model_version", "an inactive version (set another version active first)", version)
+        return False
 
     # -- events ----------------------------------------------------------------------------------------
     def add_canary_event(self, model: str, event: dict[str, Any]) -> None:

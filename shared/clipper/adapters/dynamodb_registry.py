@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from clipper.adapters.aws_errors import aws_call, error_code, translate
+from clipper.adapters.aws_errors import aws_call, cancellation_codes, error_code, translate
 from clipper.adapters.dynamodb_canary_control import CanaryRunning, DynamoDBCanaryControl, canary_of, unless_canary
 from clipper.adapters.dynamodb_history import history_of, switch_update
 from clipper.core.domain import (
@@ -325,22 +325,32 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
         return history_of(item)
 
     def switch_version(self, model: str, before: VersionHistory, after: VersionHistory) -> None:
-        """Replace the history ``before`` with ``after``; ``Conflict`` when the active version changed since
-        ``before`` was read (nothing is written); ``CanaryRunning`` while a canary runs."""
+        """Replace the history ``before`` with ``after``, in one transaction with a check that the version made
+        active is still registered; ``Conflict`` when the active version changed since ``before`` was read (nothing
+        is written); ``CanaryRunning`` while a canary runs; ``NotFound`` when the version was deleted meanwhile
+        (an active version without its item would leave every query of the model with the default)."""
+        items: list[dict[str, Any]] = [{"Update": unless_canary(switch_update(self._table, model, before, after))}]
+        if after.active:
+            exists = {"TableName": self._table, "Key": self._key(model, f"VERSION#{after.active}")}
+            items.append({"ConditionCheck": {**exists, "ConditionExpression": "attribute_exists(pk)"}})
         try:
-            self._client.update_item(**unless_canary(switch_update(self._table, model, before, after)))
+            self._client.transact_write_items(TransactItems=items)
         except ClientError as e:
-            if error_code(e) == "ConditionalCheckFailedException":
+            codes = cancellation_codes(e)
+            if codes[:1] == ["ConditionalCheckFailed"]:
                 running = self.running_canary(model)
                 if running is not None:
                     raise CanaryRunning(model, running) from e
+            if codes[1:2] == ["ConditionalCheckFailed"]:
+                raise NotFound("model version", f"{model}:{after.active}") from e
+            if codes:  # the history changed, or a concurrent write on the same items
                 raise Conflict(
                     f"model {model}: the active version changed meanwhile (it was {before.active}); "
                     f"{after.active} was not made active - look at the model again and retry"
                 ) from e
-            raise translate(e, "dynamodb.UpdateItem(registry)") from e
+            raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
         except BotoCoreError as e:
-            raise translate(e, "dynamodb.UpdateItem(registry)") from e
+            raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
 
     def set_model_settings(
         self,

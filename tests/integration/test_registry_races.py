@@ -1,0 +1,98 @@
+"""A model's active version always names a registered version, whatever lands between an operation's read and
+its write: deleting a canary's version while the reviewer promotes it, or rolling back to a version deleted
+meanwhile. Each race is placed exactly: the competing write runs inside the operation's own read. Over moto."""
+
+from __future__ import annotations
+
+import pytest
+
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.admin import schemas
+from clipper.admin.service import AdminService
+from clipper.errors import InvalidInput, NotFound
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def registry(aws) -> DynamoDBRegistry:
+    return DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+
+
+def add(service: AdminService, version: str, activate: bool) -> None:
+    req = schemas.AddModel(
+        model_name="m",
+        model_version=version,
+        input_type="floats",
+        queue_url=f"q{version}",
+        endpoint=f"e{version}",
+        activate=activate,
+    )
+    service.add_model(req)
+
+
+def after_first_read(registry: DynamoDBRegistry, method: str, competing) -> None:
+    """Run ``competing`` right after the next call of ``registry.<method>`` has read (once)."""
+    real = getattr(registry, method)
+
+    def racing(*args, **kwargs):
+        setattr(registry, method, real)
+        got = real(*args, **kwargs)
+        competing()
+        return got
+
+    setattr(registry, method, racing)
+
+
+def test_deleting_a_canarys_version_that_the_reviewer_promotes_meanwhile_is_refused(registry):
+    service = AdminService(registry)
+    add(service, "1", True)
+    add(service, "2", False)
+    service.start_canary(schemas.StartCanary(model_name="m", model_version="2", share_percent=10))
+    promote = lambda: registry.end_canary("m", registry.running_canary("m").trial, True)  # noqa: E731
+    after_first_read(registry, "model_and_versions", promote)
+    with pytest.raises(InvalidInput, match="model_version"):
+        service.delete_versioned_model("m", "2")
+    head, versions = registry.model_and_versions("m")
+    assert head.active_version == "2" and sorted(versions) == ["1", "2"]
+    assert registry.active_version("m").version == "2"  # served, not NotFound
+
+
+def test_deleting_a_version_made_active_meanwhile_is_refused(registry):
+    service = AdminService(registry)
+    add(service, "1", True)
+    add(service, "2", False)
+    after_first_read(registry, "model_and_versions", lambda: registry.set_active_version("m", "2"))
+    with pytest.raises(InvalidInput, match="model_version"):
+        service.delete_versioned_model("m", "2")
+    assert registry.active_version("m").version == "2"
+
+
+def test_rolling_back_to_a_version_deleted_meanwhile_is_refused_and_changes_nothing(registry):
+    service = AdminService(registry)
+    add(service, "1", True)
+    add(service, "2", True)
+    after_first_read(registry, "version_history", lambda: registry.delete_version("m", "1"))
+    with pytest.raises(NotFound, match="m:1"):
+        service.rollback_model("m")
+    head, versions = registry.model_and_versions("m")
+    assert head.active_version == "2" and sorted(versions) == ["2"]
+    assert registry.active_version("m").version == "2"
+
+
+def test_switching_to_a_version_deleted_meanwhile_is_refused(registry):
+    service = AdminService(registry)
+    add(service, "1", True)
+    add(service, "2", False)
+    after_first_read(registry, "model_and_versions", lambda: registry.delete_version("m", "2"))
+    with pytest.raises(NotFound, match="m:2"):
+        service.set_model_version("m", "2")
+    assert registry.active_version("m").version == "1"
+
+
+def test_an_inactive_version_is_still_deleted(registry):
+    service = AdminService(registry)
+    add(service, "1", True)
+    add(service, "2", False)
+    assert service.delete_versioned_model("m", "2") == {"deleted": "m:2"}
+    assert sorted(registry.model_and_versions("m")[1]) == ["1"]
