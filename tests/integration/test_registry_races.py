@@ -96,3 +96,65 @@ def test_an_inactive_version_is_still_deleted(registry):
     add(service, "2", False)
     assert service.delete_versioned_model("m", "2") == {"deleted": "m:2"}
     assert sorted(registry.model_and_versions("m")[1]) == ["1"]
+
+
+def digits(service: AdminService, input_type: str = "floats") -> None:
+    req = schemas.AddApp(name="a", input_type=input_type, default_output="0", latency_slo_micros=100_000)
+    service.add_app(req)
+
+
+def test_a_delete_of_an_application_that_stops_half_way_leaves_it_to_delete_again(registry):
+    service = AdminService(registry)
+    add(service, "1", True)
+    digits(service)
+    service.add_model_links("a", ["m"])
+    writes = {"_delete": registry._delete, "unlink": registry.unlink}
+
+    def second_write_times_out(name: str):
+        def write(*args: str) -> None:
+            if writes.setdefault("done", 0):
+                raise TimeoutError("the function timed out")  # after its first write, whichever that is
+            writes["done"] = 1
+            writes[name](*args)
+
+        return write
+
+    for name in ("_delete", "unlink"):
+        setattr(registry, name, second_write_times_out(name))
+    with pytest.raises(TimeoutError):
+        service.delete_app("a")
+    for name in ("_delete", "unlink"):
+        setattr(registry, name, writes[name])
+    assert service.delete_app("a") == {"deleted": "a"}  # still there to delete
+    digits(service, "strings")  # a new application of the name inherits no link
+    assert service.get_linked_models("a") == []
+
+
+def test_a_link_racing_the_delete_of_its_application_is_refused_and_leaves_no_link(registry):
+    service = AdminService(registry)
+    add(service, "1", True)
+    digits(service)
+    after_first_read(registry, "model_and_versions", lambda: registry.delete_app("a"))
+    with pytest.raises(NotFound, match="a"):
+        service.add_model_links("a", ["m"])
+    digits(service, "strings")
+    assert service.get_linked_models("a") == []
+    assert registry.model_record("m").linked_apps == []
+
+
+def test_a_policy_change_racing_a_delete_never_brings_the_application_back(registry):
+    from clipper.errors import Conflict
+
+    service = AdminService(registry)
+    digits(service)
+    after_first_read(registry, "app_and_links", lambda: registry.delete_app("a"))
+    with pytest.raises(NotFound):
+        service.set_app_policy(schemas.SetPolicy(name="a", policy="exp3"))
+    assert "a" not in registry.app_names()
+    # deleted and added again meanwhile: the new application is left as it was added
+    digits(service)
+    readd = lambda: (registry.delete_app("a"), digits(service))  # noqa: E731
+    after_first_read(registry, "app_and_links", readd)
+    with pytest.raises(Conflict, match="deleted and added again"):
+        service.set_app_policy(schemas.SetPolicy(name="a", policy="exp3"))
+    assert registry.app_and_links("a")[0].policy == "single"

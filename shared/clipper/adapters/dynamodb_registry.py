@@ -248,23 +248,43 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
             raise translate(e, "dynamodb.PutItem(registry)") from e
 
     def put_app(self, app: Application, overwrite: bool = False) -> None:
-        self._put(
-            {
-                "pk": {"S": f"APP#{app.name}"},
-                "sk": {"S": "APP"},
-                "input_type": {"S": app.input_type.value},
-                "default_output": {"S": app.default_output},
-                "latency_slo_micros": {"N": str(app.latency_slo_micros)},
-                "input_shape": _shape_attr(app.input_shape),
-                "policy": {"S": app.policy},
-                "confidence_threshold": {"N": repr(float(app.confidence_threshold))},
-                "default_when_unsure": {"BOOL": app.default_when_unsure},
-                "policy_params": {"M": {k: {"N": repr(v)} for k, v in app.policy_params.to_dict().items()}},
-                "incarnation": {"N": str(app.incarnation)},
-                "updated_at": {"N": str(int(time.time()))},
-            },
-            None if overwrite else "attribute_not_exists(pk)",
-        )
+        """Add the application (``Conflict`` when it exists), or with ``overwrite`` replace it: only while it still
+        exists as the same incarnation (``NotFound`` when it was deleted meanwhile, ``Conflict`` when it was deleted
+        and added again), so a change made from a read never brings back a deleted application or rewrites a new
+        one of the same name."""
+        item = {
+            "pk": {"S": f"APP#{app.name}"},
+            "sk": {"S": "APP"},
+            "input_type": {"S": app.input_type.value},
+            "default_output": {"S": app.default_output},
+            "latency_slo_micros": {"N": str(app.latency_slo_micros)},
+            "input_shape": _shape_attr(app.input_shape),
+            "policy": {"S": app.policy},
+            "confidence_threshold": {"N": repr(float(app.confidence_threshold))},
+            "default_when_unsure": {"BOOL": app.default_when_unsure},
+            "policy_params": {"M": {k: {"N": repr(v)} for k, v in app.policy_params.to_dict().items()}},
+            "incarnation": {"N": str(app.incarnation)},
+            "updated_at": {"N": str(int(time.time()))},
+        }
+        if not overwrite:
+            self._put(item, "attribute_not_exists(pk)")
+            return
+        same = "incarnation = :i" if app.incarnation else "(attribute_not_exists(incarnation) OR incarnation = :i)"
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "Item": item,
+            "ConditionExpression": f"attribute_exists(pk) AND {same}",
+            "ExpressionAttributeValues": {":i": {"N": str(app.incarnation)}},
+        }
+        try:
+            self._client.put_item(**kwargs)
+        except ClientError as e:
+            if error_code(e) != "ConditionalCheckFailedException":
+                raise translate(e, "dynamodb.PutItem(registry)") from e
+            self.app_and_links(app.name)  # NotFound: deleted meanwhile
+            raise Conflict(f"application {app.name} was deleted and added again meanwhile: look at it again") from e
+        except BotoCoreError as e:
+            raise translate(e, "dynamodb.PutItem(registry)") from e
 
     def _link_items(self, app: str, model: str) -> list[dict[str, Any]]:
         return [
@@ -273,10 +293,20 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
         ]
 
     def link(self, app: str, model: str) -> None:
-        """The link and its reverse item, in one transaction."""
+        """The link and its reverse item, in one transaction with a check that the application still exists
+        (``NotFound`` otherwise: a link left by a link racing ``delete_app`` would pass to a new application of the
+        same name, whatever its input)."""
         actions: list[Any] = [{"Put": {"TableName": self._table, "Item": i}} for i in self._link_items(app, model)]
-        with aws_call("dynamodb.TransactWriteItems(registry)"):
+        exists = {"TableName": self._table, "Key": {"pk": {"S": f"APP#{app}"}, "sk": {"S": "APP"}}}
+        actions.append({"ConditionCheck": {**exists, "ConditionExpression": "attribute_exists(pk)"}})
+        try:
             self._client.transact_write_items(TransactItems=actions)
+        except ClientError as e:
+            if cancellation_codes(e)[2:3] == ["ConditionalCheckFailed"]:
+                raise NotFound("application", app) from e
+            raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
+        except BotoCoreError as e:
+            raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
 
     def put_version(self, mv: ModelVersion, activate: bool = False) -> None:
         self._put(
@@ -430,13 +460,19 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
             self._client.transact_write_items(TransactItems=actions)
 
     def delete_app(self, name: str) -> None:
-        """The application and its links (models stay)."""
-        for item in self._query(f"APP#{name}"):
+        """The application and its links (models stay): the links first, the application's own item last, so a
+        delete that stops half way (a timeout, throttling) leaves the application there to delete again, never
+        links without it for a new application of the same name to inherit."""
+        items = self._query(f"APP#{name}")
+        for item in items:
             sk = item["sk"]["S"]
             if sk.startswith("LINK#"):
                 self.unlink(name, sk.removeprefix("LINK#"))
-            else:
+        for item in items:
+            sk = item["sk"]["S"]
+            if not sk.startswith("LINK#") and sk != "APP":
                 self._delete(item["pk"]["S"], sk)
+        self._delete(f"APP#{name}", "APP")
 
 
 class DynamoDBControllerStore:
