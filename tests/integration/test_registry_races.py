@@ -158,3 +158,30 @@ def test_a_policy_change_racing_a_delete_never_brings_the_application_back(regis
     with pytest.raises(Conflict, match="deleted and added again"):
         service.set_app_policy(schemas.SetPolicy(name="a", policy="exp3"))
     assert registry.app_and_links("a")[0].policy == "single"
+
+
+def test_a_version_registered_meanwhile_is_not_overwritten(registry, aws):
+    from clipper.core.domain import InputType, ModelVersion
+    from clipper.errors import Conflict
+
+    service = AdminService(registry)
+    add(service, "1", True)
+    # the model updater registers 2 from its upload (with its file's sha256) while add_model is between its read
+    # and its write of the same version
+    uploaded = ModelVersion("m", "2", InputType.FLOATS, "q-up", "e-up")
+    key = {"pk": {"S": "MODEL#m"}, "sk": {"S": "VERSION#2"}}
+
+    def register_upload() -> None:
+        registry.put_version(uploaded)
+        aws.dynamodb.update_item(
+            TableName=aws.registry_table,
+            Key=key,
+            UpdateExpression="SET sha256 = :s",
+            ExpressionAttributeValues={":s": {"S": "ab12"}},
+        )
+
+    after_first_read(registry, "model_and_versions", register_upload)
+    with pytest.raises(Conflict, match="m:2 already exists"):
+        add(service, "2", False)
+    item = aws.dynamodb.get_item(TableName=aws.registry_table, Key=key)["Item"]
+    assert item["queue_url"]["S"] == "q-up" and item["sha256"]["S"] == "ab12"

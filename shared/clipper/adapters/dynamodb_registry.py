@@ -309,6 +309,8 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
             raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
 
     def put_version(self, mv: ModelVersion, activate: bool = False) -> None:
+        """Register a new version (``Conflict`` when it exists: a version is immutable, and a second write would
+        drop the attributes its registration recorded, such as its file's sha256)."""
         self._put(
             {
                 "pk": {"S": f"MODEL#{mv.name}"},
@@ -319,7 +321,8 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
                 "endpoint": {"S": mv.endpoint},
                 "labels": {"L": [{"S": x} for x in mv.labels]},
                 "created_at": {"N": str(int(time.time()))},
-            }
+            },
+            "attribute_not_exists(pk)",
         )
         if activate:
             self.set_active_version(mv.name, mv.version)
