@@ -322,7 +322,7 @@ def test_a_model_output_that_is_no_answer_gets_the_default_on_both_paths_and_is_
         assert again["default"] is True and len(endpoint.calls) == calls + 1  # asked again, not a cached null
 
         # a second query for the same input while the first one's model call is in flight waits on its claim,
-        # and hears of the failure as soon as the first query releases it (well before the 2 s SLO)
+        # and hears of the failure when the first query releases it (not at its own deadline)
         def slow_nan(rows):
             time.sleep(0.3)
             return [math.nan for _ in real(rows)]
@@ -332,15 +332,16 @@ def test_a_model_output_that_is_no_answer_gets_the_default_on_both_paths_and_is_
         row[3] = 0.3
 
         def ask(i: int) -> None:
-            started = time.monotonic()
-            body = http.post("/digits/predict", json={"input": row}).json()
-            took[i] = (time.monotonic() - started, body)
+            took[i] = (i, http.post("/digits/predict", json={"input": row}).json())
 
+        calls = len(endpoint.calls)
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
         threads[0].start()
         time.sleep(0.05)
         threads[1].start()
         for t in threads:
             t.join()
-        for elapsed, body in took.values():
-            assert body["default"] is True and elapsed < 1.2, (elapsed, body)
+        assert len(endpoint.calls) == calls + 1  # one computed, the other waited on its claim
+        for _, body in took.values():  # both with the model's failure, not "no answer within the SLO" (2 s later)
+            assert body["default"] is True, body
+            assert "no answer for 1 of 1 inputs (null or not a finite number)" in body["default_explanation"], body
