@@ -84,7 +84,7 @@ def test_switching_to_a_version_deleted_meanwhile_is_refused(registry):
     service = AdminService(registry)
     add(service, "1", True)
     add(service, "2", False)
-    after_first_read(registry, "model_and_versions", lambda: registry.delete_version("m", "2"))
+    after_first_read(registry, "model_record", lambda: registry.delete_version("m", "2"))
     with pytest.raises(NotFound, match="m:2"):
         service.set_model_version("m", "2")
     assert registry.active_version("m").version == "1"

@@ -61,7 +61,8 @@ def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float)
     active = record.head.active_version
     candidate = record.versions.get(req.model_version)
     if candidate is not None:  # an unknown version: the registry's 404 below
-        check_serves_linked_apps(registry, candidate, "model_version")  # it answers a share, then all if promoted
+        # it answers a share of the queries, then all of them if promoted
+        check_serves_linked_apps(registry, candidate, "model_version", record.linked_apps)
     canary = registry.start_canary(req.model_name, req.model_version, req.share_percent / 100, now, params)
     registry.add_canary_event(
         req.model_name,

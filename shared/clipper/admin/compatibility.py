@@ -33,12 +33,14 @@ def check_compatible(app: Application, mv: ModelVersion, field: str) -> None:
         )
 
 
-def linked_apps(registry: LinkedApps, model: str) -> list[Application]:
-    """The applications linked to ``model`` (none for an unknown model)."""
-    try:
-        names = registry.model_record(model).linked_apps
-    except NotFound:
-        return []
+def linked_apps(registry: LinkedApps, model: str, names: list[str] | None = None) -> list[Application]:
+    """The applications linked to ``model`` (none for an unknown model); ``names``, the links of a model record
+    the caller already read, saves reading it again."""
+    if names is None:
+        try:
+            names = registry.model_record(model).linked_apps
+        except NotFound:
+            return []
     out = []
     for name in names:
         try:
@@ -48,7 +50,10 @@ def linked_apps(registry: LinkedApps, model: str) -> list[Application]:
     return out
 
 
-def check_serves_linked_apps(registry: LinkedApps, mv: ModelVersion, field: str) -> None:
-    """``InvalidInput`` naming ``field`` when ``mv`` cannot answer an application linked to its model."""
-    for app in linked_apps(registry, mv.name):
+def check_serves_linked_apps(
+    registry: LinkedApps, mv: ModelVersion, field: str, names: list[str] | None = None
+) -> None:
+    """``InvalidInput`` naming ``field`` when ``mv`` cannot answer an application linked to its model (``names``:
+    its links, when the caller read its record already)."""
+    for app in linked_apps(registry, mv.name, names):
         check_compatible(app, mv, field)

@@ -112,8 +112,8 @@ class AdminService:
             tuple(req.input_shape) if req.input_shape else None,
             tuple(req.labels),
         )
-        for app in self._apps_linked_to(req.model_name):
-            self._check_compatible(app, mv, "input_type")
+        for app in linked_apps(self._registry, req.model_name):
+            check_compatible(app, mv, "input_type")
         if req.activate and head is not None:
             refuse_switch_while_canary(head)
         fixed = req.batch_size or 0  # Clipper's batch_size: > 0 fixes it, -1 adapts
@@ -246,11 +246,11 @@ class AdminService:
         return {"model_name": model, "batching": self._registry.model_record(model).batching.to_dict()}
 
     def set_model_version(self, model: str, version: str) -> dict[str, Any]:
-        head, versions = self._registry.model_and_versions(model)
-        if version not in versions:
+        record = self._registry.model_record(model)  # NotFound
+        if version not in record.versions:
             raise NotFound("model version", f"{model}:{version}")
-        refuse_switch_while_canary(head)  # and the registry's write is conditional on no canary
-        check_serves_linked_apps(self._registry, versions[version], "model_version")
+        refuse_switch_while_canary(record.head)  # and the registry's write is conditional on no canary
+        check_serves_linked_apps(self._registry, record.versions[version], "model_version", record.linked_apps)
         previous = self._registry.set_active_version(model, version)
         return {"model_name": model, "active_version": version, "previous_version": previous}
 
@@ -258,13 +258,13 @@ class AdminService:
         """Return to the version active before the current one, one step further back each time (3 -> 2 -> 1),
         skipping versions deleted since. A conditional write: ``Conflict`` (409) when the active version changed
         meanwhile (an auto-promotion, another rollback), and nothing is changed."""
-        head, versions = self._registry.model_and_versions(model)  # NotFound
-        refuse_switch_while_canary(head)
+        record = self._registry.model_record(model)  # NotFound
+        refuse_switch_while_canary(record.head)
         now = self._registry.version_history(model)
-        after = now.rolled_back(versions.keys())
+        after = now.rolled_back(record.versions.keys())
         if after is None or after.active is None:
             raise InvalidInput("model_name", f"a model with an earlier active version to return to ({model} has none)")
-        check_serves_linked_apps(self._registry, versions[after.active], "model_name")
+        check_serves_linked_apps(self._registry, record.versions[after.active], "model_name", record.linked_apps)
         self._registry.switch_version(model, now, after)
         return {"model_name": model, "active_version": after.active, "previous_version": now.active}
 
@@ -305,9 +305,9 @@ class AdminService:
         app, links = self._registry.app_and_links(app_name)
         for name in model_names:
             head, versions = self._registry.model_and_versions(name)
-            self._check_compatible(app, versions[head.active_version], "model_names")
+            check_compatible(app, versions[head.active_version], "model_names")
             if head.canary is not None and head.canary.version in versions:  # it answers a share of the queries
-                self._check_compatible(app, versions[head.canary.version], "model_names")
+                check_compatible(app, versions[head.canary.version], "model_names")
         for name in model_names:
             self._registry.link(app_name, name)
         return {"app_name": app_name, "linked_models": sorted(set(links) | set(model_names))}
@@ -330,10 +330,3 @@ class AdminService:
     def get_state(self) -> dict[str, Any]:
         apps = {n: self.get_application(n) for n in self._registry.app_names()}
         return {"applications": apps, "models": models_state(self._registry, self._probe)}
-
-    def _apps_linked_to(self, model: str) -> list[Application]:
-        return linked_apps(self._registry, model)
-
-    @staticmethod
-    def _check_compatible(app: Application, mv: ModelVersion, field: str) -> None:
-        check_compatible(app, mv, field)
