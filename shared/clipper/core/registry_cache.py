@@ -267,7 +267,7 @@ class CachedRegistry:
             return False
         if isinstance(links, NotFound):
             return True  # answered at once, from memory
-        return all(self._holds_model(m, now) for m in links)  # type: ignore[attr-defined]
+        return all(self._held(m, now) is not None for m in links)  # type: ignore[attr-defined]
 
     def held_first_model(self, app: str) -> tuple[list[str], ModelVersion, Canary | None] | None:
         """``ready_for(app)``'s check, with what it found: the linked models, and the first one's active version
@@ -278,24 +278,24 @@ class CachedRegistry:
         if held is None or isinstance(held, NotFound) or not held:
             return None
         links: list[str] = held  # type: ignore[assignment]
-        first, others = links[0], links[1:]
-        active = self._cached(("active", first), now)
-        canary = self._cached(("canary", first), now)
-        if active is None or isinstance(active, NotFound) or canary is None or isinstance(canary, NotFound):
+        first = self._held(links[0], now)
+        if first is None or any(isinstance(entry, NotFound) for entry in first):
             return None
-        if isinstance(canary, Canary) and self._cached(("version", first, canary.version), now) is None:
+        if not all(self._held(m, now) is not None for m in links[1:]):
             return None
-        if not all(self._holds_model(m, now) for m in others):
-            return None
+        active, canary = first
         return list(links), active, None if canary is _NO_CANARY else canary  # type: ignore[return-value]
 
-    def _holds_model(self, model: str, now: float) -> bool:
-        if self._cached(("active", model), now) is None:
-            return False
+    def _held(self, model: str, now: float) -> tuple[object, object] | None:
+        """The cached entries for ``model``'s active version and canary (either may be a cached ``NotFound``),
+        or None when answering either would read: one of them is not held, or the canary's version is not."""
+        active = self._cached(("active", model), now)
         canary = self._cached(("canary", model), now)
-        if canary is None:
-            return False
-        return not isinstance(canary, Canary) or self._cached(("version", model, canary.version), now) is not None
+        if active is None or canary is None:
+            return None
+        if isinstance(canary, Canary) and self._cached(("version", model, canary.version), now) is None:
+            return None
+        return active, canary
 
     # -- the Registry port -------------------------------------------------------------------------------
     def get_app(self, name: str) -> Application:
