@@ -501,7 +501,7 @@ _ONE_MODEL_OUTPUTS = [
 def test_one_selected_model_combines_as_the_general_combination_does(output: object) -> None:
     from clipper.selection.combining import _combine_many
 
-    for weight in (None, -1.0, 0.0, 1e-300, 0.3, 1.0, 3.0):
+    for weight in (None, -1.0, 0.0, 1e-300, 0.3, 1.0, 3.0, math.inf, math.nan):
         for replied in (True, False):
             for missing in (frozenset(), frozenset({"m"})):
                 for tolerance in (0.0, 0.1, 1.0):
@@ -527,3 +527,10 @@ def test_the_score_of_the_one_model_that_replied_is_answered_exactly():
         for selected in (["a"], ["a", "b", "c"]):
             combined = combine_outputs({"a": third, "b": third, "c": third}, selected, {"a": v})
             assert combined.output == v and combined.used == ("a",)
+
+
+def test_a_nan_weight_in_a_vote_answers_with_no_confidence_rather_than_raising():
+    # max(tally) is NaN and equals no tally: the winner was looked for with next(...) and raised StopIteration
+    for order in (["a", "b"], ["b", "a"]):
+        combined = combine_outputs({"a": math.nan, "b": 1.0}, order, {"a": 1, "b": 2})
+        assert combined.answered and combined.output in (1, 2) and combined.confidence == 0.0

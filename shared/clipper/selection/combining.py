@@ -89,7 +89,7 @@ def combine_outputs(
     missing; outputs of models that were not selected are ignored.
     """
     if len(selected) == 1:  # the common query (one model): the same arithmetic without the general bookkeeping
-        return _combine_one(weights, selected[0], outputs, missing, tolerance)
+        return _combine_one(weights, selected[0], outputs, missing)
     return _combine_many(weights, selected, outputs, missing, tolerance)
 
 
@@ -124,16 +124,15 @@ def _combine_many(
             key = _vote_key(v)
             tally[key] = tally.get(key, 0.0) + wi
             first.setdefault(key, v)
-        best = max(tally.values())
-        winner = next(k for k in tally if tally[k] == best)  # dicts keep insertion (selection) order
-        output, agree = first[winner], best
+        # the first of the most voted, in selection order (dicts keep insertion order; max keeps the first of
+        # equals); a NaN weight (a corrupt state) must not leave no winner: it answers, with no confidence
+        winner = max(tally, key=tally.__getitem__)
+        output, agree = first[winner], tally[winner]
     confidence = min(1.0, max(0.0, agree / total))
     return Combined(output, confidence, tuple(replied), absent)
 
 
-def _combine_one(
-    weights: Mapping[str, float], model: str, outputs: Mapping[str, Any], missing: Set[str], tolerance: float
-) -> Combined:
+def _combine_one(weights: Mapping[str, float], model: str, outputs: Mapping[str, Any], missing: Set[str]) -> Combined:
     """``combine_outputs`` for one selected model, step for step (a sum of one term is that term)."""
     weight = max(weights.get(model, 0.0), 0.0)
     value = outputs.get(model, _ABSENT) if model not in missing else _ABSENT
@@ -141,8 +140,9 @@ def _combine_one(
         return Combined(None, 0.0, (), (model,))
     if weight <= 0:
         return Combined(None, 0.0, (), ())
-    # a score or a class: the mean of one score is that score, and it agrees with itself
-    return Combined(value, min(1.0, max(0.0, weight / weight)), (model,), ())
+    # a score or a class: the mean of one score is that score, and it agrees with itself, so the confidence is
+    # its weight over itself: 1, or 0 for an infinite or NaN weight (inf / inf), as _combine_many computes it
+    return Combined(value, 1.0 if math.isfinite(weight) else 0.0, (model,), ())
 
 
 _ABSENT = object()
