@@ -19,8 +19,8 @@ Every write is conditional on what it read, so two deciders (a reviewer and an o
   ``add_model`` with activate): the registry's ``switch_version`` carries ``attribute_not_exists(canary)``
   (:func:`unless_canary`) and a refusal raises :class:`CanaryRunning` (409), naming the canary.
 - ``delete_version`` of the canary's version ends the canary in the same transaction (and answers it).
-Only GetItem, Query, PutItem, UpdateItem and DeleteItem are used (what the admin function's role grants: a
-transaction needs the permission of each of its actions, and a ConditionCheck would need ConditionCheckItem).
+A transaction needs the permission of each of its actions: GetItem, Query, PutItem, UpdateItem, DeleteItem and
+ConditionCheckItem are used, what the admin function's role grants (tests/iac/test_function_permissions.py).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class DynamoDBCanaryControl:
             raise InvalidInput("share", "a fraction of the model's queries in (0, 1)", repr(share))
         canary = Canary(version, share, now, params or CanaryParams())
         actions: list[Any] = [
-            {  # an Update, not a ConditionCheck: the admin function's role has UpdateItem (no ConditionCheckItem)
+            {  # the version must exist; the update marks when it was last canaried
                 "Update": {
                     "TableName": self._table,
                     "Key": self._key(model, f"VERSION#{version}"),
