@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["applied", "duplicate", "no_record", "not_learning", "unknown_app", "canary_only"]
+Outcome = Literal["applied", "duplicate", "no_record", "not_learning", "unknown_app", "canary_only", "policy_changed"]
 
 
 class FeedbackMessage(BaseModel):
@@ -81,7 +81,23 @@ def validate_label(body: dict[str, Any]) -> float | int | str:
         raise InvalidInput("label", "a number or a string", type(label).__name__)
     if isinstance(label, float) and not math.isfinite(label):
         raise InvalidInput("label", "a finite number", str(label))
+    if isinstance(label, int) and not _fits_a_double(label):  # JSON has no bound; the loss compares as floats
+        raise InvalidInput("label", "a number within a double's range", f"an integer of {len(str(abs(label)))} digits")
+    if isinstance(label, str) and len(label.encode("utf-8", "surrogatepass")) > MAX_LABEL_BYTES:
+        raise InvalidInput("label", f"a string of at most {MAX_LABEL_BYTES} bytes in UTF-8", f"{len(label)} characters")
     return label
+
+
+# A label travels in the feedback's queue message beside the input (at most MAX_INLINE_PAYLOAD): together they
+# stay under SQS's 256 KiB.
+MAX_LABEL_BYTES = 16 * 1024
+
+
+def _fits_a_double(n: int) -> bool:
+    try:
+        return math.isfinite(float(n))
+    except OverflowError:
+        return False
 
 
 class FeedbackReceiver:
@@ -160,6 +176,11 @@ class FeedbackProcessor:
         if app.policy == "single":
             return "canary_only"
         selection = Selection.from_dict(record["selection"])
+        if selection.policy != app.policy:
+            # chosen by the policy the application had before set_app_policy: the new policy's update would read
+            # its probabilities as its own (an Exp4 mixture as Exp3's draw), so the bandit learns nothing from it
+            logger.info("feedback on a prediction of the application's previous policy", extra={"app": app.name})
+            return "policy_changed"
         outputs: dict[str, Any] = record["outputs"]
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
         keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]

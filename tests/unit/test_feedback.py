@@ -108,6 +108,12 @@ def test_receiver_validates_before_queueing(learning):
         ({"input": one_hot(1)}, "label"),
         ({"input": [1.0], "label": 1}, "input"),
         ({"uid": [], "input": one_hot(1), "label": 1}, "uid"),
+        # percent-encoded in the user's state key, past DynamoDB's 2,048 bytes: never applied, not even app-wide
+        ({"uid": "é" * 400, "input": one_hot(1), "label": 1}, "uid"),
+        # beyond a double: accepted, it raised OverflowError in the worker's loss on every delivery
+        ({"input": one_hot(1), "label": 10**400}, "label"),
+        # with the input, past SQS's 256 KiB: the queue refused it, a 503 for a request no retry makes right
+        ({"input": one_hot(1), "label": "x" * 300_000}, "label"),
     ]:
         with pytest.raises(InvalidInput) as e:
             receiver.accept("ens", body)
@@ -191,3 +197,32 @@ def test_get_metrics_reports_clippers_counters_meters_and_histograms(learning):
     )
     assert hist["count"] == 2 and hist["min"] <= hist["p50"] <= hist["p99"] <= hist["max"]
     assert "app:ens:prediction_latency_ms" in metrics_table(report)
+
+
+def test_a_uid_and_a_label_at_their_bounds_are_accepted(learning):
+    from clipper.feedback import MAX_LABEL_BYTES
+    from clipper.frontend.query import MAX_UID_BYTES
+
+    _, registry, *_ = learning
+    queue = ListQueue()
+    receiver = FeedbackReceiver(registry, queue, "https://sqs.local/feedback")
+    uid, label = "u" * MAX_UID_BYTES, "x" * MAX_LABEL_BYTES
+    assert receiver.accept("ens", {"uid": uid, "input": one_hot(1), "label": label})["accepted"]
+    assert receiver.accept("ens", {"input": one_hot(1), "label": 2**1000})["accepted"]
+    assert len(queue.sent[0][1]) < 256 * 1024
+
+
+def test_feedback_on_a_prediction_of_the_previous_policy_leaves_the_state_alone(learning):
+    p, registry, cache, store = learning
+    feedback = FeedbackProcessor(registry, store, cache)
+    p.predict("ens", {"input": one_hot(4)})  # chosen by exp4: every model, probabilities its mixing weights
+    registry.apps["ens"] = digits_app(name="ens", policy="exp3")  # set_app_policy
+    msg = FeedbackMessage(feedback_id="after", app="ens", payload=_payload(one_hot(4)), label=4)
+    assert feedback.process(msg) == "policy_changed"
+    assert state_key("ens") not in store.states or store.states[state_key("ens")].policy == "exp4"
+
+
+def test_an_integer_label_beyond_a_double_is_as_far_off_as_can_be():
+    from clipper.selection import loss
+
+    assert loss(0.5, 10**400) == 1.0 and loss(10**400, 0.5) == 1.0

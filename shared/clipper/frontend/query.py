@@ -64,7 +64,14 @@ def user_id(body: Any) -> str | None:
         return None
     if isinstance(uid, bool) or not isinstance(uid, int | str) or uid == "":
         raise InvalidInput("uid", "an integer or a non-empty string", type(uid).__name__)
-    return str(uid)
+    text = str(uid)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_UID_BYTES:  # it keys the user's selection state: percent-encoded, DynamoDB takes 2,048 bytes
+        raise InvalidInput("uid", f"at most {MAX_UID_BYTES} bytes in UTF-8", f"{size} bytes")
+    return text
+
+
+MAX_UID_BYTES = 512
 
 
 @dataclass

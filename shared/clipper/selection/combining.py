@@ -71,7 +71,10 @@ def _vote_key(value: Any) -> Any:
 def loss(output: Any, label: Any) -> float:
     """The loss of ``output`` given the true ``label``, in [0, 1] (see the module docstring)."""
     if _real(output) and _real(label) and (_is_score(output) or _is_score(label)):
-        error = abs(float(output) - float(label))
+        try:
+            error = abs(float(output) - float(label))
+        except OverflowError:  # an integer beyond a double's range (JSON has no bound): as far off as can be
+            return 1.0
         return min(1.0, error) if math.isfinite(error) else 1.0
     return 0.0 if _vote_key(output) == _vote_key(label) else 1.0
 
