@@ -184,13 +184,13 @@ class FeedbackProcessor:
         outputs: dict[str, Any] = record["outputs"]
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
         keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]
-        outcome: Outcome = "duplicate"
-        for k in keys:
-            if self._apply(app, linked, k, message, selection, outputs):
-                outcome = "applied"
-        if outcome == "applied" and self.log is not None:
+        applied = [self._apply(app, linked, k, message, selection, outputs) for k in keys]
+        # logged by the delivery that applied the app-wide state, the last key: when two deliveries of one
+        # message race (a redelivery while the first still runs), one may apply the user's state and the other
+        # the app's; both answer "applied", and one logs
+        if applied[-1] and self.log is not None:
             self.log.record(message, record)
-        return outcome
+        return "applied" if any(applied) else "duplicate"
 
     def _canaries(self, linked: list[str]) -> dict[str, Canary]:
         if self.evidence is None:

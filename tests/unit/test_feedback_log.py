@@ -60,3 +60,28 @@ def test_feedback_without_a_record_is_not_logged(learning):  # noqa: F811
     feedback = FeedbackProcessor(registry, store, cache, log=FeedbackRecorder(log, FakeClock(0.0)))
     msg = FeedbackMessage(feedback_id="f3", app="ens", payload=_payload(one_hot(9)), label=9)
     assert feedback.process(msg) == "no_record" and log.entries == []
+
+
+def test_two_deliveries_that_split_the_users_and_the_apps_state_log_the_feedback_once(learning):  # noqa: F811
+    from clipper.selection import state_key
+
+    p, registry, cache, store = learning
+    log = ListLog()
+    feedback = FeedbackProcessor(registry, store, cache, log=FeedbackRecorder(log, FakeClock(0.0)))
+    p.predict("ens", {"uid": "u", "input": one_hot(5)})
+    msg = FeedbackMessage(feedback_id="twice", app="ens", user="u", payload=_payload(one_hot(5)), label=5)
+    real = feedback._apply
+    # the first delivery applies the user's state, then the second (a redelivery) overtakes it and applies both
+    # the app's (the user's is a duplicate to it); the first finds the app's state a duplicate
+    order: list[str] = []
+
+    def apply(app, linked, key, *rest):
+        order.append(key)
+        if key == state_key("ens") and len(order) == 2:  # the first delivery, before its app-wide update
+            assert feedback_second.process(msg) == "applied"
+        return real(app, linked, key, *rest)
+
+    feedback_second = FeedbackProcessor(registry, store, cache, log=FeedbackRecorder(log, FakeClock(1.0)))
+    feedback._apply = apply  # type: ignore[method-assign]
+    assert feedback.process(msg) == "applied"  # its user's update landed
+    assert len(log.entries) == 1 and log.entries[0].time == 1.0  # logged by the one that applied the app's
