@@ -308,3 +308,16 @@ def test_the_feedback_function_expires_users_states_after_the_retention(translat
     assert (parameter["Default"], parameter["MinValue"]) == (365, 0)
     table = template["Resources"]["SelectionTable"]["Properties"]
     assert table["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+
+
+def test_the_feedback_markers_outlive_every_feedback_message(translated: dict[str, Any]) -> None:
+    """A redelivered or redriven feedback message is recognised by its marker only while the marker lives."""
+    from clipper.adapters import dynamodb_canary, dynamodb_selection
+
+    resources = translated["Resources"]
+    retention = max(
+        int(resources[q]["Properties"].get("MessageRetentionPeriod", 345600))
+        for q in ("FeedbackQueue", "FeedbackDeadLetterQueue")
+    )
+    assert dynamodb_selection.MARKER_TTL_S > retention
+    assert dynamodb_canary.MARKER_TTL_S > retention

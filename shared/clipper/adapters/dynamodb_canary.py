@@ -32,7 +32,10 @@ if TYPE_CHECKING:
 else:
     DynamoDBClient = Any
 
-MARKER_TTL_S = 24 * 3600
+# A marker (this feedback id was counted) outlives the feedback message: a message lives at most 14 days (the
+# dead-letter queue keeps it that long from its first enqueue; template.yaml), so a message redriven from there
+# is still recognised (with 24 h it was applied again)
+MARKER_TTL_S = 15 * 24 * 3600
 _FIELDS = ("feedback", "loss_sum", "queries", "errors", "slo_misses")
 
 
