@@ -303,11 +303,15 @@ class ClipperConnection:
                 return None
         return self._shapes[app]
 
-    def update(self, app: str, input: Any, label: Any, uid: int | str | None = None) -> Any:
-        """Feedback for the bandit: the true ``label`` of an ``input`` this app (and ``uid``) was queried with."""
+    def update(
+        self, app: str, input: Any, label: Any, uid: int | str | None = None, feedback_id: str | None = None
+    ) -> Any:
+        """Feedback for the bandit: the true ``label`` of an ``input`` this app (and ``uid``) was queried with.
+        ``feedback_id``, a key of the caller's: the same feedback sent again with it (a retry after a timeout)
+        is applied once."""
         from clipper.client_query import update
 
-        return update(self.url, app, input, label, uid, self._timeout)
+        return update(self.url, app, input, label, uid, self._timeout, feedback_id)
 
     def get_upload_url(self, name: str, version: str, promote: bool | None = None) -> Any:
         """A presigned PUT of the version's model file; ``promote`` (sent as the object's metadata: the PUT must

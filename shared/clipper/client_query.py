@@ -111,8 +111,12 @@ def predict(base: str, app: str, value: Any, uid: int | str | None, debug: bool,
     return post(f"{base}/{app}/predict{suffix}", query_body(value, uid), timeout_s)
 
 
-def update(base: str, app: str, value: Any, label: Any, uid: int | str | None, timeout_s: float) -> Any:
+def update(
+    base: str, app: str, value: Any, label: Any, uid: int | str | None, timeout_s: float, feedback_id: str | None = None
+) -> Any:
     body = {**query_body(value, uid), "label": label}
+    if feedback_id is not None:
+        body["feedback_id"] = feedback_id
     if "input_batch" in body:
         raise QueryError(0, "invalid input", "update: one input per feedback (not a batch)")
     return post(f"{base}/{app}/update", body, timeout_s)

@@ -26,8 +26,11 @@ The models whose evidence grew are kept in ``touched`` until ``take_touched``, s
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
+import re
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -88,6 +91,23 @@ def validate_label(body: dict[str, Any]) -> float | int | str:
     return label
 
 
+_CLIENT_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def feedback_id(app: str, user: str | None, body: dict[str, Any]) -> str:
+    """The feedback's id: a new one, or, when the client gives its own ``feedback_id`` (an idempotency key), one
+    derived from it, the application and the user, so that a client retrying a feedback whose answer it did not
+    get (a timeout, a 503 after the send) sends the same feedback again and it is applied once."""
+    key = body.get("feedback_id")
+    if key is None:
+        return uuid.uuid4().hex
+    if not isinstance(key, str) or not _CLIENT_KEY.fullmatch(key):
+        shown = type(key).__name__ if not isinstance(key, str) else f"{len(key)} characters"
+        raise InvalidInput("feedback_id", "1 to 128 letters, digits, '_', '.', ':' or '-'", shown)
+    scope = json.dumps([app, user, key])  # the same key of another app or user is another feedback
+    return "k" + hashlib.sha256(scope.encode()).hexdigest()[:31]
+
+
 # A label travels in the feedback's queue message beside the input (at most MAX_INLINE_PAYLOAD): together they
 # stay under SQS's 256 KiB.
 MAX_LABEL_BYTES = 16 * 1024
@@ -121,8 +141,9 @@ class FeedbackReceiver:
         payload, blob = encode_rows(query.rows)
         if blob is not None:
             raise InvalidInput("input", "an input small enough for a queue message")
+        user = user_id(body)
         message = FeedbackMessage(
-            feedback_id=uuid.uuid4().hex, app=app.name, user=user_id(body), payload=payload, label=label
+            feedback_id=feedback_id(app.name, user, body), app=app.name, user=user, payload=payload, label=label
         )
         if not self._url:
             raise Unavailable("no feedback queue is configured (CLIPPER_FEEDBACK_QUEUE_URL)")

@@ -226,3 +226,34 @@ def test_an_integer_label_beyond_a_double_is_as_far_off_as_can_be():
     from clipper.selection import loss
 
     assert loss(0.5, 10**400) == 1.0 and loss(10**400, 0.5) == 1.0
+
+
+def test_a_feedback_sent_again_with_the_clients_feedback_id_is_applied_once(learning):
+    p, registry, cache, store = learning
+    queue = ListQueue()
+    receiver = FeedbackReceiver(registry, queue, "https://sqs.local/feedback")
+    feedback = FeedbackProcessor(registry, store, cache)
+    p.predict("ens", {"uid": "u", "input": one_hot(6)})
+    body = {"uid": "u", "input": one_hot(6), "label": 6, "feedback_id": "order-17:label"}
+    first, again = receiver.accept("ens", body), receiver.accept("ens", body)  # a retry after a lost answer
+    assert first == again
+    outcomes = [feedback.process(FeedbackMessage.from_json(sent)) for _, sent in queue.sent]
+    assert outcomes == ["applied", "duplicate"]
+    # the same key from another user, or without a key, is another feedback
+    other = receiver.accept("ens", {**body, "uid": "v"})["feedback_id"]
+    fresh = [receiver.accept("ens", {k: v for k, v in body.items() if k != "feedback_id"}) for _ in range(2)]
+    assert len({first["feedback_id"], other, fresh[0]["feedback_id"], fresh[1]["feedback_id"]}) == 4
+    for bad in ("", "a b", "x" * 129, 17, ["k"]):
+        with pytest.raises(InvalidInput) as e:
+            receiver.accept("ens", {**body, "feedback_id": bad})
+        assert e.value.field == "feedback_id"
+
+
+def test_the_clients_update_sends_its_feedback_id(monkeypatch):
+    from clipper import client_query
+
+    sent = []
+    monkeypatch.setattr(client_query, "post", lambda url, body, timeout_s: sent.append(body) or {"accepted": True})
+    client_query.update("http://x", "a", [1.0], 1, None, 1.0, feedback_id="k1")
+    client_query.update("http://x", "a", [1.0], 1, None, 1.0)
+    assert sent[0]["feedback_id"] == "k1" and "feedback_id" not in sent[1]

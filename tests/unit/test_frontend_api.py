@@ -241,3 +241,20 @@ def test_a_boolean_free_body_is_not_searched_for_booleans_and_a_boolean_is_still
     assert r.status_code == 200 and r.json()["output"] == 2 and searched == []
     r = client.post("/digits/predict", json={"input": [0.0] * 63 + [True]})
     assert r.status_code == 400 and "non-numeric values" in r.json()["cause"] and searched
+
+
+def test_update_takes_the_clients_feedback_id_and_names_it_when_it_is_bad(world):  # noqa: F811
+    from clipper.feedback import FeedbackReceiver
+    from tests.fakes import ListQueue
+
+    queue = ListQueue()
+    feedback = FeedbackReceiver(world[1], queue, "https://sqs.local/feedback")
+    client = TestClient(create_app(world[0], max_body_bytes=64 * 1024, feedback=feedback))
+    body = {"input": one_hot(3), "label": 3, "feedback_id": "retry-me"}
+    first, again = (client.post("/digits/update", json=body) for _ in range(2))
+    assert first.status_code == again.status_code == 200 and first.json() == again.json()
+    r = client.post("/digits/update", json={**body, "feedback_id": "no spaces"})
+    assert r.status_code == 400 and r.json()["cause"].startswith("feedback_id:"), r.text
+    spec = client.get("/openapi.json").json()
+    update = spec["paths"]["/{app_name}/update"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "feedback_id" in update["properties"]

@@ -39,6 +39,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             q.add_argument("--debug", action="store_true", help="the models, timings and cache hits too")
         else:
             q.add_argument("--label", required=True, help="the true label (a number, or text)")
+            q.add_argument("--feedback-id", help="a key of yours: the same feedback sent again with it is applied once")
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> int:
         label: Any = args.label
         with contextlib.suppress(ValueError):  # else a text label
             label = json.loads(label)
-        print(json.dumps(conn.update(args.app, value, label, _uid(args.uid)), indent=2))
+        print(json.dumps(conn.update(args.app, value, label, _uid(args.uid), args.feedback_id), indent=2))
         return 0
     answer = conn.predict(args.app, value, _uid(args.uid), args.debug)
     print(json.dumps(answer, indent=2))

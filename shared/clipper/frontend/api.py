@@ -104,6 +104,11 @@ class FeedbackRequest(BaseModel):
     uid: Uid | None = Field(None, description="The user, when the application learns per user (null: none)")
     input: list[Any] | str = Field(description="The input the feedback is about, as it was queried")
     label: float | int | str = Field(description="The true output for that input")
+    feedback_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.:-]{1,128}$",
+        description="A key of the client's: the same feedback sent again with it (a retry) is applied once",
+    )
 
 
 class FeedbackAccepted(BaseModel):
@@ -213,10 +218,11 @@ def create_app(
         summary="Feedback: the true label of an input, for the application's bandit",
     )
     async def update(app_name: AppName, request: Request) -> Any:
-        """Clipper's feedback: ``{"uid"?, "input": [...], "label": ...}``. It is queued durably and applied
-        to the bandit state shortly after; the answer only says it was accepted. Feedback for an input this
-        application (and user) never queried, or whose record expired, is accepted and then skipped: it says
-        nothing about the models."""
+        """Clipper's feedback: ``{"uid"?, "input": [...], "label": ..., "feedback_id"?}``. It is queued durably
+        and applied to the bandit state shortly after; the answer only says it was accepted. A client that
+        retries (a timeout, a 503) sends its own ``feedback_id`` to have the feedback applied once. Feedback for
+        an input this application (and user) never queried, or whose record expired, is accepted and then
+        skipped: it says nothing about the models."""
         raw = await request.body()
         return _response(await handling.update(app_name, raw, request.headers.get("content-type")))
 

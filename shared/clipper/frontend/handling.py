@@ -34,7 +34,7 @@ from clipper.frontend.results import QueryResult, QueryTicket
 # How long past its deadline a query still held up by a dependency is given before the route answers for it.
 WATCHDOG_GRACE_S = 0.003
 PREDICT_FIELDS = frozenset({"input", "input_batch", "uid"})
-UPDATE_FIELDS = frozenset({"input", "label", "uid"})
+UPDATE_FIELDS = frozenset({"input", "label", "uid", "feedback_id"})
 JSON_HEADER = (b"content-type", b"application/json")
 
 
