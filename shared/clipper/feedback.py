@@ -46,6 +46,7 @@ from clipper.errors import Conflict, InvalidInput, MalformedMessage, NotFound, U
 from clipper.ports import CanaryFeedbackEvidence, PredictionCache, Registry, RequestQueue, SelectionStore
 from clipper.selection import Selection, ensure_state, policy_for, state_for_user, state_key
 from clipper.selection.combining import loss
+from clipper.selection.versions import active_versions
 
 if TYPE_CHECKING:
     from clipper.report.recorder import FeedbackRecorder
@@ -202,10 +203,11 @@ class FeedbackProcessor:
             # its probabilities as its own (an Exp4 mixture as Exp3's draw), so the bandit learns nothing from it
             logger.info("feedback on a prediction of the application's previous policy", extra={"app": app.name})
             return "policy_changed"
-        outputs: dict[str, Any] = record["outputs"]
+        versions = active_versions(self.registry, linked)
+        outputs = self._serving(record["outputs"], record.get("versions") or {}, versions)
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
         keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]
-        applied = [self._apply(app, linked, k, message, selection, outputs) for k in keys]
+        applied = [self._apply(app, linked, versions, k, message, selection, outputs) for k in keys]
         # logged by the delivery that applied the app-wide state, the last key: when two deliveries of one
         # message race (a redelivery while the first still runs), one may apply the user's state and the other
         # the app's; both answer "applied", and one logs
@@ -233,10 +235,26 @@ class FeedbackProcessor:
             if self.evidence.add_once(model, canary.trial, version, delta, msg.feedback_id):
                 self.touched.add(model)
 
+    def _serving(self, outputs: dict[str, Any], answered: dict[str, str], active: dict[str, str]) -> dict[str, Any]:
+        """The outputs of versions that still answer: the model's active version, or its running canary's (a
+        share of its queries); another version's output (switched, rolled back or promoted since the query)
+        judged a version the model's arm no longer stands for. A record without versions is taken whole."""
+        kept = {}
+        for model, output in outputs.items():
+            version = answered.get(model)
+            if version is None or version == active.get(model):
+                kept[model] = output
+                continue
+            canary = self.registry.canary(model) if model in active else None
+            if canary is not None and canary.version == version:
+                kept[model] = output
+        return kept
+
     def _apply(
         self,
         app: Application,
         linked: list[str],
+        versions: dict[str, str],
         key: str,
         msg: FeedbackMessage,
         sel: Selection,
@@ -247,10 +265,11 @@ class FeedbackProcessor:
             stored = self.store.load(key)
             if key != state_key(app.name) and (stored is None or stored.incarnation != app.incarnation):
                 # a user without a state of this application's own (none, or one of a deleted namesake's)
-                app_state = ensure_state(self.store.load(state_key(app.name)), app.policy, linked, app.incarnation)
+                app_stored = self.store.load(state_key(app.name))
+                app_state = ensure_state(app_stored, app.policy, linked, app.incarnation, versions)
                 base = state_for_user(app_state, None)
             else:
-                base = ensure_state(stored, app.policy, linked, app.incarnation)
+                base = ensure_state(stored, app.policy, linked, app.incarnation, versions)
             expected = stored.version if stored is not None else 0
             updated = policy.update(base, sel, outputs, msg.label)
             if updated.version <= expected:

@@ -75,11 +75,11 @@ def test_two_deliveries_that_split_the_users_and_the_apps_state_log_the_feedback
     # the app's (the user's is a duplicate to it); the first finds the app's state a duplicate
     order: list[str] = []
 
-    def apply(app, linked, key, *rest):
+    def apply(app, linked, versions, key, *rest):
         order.append(key)
         if key == state_key("ens") and len(order) == 2:  # the first delivery, before its app-wide update
             assert feedback_second.process(msg) == "applied"
-        return real(app, linked, key, *rest)
+        return real(app, linked, versions, key, *rest)
 
     feedback_second = FeedbackProcessor(registry, store, cache, log=FeedbackRecorder(log, FakeClock(1.0)))
     feedback._apply = apply  # type: ignore[method-assign]

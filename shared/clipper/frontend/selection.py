@@ -39,6 +39,7 @@ from clipper.selection import (
     state_for_user,
     state_key,
 )
+from clipper.selection.versions import active_versions
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,12 @@ class Selector:
     def state_for(self, app: Application, linked: list[str], user: str | None) -> SelectionState:
         if app.policy == "single" or self._store is None:
             return initial_state(app.policy, linked, app.incarnation)
-        state = ensure_state(self._load(state_key(app.name)), app.policy, linked, app.incarnation)
+        versions = active_versions(self._registry, linked)  # an arm that learned on another version starts again
+        state = ensure_state(self._load(state_key(app.name)), app.policy, linked, app.incarnation, versions)
         if user is None:
             return state
-        return ensure_state(
-            state_for_user(state, self._load(state_key(app.name, user))), app.policy, linked, app.incarnation
-        )
+        user_state = state_for_user(state, self._load(state_key(app.name, user)))
+        return ensure_state(user_state, app.policy, linked, app.incarnation, versions)
 
     def choose(self, app: Application, user: str | None) -> Choice | None:
         linked = self._registry.linked_models(app.name)

@@ -168,7 +168,7 @@ class EpsilonGreedyPolicy(_Policy):
         counted = with_losses(state.arms, losses)
         estimates = [(a.pulls - a.losses + 1.0) / (a.pulls + 1.0) for a in counted]
         total = math.fsum(estimates)
-        return tuple(Arm(a.model, e / total, a.pulls, a.losses) for a, e in zip(state.arms, estimates, strict=True))
+        return tuple(replace(a, weight=e / total) for a, e in zip(state.arms, estimates, strict=True))
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,15 @@ MAX_LOG_DELTA = 1e6
 
 @dataclass(frozen=True)
 class Arm:
-    """One linked model: its weight, how many feedback labels judged it, and the sum of its losses."""
+    """One linked model: its weight, how many feedback labels judged it, and the sum of its losses; ``version``,
+    the model's active version the arm learned on (None: not known yet, a state stored before versions were
+    followed, or one never checked against the registry)."""
 
     model: str
     weight: float
     pulls: int = 0
     losses: float = 0.0
+    version: str | None = None
 
     @property
     def mean_loss(self) -> float | None:
@@ -76,7 +79,7 @@ class SelectionState:
             "policy": self.policy,
             "version": self.version,
             "updates": self.updates,
-            "arms": [{"model": a.model, "weight": a.weight, "pulls": a.pulls, "losses": a.losses} for a in self.arms],
+            "arms": [_arm_dict(a) for a in self.arms],
             "incarnation": self.incarnation,
         }
 
@@ -91,7 +94,13 @@ class SelectionState:
             if int(data.get("schema", SCHEMA)) != SCHEMA:
                 raise ValueError(f"unknown selection state schema {data.get('schema')!r}")
             arms = tuple(
-                Arm(str(a["model"]), float(a["weight"]), int(a.get("pulls", 0)), float(a.get("losses", 0.0)))
+                Arm(
+                    str(a["model"]),
+                    float(a["weight"]),
+                    int(a.get("pulls", 0)),
+                    float(a.get("losses", 0.0)),
+                    None if a.get("version") is None else str(a["version"]),
+                )
                 for a in data["arms"]
             )
             state = cls(
@@ -115,6 +124,13 @@ class SelectionState:
         return replace(state, arms=tuple(_normalised(arms)))
 
 
+def _arm_dict(a: Arm) -> dict[str, Any]:
+    out: dict[str, Any] = {"model": a.model, "weight": a.weight, "pulls": a.pulls, "losses": a.losses}
+    if a.version is not None:
+        out["version"] = a.version
+    return out
+
+
 def _normalised(arms: Iterable[Arm]) -> list[Arm]:
     """The arms with weights summing to 1 (left as they are when they already do, so that a state read
     back from the store equals the one written)."""
@@ -122,7 +138,7 @@ def _normalised(arms: Iterable[Arm]) -> list[Arm]:
     total = math.fsum(a.weight for a in arms)
     if abs(total - 1.0) <= 1e-12:
         return arms
-    return [Arm(a.model, a.weight / total, a.pulls, a.losses) for a in arms]
+    return [replace(a, weight=a.weight / total) for a in arms]
 
 
 def reweighted(
@@ -142,13 +158,13 @@ def reweighted(
     floor = math.log(min_ratio)
     weights = [math.exp(max(x - top, floor)) for x in logs]
     total = math.fsum(weights)
-    return tuple(Arm(a.model, w / total, a.pulls, a.losses) for a, w in zip(arms, weights, strict=True))
+    return tuple(replace(a, weight=w / total) for a, w in zip(arms, weights, strict=True))
 
 
 def with_losses(arms: Sequence[Arm], losses: Mapping[str, float]) -> tuple[Arm, ...]:
     """The arms with their counters advanced by one judged output each (models in ``losses``)."""
     return tuple(
-        Arm(a.model, a.weight, a.pulls + 1, a.losses + losses[a.model]) if a.model in losses else a for a in arms
+        replace(a, pulls=a.pulls + 1, losses=a.losses + losses[a.model]) if a.model in losses else a for a in arms
     )
 
 
@@ -173,19 +189,46 @@ def reconcile(state: SelectionState, models: Sequence[str]) -> SelectionState:
     return replace(state, arms=tuple(_normalised(arms)), version=state.version + 1)
 
 
+def follow_versions(state: SelectionState, versions: Mapping[str, str]) -> SelectionState:
+    """Follow the models' active versions (``versions``: model -> active version; a model absent is left as it
+    is): an arm that learned on another version than the active one now starts again, as a newly linked model
+    does (the mean weight of the others, counters at zero), since what it learned judged a version that no
+    longer answers; an arm that does not know its version yet takes the active one and keeps what it learned.
+    Returns ``state`` itself when nothing changed, else a new state with ``version + 1``."""
+    outdated = {a.model for a in state.arms if a.version is not None and versions.get(a.model, a.version) != a.version}
+    adopting = any(a.version is None and a.model in versions for a in state.arms)
+    if not outdated and not adopting:
+        return state
+    kept = [a for a in state.arms if a.model not in outdated]
+    mean = math.fsum(a.weight for a in kept) / len(kept) if kept else 1.0
+    arms = [
+        Arm(a.model, mean, version=versions[a.model])
+        if a.model in outdated
+        else replace(a, version=versions.get(a.model, a.version))
+        for a in state.arms
+    ]
+    return replace(state, arms=tuple(_normalised(arms)), version=state.version + 1)
+
+
 def ensure_state(
-    state: SelectionState | None, policy: str, models: Sequence[str], incarnation: int = 0
+    state: SelectionState | None,
+    policy: str,
+    models: Sequence[str],
+    incarnation: int = 0,
+    versions: Mapping[str, str] | None = None,
 ) -> SelectionState:
     """The state to use for ``policy`` over ``models`` in the application's ``incarnation``: a fresh one when
     there is none, when the application switched policy, or when the state was learned for another
     incarnation (an application deleted and added again under the same name) -- its version continues the
     old one, so the conditional write still applies --, else the stored one reconciled with the linked
-    models."""
+    models; with ``versions`` (model -> active version), its arms follow them (:func:`follow_versions`)."""
     if state is None:
-        return initial_state(policy, models, incarnation)
-    if state.policy != policy or state.incarnation != incarnation:
-        return replace(initial_state(policy, models, incarnation), version=state.version + 1)
-    return reconcile(state, models)
+        fresh = initial_state(policy, models, incarnation)
+    elif state.policy != policy or state.incarnation != incarnation:
+        fresh = replace(initial_state(policy, models, incarnation), version=state.version + 1)
+    else:
+        fresh = reconcile(state, models)
+    return fresh if versions is None else follow_versions(fresh, versions)
 
 
 def state_key(app: str, user_id: str | None = None) -> str:
@@ -211,12 +254,16 @@ def is_user_key(key: str) -> bool:
 
 def state_for_user(app_state: SelectionState, user_state: SelectionState | None) -> SelectionState:
     """The fallback rule of contextual selection: the user's own state when it exists (learned for the
-    application's incarnation); otherwise a copy of the application's weights with zeroed counters and
-    version 0 (not yet stored under the user's key, or stored for an application of the same name deleted
-    since)."""
+    application's incarnation); otherwise a copy of the application's weights (and the versions they learned
+    on) with zeroed counters and version 0 (not yet stored under the user's key, or stored for an application
+    of the same name deleted since). Epsilon-greedy's weights are its counters (each model's accuracy so far),
+    so its copy keeps them: zeroed, the user's first feedback would rebuild the weights from that one label."""
     if user_state is not None and user_state.incarnation == app_state.incarnation:
         return user_state
-    arms = tuple(Arm(a.model, a.weight) for a in app_state.arms)
+    if app_state.policy == "epsilon_greedy":
+        arms = app_state.arms
+    else:
+        arms = tuple(replace(a, pulls=0, losses=0.0) for a in app_state.arms)
     return SelectionState(app_state.policy, arms, incarnation=app_state.incarnation)
 
 
@@ -225,6 +272,7 @@ __all__ = [
     "Arm",
     "SelectionState",
     "ensure_state",
+    "follow_versions",
     "initial_state",
     "is_user_key",
     "reconcile",
