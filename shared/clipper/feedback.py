@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import re
+import time
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -152,6 +153,14 @@ class FeedbackReceiver:
         return {"accepted": True, "feedback_id": message.feedback_id}
 
 
+# A registry copy dropped less than this long ago is as fresh as the registry (its read follows the drop).
+REFRESH_S = 1.0
+
+
+class _PolicyMismatch(Exception):
+    """A stored state's policy is not the application's as the registry copy has it."""
+
+
 @dataclass
 class FeedbackProcessor:
     """The worker's side: join with the recorded predictions, update the state(s) and the canaries' evidence."""
@@ -163,6 +172,7 @@ class FeedbackProcessor:
     evidence: CanaryFeedbackEvidence | None = None
     touched: set[str] = field(default_factory=set)
     log: FeedbackRecorder | None = None  # the feedback log of the selection report: never fails the feedback
+    refreshed: dict[str, float] = field(default_factory=dict)  # app -> when its registry copy was last dropped
 
     def take_touched(self) -> set[str]:
         """The models whose canary evidence grew since the last call."""
@@ -178,9 +188,22 @@ class FeedbackProcessor:
                 raise  # a missing table, not a missing application: a deployment fault, retried
             logger.info("feedback for an application that no longer exists", extra={"app": message.app})
             return "unknown_app"
-        return self._process(app, linked, message)
+        try:
+            return self._process(app, linked, message, fresh=False)
+        except _PolicyMismatch:
+            # a state learned under another policy than this copy of the registry says: the copy may be the
+            # stale one (a set_app_policy moments ago), and resetting the state on its word would throw away
+            # what the new policy learned; read the application again before anything is reset
+            invalidate = getattr(self.registry, "invalidate", None)
+            now = time.monotonic()
+            if invalidate is not None and now - self.refreshed.get(message.app, -math.inf) >= REFRESH_S:
+                invalidate()  # once a second at most: each user's old-policy state asks once after a switch
+                self.refreshed[message.app] = now
+            app = self.registry.get_app(message.app)
+            linked = self.registry.linked_models(app.name)
+            return self._process(app, linked, message, fresh=True)
 
-    def _process(self, app: Application, linked: list[str], message: FeedbackMessage) -> Outcome:
+    def _process(self, app: Application, linked: list[str], message: FeedbackMessage, fresh: bool) -> Outcome:
         canaries = self._canaries(linked)
         if app.policy == "single" and not canaries:
             return "not_learning"
@@ -207,7 +230,7 @@ class FeedbackProcessor:
         outputs = self._serving(record["outputs"], record.get("versions") or {}, versions)
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
         keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]
-        applied = [self._apply(app, linked, versions, k, message, selection, outputs) for k in keys]
+        applied = [self._apply(app, linked, versions, k, message, selection, outputs, fresh) for k in keys]
         # logged by the delivery that applied the app-wide state, the last key: when two deliveries of one
         # message race (a redelivery while the first still runs), one may apply the user's state and the other
         # the app's; both answer "applied", and one logs
@@ -259,10 +282,16 @@ class FeedbackProcessor:
         msg: FeedbackMessage,
         sel: Selection,
         outputs: dict[str, Any],
+        fresh: bool = True,
     ) -> bool:
+        """Apply the feedback to the state under ``key``; ``fresh``: ``app`` was read from the registry itself
+        (not a copy that may be stale), so a state of another policy is reset rather than questioned."""
         policy = policy_for(app.policy, app.policy_params)
         for _ in range(self.max_attempts):
             stored = self.store.load(key)
+            mismatch = stored is not None and stored.incarnation == app.incarnation and stored.policy != app.policy
+            if mismatch and not fresh:
+                raise _PolicyMismatch
             if key != state_key(app.name) and (stored is None or stored.incarnation != app.incarnation):
                 # a user without a state of this application's own (none, or one of a deleted namesake's)
                 app_stored = self.store.load(state_key(app.name))

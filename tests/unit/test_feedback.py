@@ -257,3 +257,27 @@ def test_the_clients_update_sends_its_feedback_id(monkeypatch):
     client_query.update("http://x", "a", [1.0], 1, None, 1.0, feedback_id="k1")
     client_query.update("http://x", "a", [1.0], 1, None, 1.0)
     assert sent[0]["feedback_id"] == "k1" and "feedback_id" not in sent[1]
+
+
+def test_a_stale_registry_copy_does_not_reset_the_state_the_new_policy_learned(learning):
+    """set_app_policy exp4 -> exp3: a worker whose registry copy still says exp4 gets feedback on a query exp4
+    chose (before the switch); the stored state is exp3's. Its copy is read again before anything is reset."""
+    from clipper.adapters.clock import SystemClock
+    from clipper.core.registry_cache import CachedRegistry
+    from clipper.selection import SelectionState
+
+    p, registry, cache, store = learning
+    p.predict("ens", {"input": one_hot(8)})  # chosen by exp4
+    stale = CachedRegistry(registry, SystemClock(), ttl_s=600)
+    assert stale.get_app("ens").policy == "exp4"  # held
+    registry.apps["ens"] = digits_app(name="ens", policy="exp3")  # set_app_policy
+    exp3 = FeedbackProcessor(registry, store, cache)
+    learned = SelectionState.from_dict(
+        {"policy": "exp3", "version": 3, "arms": [{"model": "good", "weight": 0.9}, {"model": "bad", "weight": 0.1}]}
+    )
+    store.states[state_key("ens")] = learned
+    worker = FeedbackProcessor(stale, store, cache)
+    msg = FeedbackMessage(feedback_id="stale", app="ens", payload=_payload(one_hot(8)), label=8)
+    assert worker.process(msg) == "policy_changed"  # read again: the app is exp3 now, the query was exp4's
+    assert store.states[state_key("ens")] == learned
+    assert exp3.process(msg) == "policy_changed"  # a worker with a fresh copy says the same
