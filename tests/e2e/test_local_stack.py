@@ -84,6 +84,7 @@ def test_make_run_supervises_its_processes_keeps_its_state_and_stops_cleanly(dem
         token = re.search(r"CLIPPER_ADMIN_TOKEN=(\S+)", local.output).group(1)
         curl_line_answers(local.output, port)
         background_work_runs_behind_the_queries(state)
+        one_feedback_after_an_idle_spell_is_applied(url, state, x[0])
         redis_rewrites_its_file_only_when_the_launcher_asks(state)
         manage_as_a_user(url, token)
         a_killed_model_server_comes_back_on_its_port(url, state, x[200:260])
@@ -270,6 +271,20 @@ def a_second_stack_on_the_port_fails_at_once(port: int, state: Path) -> None:
     assert f"port {port} is in use" in second.stderr, second.stderr
     assert "moto server" not in second.stdout  # nothing started
     print(f"second make run on a busy port failed in {took:.2f} s")
+
+
+def one_feedback_after_an_idle_spell_is_applied(url: str, state: Path, row: np.ndarray) -> None:
+    """The feedback worker waits in 20 s long polls. Its client gave up after 10 s (botocore's default read
+    timeout) and polled again, leaving moto's first poll open; a feedback sent alone then went to the abandoned
+    poll (received by no one, invisible for the queue's 3 minutes, and again): accepted, never applied."""
+    log = state / "logs" / "feedback.log"
+    applied = log.read_text().count(": applied")
+    status, answer = post(f"{url}/digits-exp3/predict", {"input": row.tolist()})
+    assert status == 200 and not answer["default"], answer
+    time.sleep(12)  # idle past the client's old read timeout: a poll of it would have been abandoned by now
+    status, body = post(f"{url}/digits-exp3/update", {"input": row.tolist(), "label": 1})
+    assert status == 200 and body["accepted"], body
+    eventually(lambda: log.read_text().count(": applied") > applied, "the feedback was not applied", within_s=30)
 
 
 def feedback_is_skipped_without_the_cache(url: str, state: Path, row: np.ndarray) -> None:

@@ -37,6 +37,8 @@ from clipper.feedback import FeedbackMessage, Outcome
 from clipper.ports import QueueReader, ReceivedMessage
 
 logger = logging.getLogger("clipper.feedback_worker")
+# Each receive's long poll (SQS's longest): on an idle queue three requests a minute.
+POLL_S = 20
 
 
 class FeedbackWorker:
@@ -103,7 +105,7 @@ class FeedbackWorker:
         logger.error("feedback %s can never be applied, moved to the dead-letter queue: %s", m.message_id, reason)
         return "dead_lettered"
 
-    def run(self, stop: threading.Event, wait_s: int = 20, retry_s: float = 1.0) -> None:
+    def run(self, stop: threading.Event, wait_s: int = POLL_S, retry_s: float = 1.0) -> None:
         """Receive and handle until ``stop``; each receive long-polls up to ``wait_s`` (20 s, SQS's longest: on an
         idle queue three requests a minute). A stop does not wait for a receive: see ``finish``."""
         while not stop.is_set():
@@ -163,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         apply = build_feedback_processor(settings, dynamodb).process
     if why_not:
         logger.warning("feedback is not learned: %s; each message is deleted unapplied", why_not)
-    sqs = aws_client("sqs")
+    # the client waits longer than a long poll: one that gave up first left moto's poll open, and a message that
+    # arrived then went to the abandoned request (invisible for the visibility timeout, and again and again)
+    sqs = aws_client("sqs", read_timeout=POLL_S + 10)
     try:
         dlq = SqsDeadLetterQueue.of(sqs, args.queue_url)
     except ClipperError as e:  # the queue unreachable now: the redrive policy still dead-letters poison, later
