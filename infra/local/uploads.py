@@ -141,8 +141,11 @@ def connect_uploads(stack: str, bucket: str) -> str:
 
 def lost_uploads(s3: Any, bucket: str, registry: Any) -> list[dict[str, Any]]:
     """The model files in ``bucket`` (``models/<name>/<version>/model.onnx``) that no upload was handled for:
-    their version is not registered, and not rejected for these bytes (a rejection records the file's SHA-256
-    when it read the file). ``registry``: the updater's (``model_view``). Each as ``key``, ``size``, ``etag``."""
+    their version is not registered, not rejected for these bytes (a rejection records the file's SHA-256 when
+    it read the file), and not deleted after it was registered from these bytes (``DELETED#<v>``: the restored
+    bucket's objects have new version ids, so the bytes tell; the same bytes uploaded again while the stack was
+    down are taken for the deleted upload). ``registry``: the updater's (``model_view``). Each as ``key``,
+    ``size``, ``etag``."""
     from clipper.models.updater import MODEL_KEY
 
     lost = []
@@ -154,11 +157,12 @@ def lost_uploads(s3: Any, bucket: str, registry: Any) -> list[dict[str, Any]]:
             view = registry.model_view(match["model"], match["version"])
             if view.registered is not None:
                 continue
-            if view.rejected is not None:
-                if not view.rejected.sha256:  # rejected without being read (its size): it would be again
-                    continue
+            if view.rejected is not None and not view.rejected.sha256:
+                continue  # rejected without being read (its size): it would be again
+            seen = {s.sha256 for s in (view.rejected, view.deleted) if s is not None and s.sha256}
+            if seen:
                 data = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
-                if hashlib.sha256(data).hexdigest() == view.rejected.sha256:
+                if hashlib.sha256(data).hexdigest() in seen:
                     continue
             lost.append({"key": obj["Key"], "size": int(obj["Size"]), "etag": str(obj["ETag"]).strip('"')})
     return lost

@@ -528,3 +528,28 @@ def test_the_uploads_no_event_was_handled_for_are_found_and_their_events_registe
     assert lost_uploads(world.aws.s3, bucket, registry) == []  # each handled once
     world.aws.s3.put_object(Bucket=bucket, Key="models/mlp/5/model.onnx", Body=good)  # 5 fixed, its event lost too
     assert [o["key"] for o in lost_uploads(world.aws.s3, bucket, registry)] == ["models/mlp/5/model.onnx"]
+
+
+def test_a_deleted_version_is_not_registered_again_from_the_upload_it_came_from(world: World) -> None:
+    """Deleting a version leaves its file in the bucket (the user's artifact). The same upload's event delivered
+    again, or the local stack's next start finding the file (its restored copy has a new version id: the bytes
+    tell), must not bring the version back; a new upload of the version registers it."""
+    from infra.local.uploads import lost_uploads
+
+    bucket, good = world.aws.bucket, world.model_bytes()
+    event = world.upload("models/mlp/2/model.onnx", good)
+    assert world.handle(event)[0]["status"] == "registered"
+    assert world.registry.delete_version("mlp", "2") is None
+    assert world.item("DELETED#2") is not None
+
+    again = world.handle(event)[0]  # the event delivered again
+    assert again["status"] == "ignored" and "deleted since" in again["reasons"][0], again
+    registry = DynamoDBUpdaterRegistry(world.aws.dynamodb, world.aws.registry_table)
+    assert lost_uploads(world.aws.s3, bucket, registry) == []
+    world.aws.s3.put_object(Bucket=bucket, Key="models/mlp/2/model.onnx", Body=good)  # restored: a new version id
+    assert lost_uploads(world.aws.s3, bucket, registry) == []
+    assert "2" not in world.registry.model_and_versions("mlp")[1]
+
+    fixed = world.model_bytes("logreg")
+    assert world.handle(world.upload("models/mlp/2/model.onnx", fixed))[0]["status"] == "registered"
+    assert "2" in world.registry.model_and_versions("mlp")[1]

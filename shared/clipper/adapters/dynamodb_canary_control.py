@@ -224,10 +224,11 @@ class DynamoDBCanaryControl:
         """Delete a version; when it is the running canary's, the canary ends with it (one transaction), and
         that canary is answered (None otherwise). A canary started on the version between the read and the delete
         is ended right after it (the frontend serves the active version for a canary whose version is gone)."""
+        tombstone = self._tombstone(model, version)
         for _ in range(_RETRIES):
             running = self.running_canary(model)
             if running is None or running.version != version:
-                if not self._delete_inactive(model, version):
+                if not self._delete_inactive(model, version, tombstone):
                     continue  # a canary started on it meanwhile: end it with the delete
                 late = self.running_canary(model)
                 if late is not None and late.version == version and self.end_canary(model, late.trial, False):
@@ -245,7 +246,7 @@ class DynamoDBCanaryControl:
             }
             delete = {"Delete": {"TableName": self._table, "Key": self._key(model, f"VERSION#{version}")}}
             try:
-                self._client.transact_write_items(TransactItems=[delete, ending])
+                self._client.transact_write_items(TransactItems=[delete, ending, *tombstone])
             except ClientError as e:
                 if cancellation_codes(e):  # the canary changed since it was read (or a concurrent write): again
                     continue
@@ -255,7 +256,28 @@ class DynamoDBCanaryControl:
             return running
         raise Conflict(f"model {model}: its canary kept changing; {model}:{version} was not deleted - retry")
 
-    def _delete_inactive(self, model: str, version: str) -> bool:
+    def _tombstone(self, model: str, version: str) -> list[dict[str, Any]]:
+        """The Put, for the delete's transaction, of ``DELETED#<version>``: the upload the deleted version was
+        registered from (its upload id and sha256), so that the same upload is not registered again (an
+        S3 event delivered again, or the local stack finding the file in the bucket at its next start) while a
+        new upload of the version is. None (an empty list) for a version added without an artifact."""
+        with aws_call("dynamodb.GetItem(registry)"):
+            got = self._client.get_item(
+                TableName=self._table, Key=self._key(model, f"VERSION#{version}"), ConsistentRead=True
+            )
+        item = got.get("Item") or {}
+        upload_id = item.get("upload_id", {}).get("S", "")
+        if not upload_id:
+            return []
+        tomb = {
+            **self._key(model, f"DELETED#{version}"),
+            "upload_id": {"S": upload_id},
+            "sha256": item.get("sha256", {"S": ""}),
+            "deleted_at": {"N": repr(time.time())},
+        }
+        return [{"Put": {"TableName": self._table, "Item": tomb}}]
+
+    def _delete_inactive(self, model: str, version: str, tombstone: list[dict[str, Any]] | None = None) -> bool:
         """Delete the version's item on the condition, checked in the same transaction, that it is not the active
         version and not a running canary's (an active version without its item would leave every query of the
         model with the default: a promotion or a switch can land between the caller's read and this delete).
@@ -272,7 +294,7 @@ class DynamoDBCanaryControl:
         }
         delete = {"Delete": {"TableName": self._table, "Key": self._key(model, f"VERSION#{version}")}}
         try:
-            self._client.transact_write_items(TransactItems=[{"ConditionCheck": check}, delete])
+            self._client.transact_write_items(TransactItems=[{"ConditionCheck": check}, delete, *(tombstone or [])])
             return True
         except ClientError as e:
             if not cancellation_codes(e):

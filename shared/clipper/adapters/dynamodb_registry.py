@@ -11,6 +11,8 @@ Items (``pk``, ``sk``):
     MODEL#<model> VERSION#<v>    a deployed version (input type, shape, queue URL, endpoint, labels; artifact
                                  and sha256 when the model updater registered it from an upload)
     MODEL#<model> REJECTED#<v>   the latest rejected upload of a version (``clipper.models.updater``)
+    MODEL#<model> DELETED#<v>    the upload a deleted version was registered from (upload_id, sha256): not
+                                 registered again from the same upload (``delete_version``)
     MODEL#<model> BATCHER#<v>    the batching controller's state for that version (survives cold starts)
     MODEL#<model> EVENT#<t>#<id> a canary event; the model item's ``canary`` map and every canary write:
                                  ``clipper.adapters.dynamodb_canary_control`` (a mixin of the registry)

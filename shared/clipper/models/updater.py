@@ -136,6 +136,7 @@ class ModelView:
     rejected: Seen | None = None  # REJECTED#<v>
     history: VersionHistory = field(default_factory=lambda: VersionHistory(None))  # active and earlier versions
     canary: str | None = None  # the version of the model's running canary
+    deleted: Seen | None = None  # DELETED#<v>: the upload a deleted version was registered from
 
 
 class UpdaterRegistry(Protocol):
@@ -189,6 +190,9 @@ class ModelUpdater:
         view = self._registry.model_view(up.model, up.version)
         if any(s and up.upload_id and s.upload_id == up.upload_id for s in (view.registered, view.rejected)):
             return _outcome(up, "duplicate")
+        if view.deleted and up.upload_id and view.deleted.upload_id == up.upload_id and view.registered is None:
+            why = f"{up.model}:{up.version} was registered from this upload and deleted since (upload it again)"
+            return _outcome(up, "ignored", (why,))
         if size > self._max_bytes:
             return self._reject(up, "", None, f"the file has {size} bytes, over the limit of {self._max_bytes}")
         try:
@@ -327,7 +331,7 @@ class DynamoDBUpdaterRegistry:
     def model_view(self, model: str, version: str) -> ModelView:
         keys = [
             {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": sk}}
-            for sk in ("MODEL", f"VERSION#{version}", f"REJECTED#{version}")
+            for sk in ("MODEL", f"VERSION#{version}", f"REJECTED#{version}", f"DELETED#{version}")
         ]
         with aws_call("dynamodb.BatchGetItem(updater)"):
             resp = self._client.batch_get_item(RequestItems={self._table: {"Keys": keys, "ConsistentRead": True}})
@@ -336,8 +340,9 @@ class DynamoDBUpdaterRegistry:
         items = {i["sk"]["S"]: i for i in resp.get("Responses", {}).get(self._table, [])}
         head = items.get("MODEL")
         rejected = _seen(items.get(f"REJECTED#{version}"))
+        deleted = _seen(items.get(f"DELETED#{version}"))
         if head is None:
-            return ModelView(rejected=rejected)
+            return ModelView(rejected=rejected, deleted=deleted)
         history = history_of(head)
         active = head.get("active_version", {}).get("S")
         try:
@@ -348,7 +353,7 @@ class DynamoDBUpdaterRegistry:
         replicas = int(head.get("replicas", {}).get("N", "1"))
         canary = head.get("canary", {}).get("M", {}).get("version", {}).get("S")
         registered = _seen(items.get(f"VERSION#{version}"))
-        return ModelView(True, auto, replicas, current, registered, rejected, history, canary)
+        return ModelView(True, auto, replicas, current, registered, rejected, history, canary, deleted)
 
     def apps_linked_to(self, model: str) -> list[Application]:
         names = self._registry.apps_linked_to(model)
