@@ -172,7 +172,7 @@ def test_openapi_declares_the_errors_each_operation_answers_in_clippers_error_bo
     for path, methods in spec["paths"].items():
         for method, operation in methods.items():
             responses = operation["responses"]
-            errors = {"401", "403"} if path == "/admin/ping" else {"400", "401", "403", "404", "409", "503"}
+            errors = {"401", "403"} if path == "/admin/ping" else {"400", "401", "403", "404", "409", "415", "503"}
             assert set(responses) == {"200"} | errors, (method, path)  # no 422: invalid bodies answer 400
             for status in errors:
                 assert responses[status]["content"]["application/json"]["schema"] == error_body, (path, status)
@@ -246,3 +246,27 @@ def test_a_models_batching_settings_are_stored_and_mapped_onto_its_lambda_batche
     refused = client.post("/admin/set_model_batching", json={"model_name": "mlp", "controller": "fixed"})
     assert refused.status_code == 400 and refused.json()["cause"].startswith("batch_size")
     assert client.post("/admin/set_model_batching", json={"model_name": "nope"}).status_code == 404
+
+
+def test_unknown_routes_methods_bad_json_and_other_bodies_answer_clippers_error_body(admin):
+    cases = [
+        (admin.get("/admin/nope"), 404, "GET /admin/nope: no such operation"),
+        (admin.post("/admin/ping"), 405, "POST /admin/ping: method not allowed (allowed: GET)"),
+        (admin.get("/admin/add_app"), 405, "GET /admin/add_app: method not allowed (allowed: POST)"),
+        (
+            admin.post("/admin/get_application", content=b'{"name": ', headers={"content-type": "application/json"}),
+            400,
+            "body: not valid JSON",
+        ),
+        (
+            admin.post("/admin/get_application", content=b'{"name": "a"}', headers={"content-type": "text/plain"}),
+            415,
+            "Content-Type: expected application/json, got text/plain",
+        ),
+    ]
+    for resp, status, cause in cases:
+        assert resp.status_code == status and set(resp.json()) == {"error", "cause"}, resp.text
+        assert resp.json()["cause"].startswith(cause), resp.text
+    assert cases[1][0].headers["allow"] == "GET"
+    typed = {"content-type": "application/json; charset=utf-8"}
+    assert admin.post("/admin/get_all_applications", content=b"{}", headers=typed).status_code == 200

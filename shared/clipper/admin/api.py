@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
+from starlette.exceptions import HTTPException
 
 from clipper.admin import schemas
 from clipper.admin.report import ReportService, add_report_route
@@ -58,13 +60,36 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
         if not token or not secrets.compare_digest(given.encode(), token.encode()):
             raise _Refused(403, "the credentials are not the admin token")
 
+    def json_body(request: Request) -> None:
+        """An operation's body is JSON: another Content-Type is a 415, as the query API answers it."""
+        kind = request.headers.get("content-type")
+        if kind is not None and kind.split(";")[0].strip().lower() != "application/json":
+            raise _Refused(415, f"Content-Type: expected application/json, got {kind}")
+
     @app.exception_handler(_Refused)
     async def refused(_: Request, e: _Refused) -> JSONResponse:
-        return _error(e.status, "unauthorized" if e.status == 401 else "forbidden", e.cause)
+        return _error(e.status, HTTPStatus(e.status).phrase.lower(), e.cause)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        """No such route (404) or method (405), in Clipper's error body like every other answer."""
+        where = f"{request.method} {request.url.path}"
+        if e.status_code == 404:
+            cause = f"{where}: no such operation (POST /admin/<operation>; GET /admin/docs lists them)"
+        elif e.status_code == 405:
+            cause = f"{where}: method not allowed (allowed: {(e.headers or {}).get('Allow', '')})"
+        else:
+            cause = f"{where}: {e.detail}"
+        answer = _error(e.status_code, HTTPStatus(e.status_code).phrase.lower(), cause)
+        answer.headers.update(e.headers or {})
+        return answer
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0]
+        if first.get("type") == "json_invalid":  # its loc is the character offset: the field is the body
+            detail = (first.get("ctx") or {}).get("error", "")
+            return _error(400, "invalid input", f"body: not valid JSON ({detail} at character {first['loc'][-1]})")
         field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
         return _error(400, "invalid input", f"{field}: {first['msg']}")
 
@@ -83,6 +108,7 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
         401: {"model": schemas.ErrorBody, "description": "no credentials"},
         403: {"model": schemas.ErrorBody, "description": "not the admin token"},
         404: {"model": schemas.ErrorBody, "description": "unknown application, model, version or replica"},
+        415: {"model": schemas.ErrorBody, "description": "a body that is not JSON (Content-Type)"},
         409: {
             "model": schemas.ErrorBody,
             "description": "conflict (a duplicate, a stack being updated, a canary running or ended meanwhile)",
@@ -91,7 +117,8 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
     }
 
     def op(name: str, summary: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        return app.post(f"/admin/{name}", dependencies=guard, summary=summary, tags=["admin"], responses=errors)
+        checks = [*guard, Depends(json_body)]
+        return app.post(f"/admin/{name}", dependencies=checks, summary=summary, tags=["admin"], responses=errors)
 
     refusals: dict[int | str, dict[str, Any]] = {k: errors[k] for k in (401, 403)}  # ping: no body, no registry
 
