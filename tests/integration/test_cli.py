@@ -97,8 +97,8 @@ def test_predict_takes_json_a_file_or_npy_rows_and_says_when_the_answer_is_a_def
     assert clipper(api, "predict", "digits", "--input", "[1, 2]") == 2
     assert "input: expected shape [64]" in capsys.readouterr().err
     # the app's declared type is honoured: text for a numeric app is refused before any request
-    with pytest.raises(SystemExit, match="a JSON list of floats expected"):
-        clipper(api, "predict", "digits", "--input", "not json")
+    assert clipper(api, "predict", "digits", "--input", "not json") == 2  # refused, as the API's 400 is
+    assert "a JSON list of floats expected" in capsys.readouterr().err
     # the model fails: the app's default answers, and the command says so (with the query id and the cause)
     api["endpoint"].fail_with = "model server down"
     assert clipper(api, "predict", "digits", "--input", json.dumps(one_hot(4))) == 0
@@ -169,8 +169,8 @@ def test_logs_lists_the_processes_and_tails_one(tmp_path, capsys):
     assert capsys.readouterr().out == "line 97\nline 98\nline 99\n"
     assert main(["logs", "requests", "--state-dir", str(state)]) == 0
     assert "POST /digits/predict" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="processes: batcher-mlp, requests"):
-        main(["logs", "nope", "--state-dir", str(state)])
+    assert main(["logs", "nope", "--state-dir", str(state)]) == 2
+    assert "processes: batcher-mlp, requests" in capsys.readouterr().err
 
 
 def test_a_joblib_file_loads_with_joblib_and_a_bad_file_is_one_line(tmp_path):
@@ -330,17 +330,17 @@ def test_logs_follow_prints_what_is_appended(tmp_path):
         follow.wait(10)
 
 
-def test_a_bad_npy_file_is_one_line(api, tmp_path):
+def test_a_bad_npy_file_is_one_line(api, tmp_path, capsys):
     (tmp_path / "garbage.npy").write_bytes(b"not an array")
     np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     for bad in ("garbage.npy", "objects.npy", "missing.npy"):
-        with pytest.raises(SystemExit) as refused:
-            clipper(api, "predict", "digits", "--npy", str(tmp_path / bad))
-        assert str(refused.value).startswith(f"clipper: --npy: cannot load {tmp_path / bad} as a .npy array: ")
-        assert "\n" not in str(refused.value)
+        assert clipper(api, "predict", "digits", "--npy", str(tmp_path / bad)) == 2  # refused, like a 4xx
+        err = capsys.readouterr().err
+        assert err.startswith(f"clipper: --npy: cannot load {tmp_path / bad} as a .npy array: ")
+        assert err.count("\n") == 1
     (tmp_path / "m.pkl").write_bytes(b"")
-    with pytest.raises(SystemExit, match="--sample-npy: cannot load"):
-        clipper(api, "deploy", "lr", "1", str(tmp_path / "m.pkl"), "--sample-npy", str(tmp_path / "garbage.npy"))
+    assert clipper(api, "deploy", "lr", "1", str(tmp_path / "m.pkl"), "--sample-npy", str(tmp_path / "garbage.npy")) == 2
+    assert "--sample-npy: cannot load" in capsys.readouterr().err
 
 
 def test_ctrl_c_while_waiting_for_an_answer_is_no_traceback():
@@ -370,3 +370,19 @@ def test_ctrl_c_while_waiting_for_an_answer_is_no_traceback():
         finally:
             waiting.kill()
             waiting.wait(10)
+
+
+def test_output_to_a_reader_that_has_gone_ends_quietly(api, monkeypatch, capsys):
+    """`clipper inspect | head -1`: the pipe closes under the output; a BrokenPipeError is no file error."""
+    import os
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    closed = os.fdopen(write, "w", buffering=1)  # each line written at once, as to a terminal or pipe reader
+    monkeypatch.setattr(sys, "stdout", closed)
+    try:
+        assert clipper(api, "inspect") == 1
+    finally:
+        monkeypatch.undo()
+    assert "Broken pipe" not in capsys.readouterr().err

@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while waiting (a deploy, a slow answer): no traceback
         print("clipper: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as e:
+        if isinstance(e.code, str):  # a bad argument or file on the command line, named by the message: refused
+            print(e.code, file=sys.stderr)
+            return 2
+        raise
 
 
 def _main(argv: list[str] | None) -> int:
@@ -86,6 +91,8 @@ def _main(argv: list[str] | None) -> int:
     except ClipperError as e:  # a deployment that failed its check or was rejected
         print(f"clipper: {e}", file=sys.stderr)
         return 3
+    except BrokenPipeError:
+        raise  # the reader of the output has gone (main's), not a file of the command line
     except OSError as e:  # a file named on the command line
         print(f"clipper: {e}", file=sys.stderr)
         return 2
