@@ -339,7 +339,8 @@ def test_a_bad_npy_file_is_one_line(api, tmp_path, capsys):
         assert err.startswith(f"clipper: --npy: cannot load {tmp_path / bad} as a .npy array: ")
         assert err.count("\n") == 1
     (tmp_path / "m.pkl").write_bytes(b"")
-    assert clipper(api, "deploy", "lr", "1", str(tmp_path / "m.pkl"), "--sample-npy", str(tmp_path / "garbage.npy")) == 2
+    garbage = str(tmp_path / "garbage.npy")
+    assert clipper(api, "deploy", "lr", "1", str(tmp_path / "m.pkl"), "--sample-npy", garbage) == 2
     assert "--sample-npy: cannot load" in capsys.readouterr().err
 
 
