@@ -71,6 +71,12 @@ def test_integers_reject_fractions_and_overflow():
         validate_query(app, {"input": [1.5, 2]})
     with pytest.raises(InvalidInput, match="32-bit"):
         validate_query(app, {"input": [2**40]})
+    # past int64 (alone: numpy objects; beside others: floats) is out of range too, not "non-integer"
+    for huge in ([10**23, 2], [2**63, 1]):
+        with pytest.raises(InvalidInput, match="32-bit"):
+            validate_query(app, {"input": huge})
+    with pytest.raises(InvalidInput, match="non-empty list of values, got an empty list"):  # as the floats say
+        validate_query(app, {"input": []})
 
 
 def test_unshaped_numeric_requires_flat_non_empty_and_equal_lengths_in_a_batch():

@@ -69,10 +69,13 @@ def _numeric_row(app: Application, value: Any, field: str, booleans: bool = True
         arr = np.asarray(value)
     except ValueError as e:  # ragged nesting
         raise InvalidInput(field, kind_text + " of a regular shape", "a ragged list") from e
+    if app.input_type is InputType.INTEGERS and arr.dtype.kind in "fO" and _integers_only(value):
+        # integers past 64 bits, or past int64 beside others: numpy made them objects or floats
+        raise InvalidInput(field, "integers within the 32-bit range", "an out-of-range value")
     if arr.dtype.kind not in "iuf" or (booleans and _has_bool(value)):
         raise InvalidInput(field, kind_text, "non-numeric values")
     if app.input_type is InputType.INTEGERS:
-        if arr.dtype.kind == "f":
+        if arr.dtype.kind == "f" and arr.size:  # (an empty list is float64: told apart below)
             raise InvalidInput(field, kind_text, "non-integer values")
         info = np.iinfo(np.int32)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
@@ -98,6 +101,12 @@ def _numeric_row(app: Application, value: Any, field: str, booleans: bool = True
         if arr.size == 0:
             raise InvalidInput(field, "a non-empty list of values", "an empty list")
     return arr
+
+
+def _integers_only(value: list[Any]) -> bool:
+    """Whether the (regular, nested) list holds Python ints only, and at least one."""
+    flat = np.asarray(value, dtype=object).ravel()
+    return flat.size > 0 and all(isinstance(v, int) and not isinstance(v, bool) for v in flat)
 
 
 def _text_row(app: Application, value: Any, field: str) -> str | bytes:
