@@ -92,6 +92,11 @@ def unless_canary(update: dict[str, Any]) -> dict[str, Any]:
     return {**update, "ConditionExpression": f"({update['ConditionExpression']}) AND attribute_not_exists(canary)"}
 
 
+def item_exists(table: str, key: dict[str, Any]) -> dict[str, Any]:
+    """A transaction's check that the item under ``key`` exists (it fails the transaction otherwise)."""
+    return {"ConditionCheck": {"TableName": table, "Key": key, "ConditionExpression": "attribute_exists(pk)"}}
+
+
 def _event_key(at: float) -> str:
     stamp = datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
     return f"EVENT#{stamp}Z#{secrets.token_hex(4)}"

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, cancellation_codes, error_code, translate
-from clipper.adapters.dynamodb_canary_control import CanaryRunning, DynamoDBCanaryControl, canary_of, unless_canary
+from clipper.adapters.dynamodb_canary_control import (
+    CanaryRunning,
+    DynamoDBCanaryControl,
+    canary_of,
+    item_exists,
+    unless_canary,
+)
 from clipper.adapters.dynamodb_history import history_of, switch_update
 from clipper.core.domain import (
     Application,
@@ -299,8 +305,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
         (``NotFound`` otherwise: a link left by a link racing ``delete_app`` would pass to a new application of the
         same name, whatever its input)."""
         actions: list[Any] = [{"Put": {"TableName": self._table, "Item": i}} for i in self._link_items(app, model)]
-        exists = {"TableName": self._table, "Key": {"pk": {"S": f"APP#{app}"}, "sk": {"S": "APP"}}}
-        actions.append({"ConditionCheck": {**exists, "ConditionExpression": "attribute_exists(pk)"}})
+        actions.append(item_exists(self._table, {"pk": {"S": f"APP#{app}"}, "sk": {"S": "APP"}}))
         try:
             self._client.transact_write_items(TransactItems=actions)
         except ClientError as e:
@@ -366,8 +371,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
         (an active version without its item would leave every query of the model with the default)."""
         items: list[dict[str, Any]] = [{"Update": unless_canary(switch_update(self._table, model, before, after))}]
         if after.active:
-            exists = {"TableName": self._table, "Key": self._key(model, f"VERSION#{after.active}")}
-            items.append({"ConditionCheck": {**exists, "ConditionExpression": "attribute_exists(pk)"}})
+            items.append(item_exists(self._table, self._key(model, f"VERSION#{after.active}")))
         try:
             self._client.transact_write_items(TransactItems=items)
         except ClientError as e:
