@@ -30,7 +30,9 @@ def build(config: AdminFunctionSettings, dynamodb: Any, s3: Any, sqs: Any, sagem
     stacks = build_model_stacks(cfn, config)
     registry = DynamoDBRegistry(dynamodb, config.registry_table)
     evidence = DynamoDBCanaryEvidence(dynamodb, config.registry_table)  # a canary's live evidence (get_canary)
-    return AdminService(registry, AwsServingProbe(sqs, sagemaker), uploads, stacks, evidence)
+    feedback = {"queue": config.feedback_queue_url, "dead_letter": config.feedback_dead_letter_queue_url}
+    probe = AwsServingProbe(sqs, sagemaker)
+    return AdminService(registry, probe, uploads, stacks, evidence, feedback_queues=feedback)
 
 
 logger = Logger(service="clipper-admin")

@@ -213,6 +213,7 @@ class LocalStack:
                 "CLIPPER_CACHE_TABLE": o["CacheTableName"],
                 "CLIPPER_SELECTION_TABLE": o["SelectionTableName"],
                 "CLIPPER_FEEDBACK_QUEUE_URL": o["FeedbackQueueUrl"],
+                "CLIPPER_FEEDBACK_DEAD_LETTER_QUEUE_URL": o["FeedbackDeadLetterQueueUrl"],
                 "CLIPPER_MODEL_BUCKET": o["ModelBucketName"],
                 # how soon a switch reaches the frontends and batchers: 2 s unless the environment says otherwise
                 "CLIPPER_CONFIG_TTL_S": os.environ.get("CLIPPER_CONFIG_TTL_S", "2"),

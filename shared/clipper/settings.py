@@ -61,6 +61,9 @@ class AdminSettings(CommonSettings):
     admin_auth: Literal["token", "iam"] = "token"
     admin_token: str = ""
     api_base_path: str = Field("/", pattern=r"^/")
+    # get_state shows their depths: feedback accepted and not yet applied, and feedback that failed for good
+    feedback_queue_url: str = ""
+    feedback_dead_letter_queue_url: str = ""
 
 
 class ModelStackSettings(CommonSettings):

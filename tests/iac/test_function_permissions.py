@@ -39,9 +39,9 @@ def service(session: Any) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def tables(session: Any, service: dict[str, str]) -> dict[str, str]:
-    """{physical table name: logical id} of the stack's tables."""
+    """{physical id: logical id} of the stack's tables (their names) and queues (their URLs)."""
     resources = cfn.stack_resources(session.client("cloudformation"), STACK)
-    return {physical: logical for logical, physical in resources.items() if logical.endswith("Table")}
+    return {physical: logical for logical, physical in resources.items() if logical.endswith(("Table", "Queue"))}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,8 @@ def translated() -> dict[str, Any]:
 
 def needed(operation: str, params: dict[str, Any]) -> list[tuple[str, str]]:
     """(table name, IAM action) pairs one DynamoDB request needs."""
+    if "QueueUrl" in params:  # SQS
+        return [(params["QueueUrl"], f"sqs:{operation}")]
     if operation in ("TransactWriteItems", "TransactGetItems"):
         out = []
         for item in params["TransactItems"]:
@@ -69,7 +71,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     real = botocore.client.BaseClient._make_api_call
 
     def recording(self: Any, operation: str, params: dict[str, Any]) -> Any:
-        if self.meta.service_model.service_name == "dynamodb":
+        if self.meta.service_model.service_name in ("dynamodb", "sqs"):
             calls.extend(needed(operation, params))
         return real(self, operation, params)
 
@@ -97,7 +99,8 @@ def missing(
     calls: list[tuple[str, str]], tables: dict[str, str], template: dict[str, Any], role: str
 ) -> list[tuple[str, str]]:
     allowed = granted(template, role)
-    need = {(tables.get(table, table), action) for table, action in calls}
+    # the stack's own tables and queues (a model version's queue is another stack's, named by a pattern)
+    need = {(tables[resource], action) for resource, action in calls if resource in tables}
     return sorted(n for n in need if n not in allowed)
 
 
@@ -118,6 +121,8 @@ def admin(service: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[
         "CLIPPER_CACHE_TABLE": service["CacheTableName"],
         "CLIPPER_ADMIN_TOKEN": TOKEN,
         "CLIPPER_SERVICE_STACK_NAME": "",
+        "CLIPPER_FEEDBACK_QUEUE_URL": service["FeedbackQueueUrl"],
+        "CLIPPER_FEEDBACK_DEAD_LETTER_QUEUE_URL": service["FeedbackDeadLetterQueueUrl"],
         "POWERTOOLS_LOG_LEVEL": "WARNING",
     }
     module = function_module("admin", env, monkeypatch)
@@ -153,11 +158,14 @@ def test_the_admin_functions_role_allows_every_dynamodb_call_of_the_model_lifecy
     post("set_model_batching", {"model_name": "m", "controller": "fixed", "batch_size": 8})
     post("delete_versioned_model", {"model_name": "m", "model_version": "1"})
     post("stop_inactive_model_versions", {"model_name": "m"})
-    post("get_state", {})
+    state = post("get_state", {})
+    assert set(state["feedback"]) == {"queue", "dead_letter"}
     post("delete_model_links", {"app_name": "a", "model_names": ["m"]})
     post("delete_app", {"name": "a"})
     assert recorded, "no DynamoDB call was recorded"
-    assert ("RegistryTable", "dynamodb:ConditionCheckItem") in {(tables.get(t, t), a) for t, a in recorded}
+    used = {(tables.get(t, t), a) for t, a in recorded}
+    assert ("RegistryTable", "dynamodb:ConditionCheckItem") in used
+    assert {("FeedbackQueue", "sqs:GetQueueAttributes"), ("FeedbackDeadLetterQueue", "sqs:GetQueueAttributes")} <= used
     assert missing(recorded, tables, translated, "AdminFunctionRole") == []
 
 

@@ -206,6 +206,34 @@ def test_state_shows_queue_depths_and_endpoint_health(aws):
     assert state["endpoint_health"].startswith("unreachable")
 
 
+def test_state_shows_the_feedback_waiting_and_dead_lettered(aws):
+    """Feedback is accepted with a 200 and applied later: what waits, and what failed for good, is visible."""
+    from clipper.adapters.serving_probe import AwsServingProbe
+    from clipper.cli.tables import inspect_table
+    from tests.integration.conftest import create_queue
+
+    queue, dead = create_queue(aws.sqs, "clipper-feedback")
+    for body in ("a", "b"):
+        aws.sqs.send_message(QueueUrl=queue, MessageBody=body)
+    aws.sqs.send_message(QueueUrl=dead, MessageBody="poison")
+    aws.sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=1)  # one in a worker's hands
+    queues = {"queue": queue, "dead_letter": dead}
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    state = AdminService(registry, AwsServingProbe(aws.sqs), feedback_queues=queues).get_state()
+    assert state["feedback"] == {"queue": {"waiting": 1, "in_flight": 1}, "dead_letter": {"waiting": 1, "in_flight": 0}}
+    table = inspect_table(state)
+    assert "feedback (accepted, not yet applied" in table
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[-2:]}
+    assert rows == {"feedback": ["1", "1"], "dead-lettered": ["1", "0"]}, table
+    gone = {"queue": queue + "-gone"}
+    assert (
+        AdminService(registry, AwsServingProbe(aws.sqs), feedback_queues=gone)
+        .get_state()["feedback"]["queue"]
+        .startswith("unknown (")
+    )
+    assert "feedback" not in AdminService(registry, AwsServingProbe(aws.sqs)).get_state()
+
+
 def test_a_models_batching_settings_are_stored_and_mapped_onto_its_lambda_batchers(aws):
     class LambdaStacks:
         """Versions "1" has a Lambda batcher (the event source mapping's parameters are recorded), "2" has none."""

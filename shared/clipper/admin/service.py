@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +18,7 @@ from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
 from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
 from clipper.core.domain import Application, BatchingSettings, Canary, InputType, ModelVersion, new_incarnation
-from clipper.errors import Conflict, InvalidInput, NotFound, Unavailable
+from clipper.errors import ClipperError, Conflict, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks, unserved_reason
 from clipper.ports import CanaryEvidenceStore, Clock
 
@@ -32,10 +32,14 @@ class AdminService:
         stacks: ServingStacks | None = None,
         evidence: CanaryEvidenceStore | None = None,
         clock: Clock | None = None,
+        feedback_queues: Mapping[str, str] | None = None,
     ) -> None:
-        """``evidence``: where a canary's live evidence is counted (``get_canary`` shows it when given)."""
+        """``evidence``: where a canary's live evidence is counted (``get_canary`` shows it when given);
+        ``feedback_queues``: the feedback queue's URL (``queue``) and its dead-letter queue's (``dead_letter``),
+        whose depths ``get_state`` shows (with the probe)."""
         self._registry = registry
         self._probe = probe
+        self._feedback_queues = {k: v for k, v in (feedback_queues or {}).items() if v}
         self._uploads = uploads
         self._stacks = stacks
         self._evidence = evidence
@@ -329,4 +333,15 @@ class AdminService:
     # -- state ---------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         apps = {n: self.get_application(n) for n in self._registry.app_names()}
-        return {"applications": apps, "models": models_state(self._registry, self._probe)}
+        state = {"applications": apps, "models": models_state(self._registry, self._probe)}
+        if self._probe is not None and self._feedback_queues:
+            state["feedback"] = {name: self._depth(url) for name, url in self._feedback_queues.items()}
+        return state
+
+    def _depth(self, queue_url: str) -> dict[str, int] | str:
+        """A queue's messages waiting and in flight, or ``unknown (...)`` when it cannot be read now."""
+        assert self._probe is not None
+        try:
+            return self._probe.queue_depth(queue_url)
+        except ClipperError as e:
+            return f"unknown ({e})"

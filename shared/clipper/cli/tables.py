@@ -180,6 +180,10 @@ def inspect_table(state: dict[str, Any], processes: list[dict[str, Any]] | None 
         out.append("")
         out.append("versions (* active)")
         out += _table(["version", "input", "serving", "artifact", "sha256 / why rejected"], rows)
+    feedback = state.get("feedback")
+    if feedback:
+        out += ["", "feedback (accepted, not yet applied; dead-lettered: failed for good)"]
+        out += _table(["queue", "waiting", "in flight"], [_depth_row(k, v) for k, v in sorted(feedback.items())])
     if processes is not None:
         out.append("")
         out.append(f"local processes ({len(processes)})")
@@ -197,3 +201,10 @@ def inspect_table(state: dict[str, Any], processes: list[dict[str, Any]] | None 
         ]
         out += _table(["process", "pid", "status", "restarts", "last exit", "last restart"], rows)
     return "\n".join(out)
+
+
+def _depth_row(name: str, depth: Any) -> list[Any]:
+    label = {"queue": "feedback", "dead_letter": "dead-lettered"}.get(name, name)
+    if not isinstance(depth, dict):
+        return [label, str(depth), "-"]
+    return [label, depth.get("waiting", "-"), depth.get("in_flight", "-")]
