@@ -216,8 +216,9 @@ class FeedbackProcessor:
         if record.get("incarnation", 0) != app.incarnation:  # answered by a deleted application of this name
             logger.info("feedback on a prediction of a deleted application of this name", extra={"app": app.name})
             return "no_record"
+        versions = active_versions(self.registry, linked)  # read once: the canaries' evidence and the states
         if canaries:
-            self._add_evidence(canaries, record, message)
+            self._add_evidence(canaries, record, message, versions)
         if app.policy == "single":
             return "canary_only"
         selection = Selection.from_dict(record["selection"])
@@ -226,7 +227,6 @@ class FeedbackProcessor:
             # its probabilities as its own (an Exp4 mixture as Exp3's draw), so the bandit learns nothing from it
             logger.info("feedback on a prediction of the application's previous policy", extra={"app": app.name})
             return "policy_changed"
-        versions = active_versions(self.registry, linked)
         outputs = self._serving(record["outputs"], record.get("versions") or {}, versions)
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
         keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]
@@ -244,15 +244,18 @@ class FeedbackProcessor:
         running = {m: self.registry.canary(m) for m in linked}
         return {m: c for m, c in running.items() if c is not None}
 
-    def _add_evidence(self, canaries: dict[str, Canary], record: dict[str, Any], msg: FeedbackMessage) -> None:
-        """Each canaried model's loss on this feedback, to the version that answered, once per feedback id."""
+    def _add_evidence(
+        self, canaries: dict[str, Canary], record: dict[str, Any], msg: FeedbackMessage, active: dict[str, str]
+    ) -> None:
+        """Each canaried model's loss on this feedback, to the version that answered, once per feedback id
+        (``active``: each linked model's active version)."""
         assert self.evidence is not None
         versions: dict[str, str] = record.get("versions") or {}
         for model, output in record["outputs"].items():
             canary, version = canaries.get(model), versions.get(model)
             if canary is None or version is None:
                 continue  # no trial running, or a record from before versions were kept
-            if version != canary.version and version != self.registry.active_version(model).version:
+            if version != canary.version and version != active.get(model):
                 continue  # a version that is in neither side of the trial (switched since the query)
             delta = VersionEvidence.of_feedback(min(1.0, max(0.0, loss(output, msg.label))))
             if self.evidence.add_once(model, canary.trial, version, delta, msg.feedback_id):
