@@ -8,11 +8,14 @@ its items' actions (Put: PutItem, Update: UpdateItem, Delete: DeleteItem, Condit
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import botocore.client
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -258,3 +261,259 @@ def test_the_canary_reviewers_role_allows_every_dynamodb_call_of_a_round(
         sys.modules.pop("functions.canary_review.app", None)
     assert registry.running_canary("c") is None, "the round decided nothing: the test reaches no decision's writes"
     assert missing(recorded, tables, translated, "CanaryReviewFunctionRole") == []
+
+
+# -- the query path: frontend, batcher (the Lambda driver) and feedback, on the AWS path (no Redis) --------------
+
+OWNER: list[str] = []  # the function whose module is being imported: the clients it makes are its own
+
+
+@pytest.fixture
+def owned_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[str, str, dict[str, Any]]]]:
+    """Every DynamoDB and SQS request, by the function whose module made the client: {function: [(resource,
+    action, params)]}. A client is its maker's (the module import's), whichever thread uses it."""
+    import botocore.session
+
+    calls: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    create, real = botocore.session.Session.create_client, botocore.client.BaseClient._make_api_call
+
+    def creating(self: Any, *args: Any, **kwargs: Any) -> Any:
+        client = create(self, *args, **kwargs)
+        client._clipper_owner = OWNER[-1] if OWNER else "test"
+        return client
+
+    def recording(self: Any, operation: str, params: dict[str, Any]) -> Any:
+        if self.meta.service_model.service_name in ("dynamodb", "sqs"):
+            owner = getattr(self, "_clipper_owner", "test")
+            calls.setdefault(owner, []).extend((r, a, params) for r, a in needed(operation, params))
+        return real(self, operation, params)
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", creating)
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recording)
+    return calls
+
+
+def granted_on_model_queues(template: dict[str, Any], role: str) -> set[str]:
+    """The actions the role allows on the model stacks' queues (``<stack>-model-*``, named by a pattern)."""
+    out: set[str] = set()
+    for policy in template["Resources"][role]["Properties"].get("Policies", []):
+        for statement in policy["PolicyDocument"]["Statement"]:
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            for resource in resources:
+                sub = resource.get("Fn::Sub") if isinstance(resource, dict) else None
+                if (
+                    statement.get("Effect") == "Allow"
+                    and isinstance(sub, str)
+                    and sub.endswith(":sqs:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}-model-*")
+                ):
+                    out |= set(actions)
+    return out
+
+
+def attribute_condition(template: dict[str, Any], role: str, action: str, logical: str) -> set[str] | None:
+    """The attributes a ``ForAllValues:StringEquals dynamodb:Attributes`` condition limits ``action`` on the
+    table to, where the role's only grant of it is such a statement (None: granted without a condition)."""
+    limits: list[set[str]] = []
+    for policy in template["Resources"][role]["Properties"].get("Policies", []):
+        for statement in policy["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            resource = statement["Resource"]
+            if action not in actions or not (
+                isinstance(resource, dict) and resource.get("Fn::GetAtt", [""])[0] == logical
+            ):
+                continue
+            condition = statement.get("Condition", {}).get("ForAllValues:StringEquals", {}).get("dynamodb:Attributes")
+            if condition is None:
+                return None
+            limits.append(set(condition))
+    return set().union(*limits) if limits else None
+
+
+_NOT_ATTRIBUTES = {
+    "SET",
+    "ADD",
+    "REMOVE",
+    "DELETE",
+    "if_not_exists",
+    "list_append",
+    "attribute_not_exists",
+    "attribute_exists",
+    "AND",
+    "OR",
+    "NOT",
+    "size",
+}
+
+
+def attributes_named(params: dict[str, Any]) -> set[str]:
+    """The top-level attributes an UpdateItem request names (its key, its update and condition expressions)."""
+    import re
+
+    names = set(params.get("Key", {}))
+    aliases = params.get("ExpressionAttributeNames", {})
+    for expression in (params.get("UpdateExpression", ""), params.get("ConditionExpression", "")):
+        for token in re.findall(r"(?<![:\w])#?[A-Za-z_][\w]*", expression):
+            if token in _NOT_ATTRIBUTES:
+                continue
+            names.add(aliases.get(token, token) if token.startswith("#") else token)
+    return names
+
+
+def lambda_context(name: str) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        function_name=name,
+        memory_limit_in_mb=512,
+        invoked_function_arn=f"arn:aws:lambda:us-east-1:123456789012:function:{name}",
+        aws_request_id="perms",
+    )
+
+
+def sqs_event(sqs: Any, queue_url: str, arn: str, wait_s: float) -> list[dict[str, Any]]:
+    """Messages of ``queue_url`` as an SQS event source mapping hands them to a function."""
+    got = sqs.receive_message(
+        QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0, AttributeNames=["All"]
+    ).get("Messages", [])
+    if not got:
+        time.sleep(wait_s)
+    return [
+        {
+            "messageId": m["MessageId"],
+            "receiptHandle": m["ReceiptHandle"],
+            "body": m["Body"],
+            "attributes": m.get("Attributes", {}),
+            "messageAttributes": {},
+            "eventSource": "aws:sqs",
+            "eventSourceARN": arn,
+        }
+        for m in got
+    ]
+
+
+def test_the_query_paths_roles_allow_every_call_of_queries_their_feedback_and_a_canary(
+    session: Any,
+    service: dict[str, str],
+    demo_models: dict[str, Any],
+    owned_calls: dict[str, list[tuple[str, str, dict[str, Any]]]],
+    tables: dict[str, str],
+    translated: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The frontend (queries and feedback accepted), the Lambda batcher (the batches of the model queue, the
+    endpoint a real ONNX Runtime server) and the feedback function (the feedback applied to an Exp3 state and a
+    canary's evidence), each from its own ``functions/<name>/app.py`` on the AWS path (DynamoDB cache and replies,
+    SQS queues, no Redis): every DynamoDB and SQS request each makes is one its role grants."""
+    from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+    from clipper.core.domain import Application, CanaryParams, InputType, ModelVersion
+    from tests.services import start_endpoint, stop
+
+    sqs = session.client("sqs")
+    queue_url = sqs.create_queue(QueueName=f"{STACK}-model-qm-1")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    feedback_arn = sqs.get_queue_attributes(QueueUrl=service["FeedbackQueueUrl"], AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    (mlp_entry,) = [m for m in demo_models["models"] if m["name"] == "mlp"]
+    endpoint, url = start_endpoint(str(Path(demo_models["out_dir"]) / mlp_entry["path"]))
+    registry = DynamoDBRegistry(session.client("dynamodb"), service["RegistryTableName"])
+    registry.put_app(Application("q", InputType.FLOATS, "-1", 10_000_000, (64,), policy="exp3", incarnation=7))
+    for version in ("1", "2"):
+        registry.put_version(ModelVersion("qm", version, InputType.FLOATS, queue_url, url, (64,)), version == "1")
+    registry.link("q", "qm")
+    registry.start_canary("qm", "2", 0.5, 0.0, CanaryParams())
+
+    env = {**stack_env(service), "CLIPPER_QUEUE_PREFIX": f"{STACK}-model-"}
+    frontend_env = {**env, "CLIPPER_INLINE_PREDICT": "true", "CLIPPER_FEEDBACK_QUEUE_URL": service["FeedbackQueueUrl"]}
+    modules: dict[str, Any] = {}
+    try:
+        for name, function_env in (("frontend", frontend_env), ("batcher", env), ("feedback", env)):
+            OWNER.append(name)
+            try:
+                modules[name] = function_module(name, function_env, monkeypatch)
+            finally:
+                OWNER.pop()
+        done = threading.Event()
+
+        def event_source_mapping() -> None:  # the batcher's: each batch of the queue, failures left for a retry
+            while not done.is_set():
+                records = sqs_event(sqs, queue_url, queue_arn, 0.02)
+                if records:
+                    failed = {
+                        f["itemIdentifier"]
+                        for f in modules["batcher"]._handle({"Records": records}, None)["batchItemFailures"]
+                    }
+                    for r in records:
+                        if r["messageId"] not in failed:
+                            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=r["receiptHandle"])
+
+        mapping = threading.Thread(target=event_source_mapping, daemon=True)
+        mapping.start()
+        client = TestClient(modules["frontend"].app)
+        rng = np.random.default_rng(5)
+        inputs = [rng.integers(0, 16, 64).astype(float).tolist() for _ in range(12)]
+        answers = []
+        for i, row in enumerate(inputs):
+            resp = client.post("/q/predict", json={"input": row})
+            assert resp.status_code == 200, resp.text
+            answers.append(resp.json())
+            if i in (0, 5):
+                time.sleep(1.3)  # the canary tally learns the trial, then flushes its counts (each second)
+        time.sleep(1.3)
+        done.set()
+        mapping.join(timeout=10)
+        assert not [a for a in answers if a["default"]], answers
+        for row, answer in zip(inputs, answers, strict=True):
+            resp = client.post("/q/update", json={"input": row, "label": answer["output"]})
+            assert resp.status_code == 200, resp.text
+        # the feedback function gets what the frontend sent (moto's own mapping of the stack's feedback queue
+        # would take the messages first, to a Lambda it cannot run)
+        sent = [p for r, a, p in owned_calls["frontend"] if r == service["FeedbackQueueUrl"] and a == "sqs:SendMessage"]
+        assert len(sent) == len(inputs)
+        records = [
+            {
+                "messageId": f"m{i}",
+                "receiptHandle": f"r{i}",
+                "body": p["MessageBody"],
+                "attributes": {"ApproximateReceiveCount": "1"},
+                "messageAttributes": {},
+                "eventSource": "aws:sqs",
+                "eventSourceARN": feedback_arn,
+            }
+            for i, p in enumerate(sent)
+        ]
+        for first in range(0, len(records), 10):  # the mapping's batch size
+            result = modules["feedback"].handler({"Records": records[first : first + 10]}, lambda_context("feedback"))
+            assert result["batchItemFailures"] == [], result
+    finally:
+        for name in modules:
+            sys.modules.pop(f"functions.{name}.app", None)
+        stop(endpoint)
+
+    roles = {"frontend": "FrontendFunctionRole", "batcher": "BatcherFunctionRole", "feedback": "FeedbackFunctionRole"}
+    used = {name: {(tables.get(r, r), a) for r, a, _ in owned_calls.get(name, [])} for name in roles}
+    # the test reaches the work each role exists for (a call no longer made would make the check below vacuous)
+    # the test reaches the work each role exists for (a call no longer made would leave the check below vacuous)
+    assert {
+        ("CacheTable", "dynamodb:BatchGetItem"),  # the cache's lookup
+        ("RepliesTable", "dynamodb:Query"),  # the replies awaited
+        ("RegistryTable", "dynamodb:UpdateItem"),  # the canary's evidence counted
+        ("FeedbackQueue", "sqs:SendMessage"),  # feedback accepted
+    } <= used["frontend"], used["frontend"]
+    assert {("CacheTable", "dynamodb:BatchWriteItem"), ("RepliesTable", "dynamodb:PutItem")} <= used["batcher"]
+    assert {("SelectionTable", "dynamodb:PutItem"), ("RegistryTable", "dynamodb:UpdateItem")} <= used["feedback"]
+    from clipper.adapters.dynamodb_selection import DynamoDBSelectionStore
+    from clipper.selection.state import state_key
+
+    state = DynamoDBSelectionStore(session.client("dynamodb"), service["SelectionTableName"]).load(state_key("q"))
+    assert state is not None and state.updates == len(inputs), "not every feedback was applied"
+    for name, role in roles.items():
+        calls = [(r, a) for r, a, _ in owned_calls.get(name, [])]
+        assert missing(calls, tables, translated, role) == [], name
+        on_model_queues = {a for r, a in calls if r == queue_url}
+        assert on_model_queues <= granted_on_model_queues(translated, role), (name, on_model_queues)
+        for resource, action, params in owned_calls.get(name, []):
+            limit = attribute_condition(translated, role, action, tables.get(resource, ""))
+            if limit is not None and action == "dynamodb:UpdateItem" and "Key" in params:
+                assert attributes_named(params) <= limit, (name, params)
