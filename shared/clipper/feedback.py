@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import re
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,7 +44,7 @@ from clipper.core.messages import Payload, decode_rows, encode_rows
 from clipper.core.validation import validate_query
 from clipper.errors import Conflict, InvalidInput, MalformedMessage, NotFound, Unavailable
 from clipper.ports import CanaryFeedbackEvidence, PredictionCache, Registry, RequestQueue, SelectionStore
-from clipper.selection import Selection, ensure_state, policy_for, state_for_user, state_key
+from clipper.selection import Selection, SelectionState, ensure_state, policy_for, state_for_user, state_key
 from clipper.selection.combining import loss
 from clipper.selection.versions import active_versions
 
@@ -153,17 +152,22 @@ class FeedbackReceiver:
         return {"accepted": True, "feedback_id": message.feedback_id}
 
 
-# A registry copy dropped less than this long ago is as fresh as the registry (its read follows the drop).
-REFRESH_S = 1.0
-
-
-class _PolicyMismatch(Exception):
-    """A stored state's policy is not the application's as the registry copy has it."""
+class _Stale(Exception):
+    """The registry copy disagrees with something written after it was read (a stored bandit state, the query's
+    record): either may be the outdated one, so the registry itself is read before anything is decided."""
 
 
 @dataclass
 class FeedbackProcessor:
-    """The worker's side: join with the recorded predictions, update the state(s) and the canaries' evidence."""
+    """The worker's side: join with the recorded predictions, update the state(s) and the canaries' evidence.
+
+    ``registry`` is usually a copy (``CachedRegistry``, seconds old). Where the copy disagrees with a stored state
+    or the query's record (the application's policy, incarnation or links, a model's active version), the copy
+    may be the one behind (a ``set_app_policy``, a link, a rollout moments ago, which the frontend already
+    follows) or the state may be (written before the change): the feedback is then decided on the registry read
+    itself (the copy's ``uncached`` registry), and the copy is dropped when that read shows it was behind. Decided
+    on the copy alone, a stale copy would reset the new policy's state or move an arm back to the old version (and
+    its learning with it), or drop feedback on the new policy's choices."""
 
     registry: Registry
     store: SelectionStore
@@ -172,7 +176,6 @@ class FeedbackProcessor:
     evidence: CanaryFeedbackEvidence | None = None
     touched: set[str] = field(default_factory=set)
     log: FeedbackRecorder | None = None  # the feedback log of the selection report: never fails the feedback
-    refreshed: dict[str, float] = field(default_factory=dict)  # app -> when its registry copy was last dropped
 
     def take_touched(self) -> set[str]:
         """The models whose canary evidence grew since the last call."""
@@ -180,54 +183,84 @@ class FeedbackProcessor:
         return touched
 
     def process(self, message: FeedbackMessage) -> Outcome:
+        copy = self.registry
+        try:
+            return self._process(copy, message, fresh=False)
+        except _Stale:
+            pass
+        source: Registry = getattr(copy, "uncached", copy)
+        outcome = self._process(source, message, fresh=True)
+        invalidate = getattr(copy, "invalidate", None)
+        if invalidate is not None and source is not copy and self._behind(copy, source, message.app):
+            invalidate()
+        return outcome
+
+    @staticmethod
+    def _behind(copy: Registry, source: Registry, app_name: str) -> bool:
+        """Whether the copy's application, links or active versions are not the registry's."""
+        try:
+            app, linked = source.get_app(app_name), source.linked_models(app_name)
+            held, held_links = copy.get_app(app_name), copy.linked_models(app_name)
+        except NotFound:
+            return True
+        if app != held or linked != held_links:
+            return True
+        return active_versions(source, linked, tolerate=NotFound) != active_versions(copy, linked, tolerate=NotFound)
+
+    def _process(self, registry: Registry, message: FeedbackMessage, fresh: bool) -> Outcome:
         try:  # the application and its links, read once for every state this feedback updates
-            app = self.registry.get_app(message.app)
-            linked = self.registry.linked_models(app.name)
+            app = registry.get_app(message.app)
+            linked = registry.linked_models(app.name)
         except NotFound as e:  # deleted since the feedback was accepted: nothing left to learn, no retry helps
             if e.kind != "application":
                 raise  # a missing table, not a missing application: a deployment fault, retried
+            if not fresh:
+                raise _Stale from e  # or added since the copy was read (it holds "no such application" a second)
             logger.info("feedback for an application that no longer exists", extra={"app": message.app})
             return "unknown_app"
-        try:
-            return self._process(app, linked, message, fresh=False)
-        except _PolicyMismatch:
-            # a state learned under another policy than this copy of the registry says: the copy may be the
-            # stale one (a set_app_policy moments ago), and resetting the state on its word would throw away
-            # what the new policy learned; read the application again before anything is reset
-            invalidate = getattr(self.registry, "invalidate", None)
-            now = time.monotonic()
-            if invalidate is not None and now - self.refreshed.get(message.app, -math.inf) >= REFRESH_S:
-                invalidate()  # once a second at most: each user's old-policy state asks once after a switch
-                self.refreshed[message.app] = now
-            app = self.registry.get_app(message.app)
-            linked = self.registry.linked_models(app.name)
-            return self._process(app, linked, message, fresh=True)
-
-    def _process(self, app: Application, linked: list[str], message: FeedbackMessage, fresh: bool) -> Outcome:
-        canaries = self._canaries(linked)
-        if app.policy == "single" and not canaries:
-            return "not_learning"
+        canaries = self._canaries(registry, linked)
         rows = decode_rows(message.payload)
         (key,) = record_keys(app.name, message.user, rows)
         record = self.cache.get_many([key]).get(key)
+        if record is not None and not fresh:
+            chosen_by = Selection.from_dict(record["selection"]).policy
+            if record.get("incarnation", 0) != app.incarnation or chosen_by != app.policy:
+                raise _Stale  # answered under an application or policy the copy does not know yet, or no longer
+        if app.policy == "single" and not canaries:
+            return "not_learning"
         if record is None:
             logger.info("feedback without a recorded prediction", extra={"app": app.name})
             return "no_record"
         if record.get("incarnation", 0) != app.incarnation:  # answered by a deleted application of this name
             logger.info("feedback on a prediction of a deleted application of this name", extra={"app": app.name})
             return "no_record"
-        versions = active_versions(self.registry, linked)  # read once: the canaries' evidence and the states
+        # read once: the states and the canaries' evidence; a model without an active version is left out, a
+        # registry that cannot be read fails the feedback (retried), never taken for "no active version"
+        versions = active_versions(registry, linked, tolerate=NotFound)
+        outcome: Outcome = "canary_only"
+        if app.policy != "single":
+            outcome = self._learn(registry, app, linked, versions, message, record, fresh)
         if canaries:
             self._add_evidence(canaries, record, message, versions)
-        if app.policy == "single":
-            return "canary_only"
+        return outcome
+
+    def _learn(
+        self,
+        registry: Registry,
+        app: Application,
+        linked: list[str],
+        versions: dict[str, str],
+        message: FeedbackMessage,
+        record: dict[str, Any],
+        fresh: bool,
+    ) -> Outcome:
         selection = Selection.from_dict(record["selection"])
         if selection.policy != app.policy:
             # chosen by the policy the application had before set_app_policy: the new policy's update would read
             # its probabilities as its own (an Exp4 mixture as Exp3's draw), so the bandit learns nothing from it
             logger.info("feedback on a prediction of the application's previous policy", extra={"app": app.name})
             return "policy_changed"
-        outputs = self._serving(record["outputs"], record.get("versions") or {}, versions)
+        outputs = self._serving(registry, record["outputs"], record.get("versions") or {}, versions)
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
         keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]
         applied = [self._apply(app, linked, versions, k, message, selection, outputs, fresh) for k in keys]
@@ -238,10 +271,10 @@ class FeedbackProcessor:
             self.log.record(message, record)
         return "applied" if any(applied) else "duplicate"
 
-    def _canaries(self, linked: list[str]) -> dict[str, Canary]:
+    def _canaries(self, registry: Registry, linked: list[str]) -> dict[str, Canary]:
         if self.evidence is None:
             return {}
-        running = {m: self.registry.canary(m) for m in linked}
+        running = {m: registry.canary(m) for m in linked}
         return {m: c for m, c in running.items() if c is not None}
 
     def _add_evidence(
@@ -261,7 +294,9 @@ class FeedbackProcessor:
             if self.evidence.add_once(model, canary.trial, version, delta, msg.feedback_id):
                 self.touched.add(model)
 
-    def _serving(self, outputs: dict[str, Any], answered: dict[str, str], active: dict[str, str]) -> dict[str, Any]:
+    def _serving(
+        self, registry: Registry, outputs: dict[str, Any], answered: dict[str, str], active: dict[str, str]
+    ) -> dict[str, Any]:
         """The outputs of versions that still answer: the model's active version, or its running canary's (a
         share of its queries); another version's output (switched, rolled back or promoted since the query)
         judged a version the model's arm no longer stands for. A record without versions is taken whole."""
@@ -271,7 +306,7 @@ class FeedbackProcessor:
             if version is None or version == active.get(model):
                 kept[model] = output
                 continue
-            canary = self.registry.canary(model) if model in active else None
+            canary = registry.canary(model) if model in active else None
             if canary is not None and canary.version == version:
                 kept[model] = output
         return kept
@@ -287,17 +322,19 @@ class FeedbackProcessor:
         outputs: dict[str, Any],
         fresh: bool = True,
     ) -> bool:
-        """Apply the feedback to the state under ``key``; ``fresh``: ``app`` was read from the registry itself
-        (not a copy that may be stale), so a state of another policy is reset rather than questioned."""
+        """Apply the feedback to the state under ``key``; ``fresh``: ``app``, ``linked`` and ``versions`` were read
+        from the registry itself (not a copy that may be stale), so a stored state that disagrees with them is
+        the outdated one (reset, reconciled, its arms restarted) rather than a reason to read the registry."""
         policy = policy_for(app.policy, app.policy_params)
         for _ in range(self.max_attempts):
             stored = self.store.load(key)
-            mismatch = stored is not None and stored.incarnation == app.incarnation and stored.policy != app.policy
-            if mismatch and not fresh:
-                raise _PolicyMismatch
+            if not fresh and not _agrees(stored, app, linked, versions):
+                raise _Stale
             if key != state_key(app.name) and (stored is None or stored.incarnation != app.incarnation):
                 # a user without a state of this application's own (none, or one of a deleted namesake's)
                 app_stored = self.store.load(state_key(app.name))
+                if not fresh and not _agrees(app_stored, app, linked, versions):
+                    raise _Stale
                 app_state = ensure_state(app_stored, app.policy, linked, app.incarnation, versions)
                 base = state_for_user(app_state, None)
             else:
@@ -311,3 +348,14 @@ class FeedbackProcessor:
             except Conflict:
                 continue  # another update won the race: read it and apply this one on top
         raise Unavailable(f"feedback {msg.feedback_id}: state {key} kept changing; will retry")
+
+
+def _agrees(stored: SelectionState | None, app: Application, linked: list[str], versions: dict[str, str]) -> bool:
+    """Whether a stored state was learned for what the registry copy says: the application's incarnation and
+    policy, its linked models, each arm's version the model's active one (an arm that does not know its version,
+    or a model without an active version, agrees)."""
+    if stored is None:
+        return True
+    if stored.incarnation != app.incarnation or stored.policy != app.policy or set(stored.models) != set(linked):
+        return False
+    return all(a.version is None or versions.get(a.model, a.version) == a.version for a in stored.arms)

@@ -281,3 +281,89 @@ def test_a_stale_registry_copy_does_not_reset_the_state_the_new_policy_learned(l
     assert worker.process(msg) == "policy_changed"  # read again: the app is exp3 now, the query was exp4's
     assert store.states[state_key("ens")] == learned
     assert exp3.process(msg) == "policy_changed"  # a worker with a fresh copy says the same
+
+
+def _stale_copy(registry):
+    """A registry copy that holds what it read (as the worker's does for up to its TTL)."""
+    from clipper.core.registry_cache import CachedRegistry
+    from tests.fakes import FakeClock
+
+    return CachedRegistry(registry, FakeClock(), ttl_s=600)
+
+
+def test_feedback_on_the_new_policys_choice_is_applied_by_a_worker_whose_copy_is_behind(learning):
+    """set_app_policy exp4 -> exp3; the frontend (already following it) answers with Exp3's draw; a worker whose
+    copy still says exp4 applies the feedback (it reads the registry itself) and drops its copy."""
+    p, registry, cache, store = learning
+    stale = _stale_copy(registry)
+    assert stale.get_app("ens").policy == "exp4"  # held
+    registry.apps["ens"] = digits_app(name="ens", policy="exp3")
+    p.predict("ens", {"input": one_hot(2)})  # chosen by exp3
+    worker = FeedbackProcessor(stale, store, cache)
+    msg = FeedbackMessage(feedback_id="new-policy", app="ens", payload=_payload(one_hot(2)), label=2)
+    assert worker.process(msg) == "applied"
+    assert store.states[state_key("ens")].policy == "exp3"
+    assert stale.get_app("ens").policy == "exp3"  # the copy was dropped: the next feedback needs no second read
+
+
+def test_a_worker_whose_copy_is_behind_a_rollout_does_not_move_the_arm_back(learning):
+    """bad 1 -> 2: a worker with a fresh registry restarts bad's arm on version 2 and learns; a worker whose copy
+    still has version 1 must not restart it on version 1 (throwing away what version 2 learned), nor drop the
+    feedback on version 2's answer."""
+    p, registry, cache, store = learning
+    stale = _stale_copy(registry)
+    assert stale.active_version("bad").version == "1"  # held
+    registry.versions[("bad", "2")] = model_version("bad", "2")
+    registry.active["bad"] = "2"
+    fresh = FeedbackProcessor(registry, store, cache)
+    for i in range(1, 5):
+        p.predict("ens", {"input": one_hot(i)})
+        msg = FeedbackMessage(feedback_id=f"a{i}", app="ens", payload=_payload(one_hot(i)), label=i)
+        assert fresh.process(msg) == "applied"
+    learned = store.states[state_key("ens")].arm("bad")
+    assert learned.version == "2" and learned.pulls == 4
+    p.predict("ens", {"input": one_hot(20)})
+    msg = FeedbackMessage(feedback_id="b20", app="ens", payload=_payload(one_hot(20)), label=20)
+    assert FeedbackProcessor(stale, store, cache).process(msg) == "applied"
+    arm = store.states[state_key("ens")].arm("bad")
+    assert arm.version == "2" and arm.pulls == 5  # version 2's arm, with this feedback on it
+
+
+def test_a_worker_whose_copy_is_behind_a_link_keeps_the_new_models_arm(learning):
+    p, registry, cache, store = learning
+    stale = _stale_copy(registry)
+    assert stale.linked_models("ens") == ["good", "bad"]  # held
+    registry.versions[("third", "1")] = model_version("third")
+    registry.active["third"] = "1"
+    registry.links["ens"] = ["good", "bad", "third"]
+    p.predict("ens", {"input": one_hot(4)})
+    msg = FeedbackMessage(feedback_id="l1", app="ens", payload=_payload(one_hot(4)), label=4)
+    assert FeedbackProcessor(registry, store, cache).process(msg) == "applied"
+    assert set(store.states[state_key("ens")].models) == {"good", "bad", "third"}
+    p.predict("ens", {"input": one_hot(5)})
+    msg = FeedbackMessage(feedback_id="l2", app="ens", payload=_payload(one_hot(5)), label=5)
+    assert FeedbackProcessor(stale, store, cache).process(msg) == "applied"
+    assert set(store.states[state_key("ens")].models) == {"good", "bad", "third"}
+
+
+def test_a_registry_that_cannot_be_read_fails_the_feedback_rather_than_judging_no_model(learning):
+    """A throttled read of the active versions is not "no active version": the feedback fails (the queue
+    retries it) and nothing is marked applied, so the retry learns from it."""
+    from clipper.errors import Throttled
+
+    p, registry, cache, store = learning
+
+    class Throttling:
+        def __getattr__(self, name):
+            return getattr(registry, name)
+
+        def active_version(self, model):
+            raise Throttled("ProvisionedThroughputExceeded")
+
+    p.predict("ens", {"input": one_hot(3)})
+    msg = FeedbackMessage(feedback_id="t", app="ens", payload=_payload(one_hot(3)), label=3)
+    with pytest.raises(Throttled):
+        FeedbackProcessor(Throttling(), store, cache).process(msg)
+    assert state_key("ens") not in store.states
+    assert FeedbackProcessor(registry, store, cache).process(msg) == "applied"
+    assert sum(a.pulls for a in store.states[state_key("ens")].arms) == 2

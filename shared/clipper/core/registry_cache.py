@@ -317,6 +317,11 @@ class CachedRegistry:
         canary = self._get(("canary", model))
         return None if canary is _NO_CANARY else canary
 
+    @property
+    def uncached(self) -> Registry:
+        """The registry this copies, read directly (where the copy may be behind what was written after it)."""
+        return self._inner
+
     def invalidate(self) -> None:
         with self._lock:
             self._entries.clear()

@@ -14,12 +14,17 @@ class ActiveVersions(Protocol):
     def active_version(self, model: str) -> ModelVersion: ...
 
 
-def active_versions(registry: ActiveVersions, models: Iterable[str]) -> dict[str, str]:
-    """Each model's active version (a model without one is left out: it cannot answer, its arm waits)."""
+def active_versions(
+    registry: ActiveVersions, models: Iterable[str], tolerate: type[ClipperError] = ClipperError
+) -> dict[str, str]:
+    """Each model's active version (a model without one is left out: it cannot answer, its arm waits).
+    ``tolerate``: the errors that leave a model out; others raise (feedback tolerates ``NotFound`` only: a
+    registry it cannot read must fail the feedback, to be retried, not judge every model as versionless; a
+    query leaves the model's arm as it is)."""
     out = {}
     for model in models:
         try:
             out[model] = registry.active_version(model).version
-        except ClipperError:
+        except tolerate:
             continue
     return out
