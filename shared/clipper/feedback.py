@@ -87,8 +87,12 @@ def validate_label(body: dict[str, Any]) -> float | int | str:
         raise InvalidInput("label", "a finite number", str(label))
     if isinstance(label, int) and not _fits_a_double(label):  # JSON has no bound; the loss compares as floats
         raise InvalidInput("label", "a number within a double's range", f"an integer of {len(str(abs(label)))} digits")
-    if isinstance(label, str) and len(label.encode("utf-8", "surrogatepass")) > MAX_LABEL_BYTES:
-        raise InvalidInput("label", f"a string of at most {MAX_LABEL_BYTES} bytes in UTF-8", f"{len(label)} characters")
+    if isinstance(label, str) and _json_bytes(label) - 2 > MAX_LABEL_BYTES:  # as it travels: escapes count
+        raise InvalidInput(
+            "label",
+            f"a string of at most {MAX_LABEL_BYTES} bytes as JSON (UTF-8; a control character's escape is 6)",
+            f"{len(label)} characters",
+        )
     return label
 
 
@@ -112,6 +116,11 @@ def feedback_id(app: str, user: str | None, body: dict[str, Any]) -> str:
 # A label travels in the feedback's queue message beside the input (at most MAX_INLINE_PAYLOAD): together they
 # stay under SQS's 256 KiB.
 MAX_LABEL_BYTES = 16 * 1024
+MAX_MESSAGE_BYTES = 256 * 1024  # SQS's limit on a message
+
+
+def _json_bytes(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
 def _fits_a_double(n: int) -> bool:
@@ -146,9 +155,13 @@ class FeedbackReceiver:
         message = FeedbackMessage(
             feedback_id=feedback_id(app.name, user, body), app=app.name, user=user, payload=payload, label=label
         )
+        body = message.to_json()
+        size = len(body.encode("utf-8", "surrogatepass"))
+        if size > MAX_MESSAGE_BYTES:  # the input's and the label's bounds keep it under; the queue would refuse it
+            raise InvalidInput("input", "an input and a label that fit one queue message (256 KiB)", f"{size} bytes")
         if not self._url:
             raise Unavailable("no feedback queue is configured (CLIPPER_FEEDBACK_QUEUE_URL)")
-        self._queue.send(self._url, message.to_json())
+        self._queue.send(self._url, body)
         return {"accepted": True, "feedback_id": message.feedback_id}
 
 

@@ -367,3 +367,37 @@ def test_a_registry_that_cannot_be_read_fails_the_feedback_rather_than_judging_n
     assert state_key("ens") not in store.states
     assert FeedbackProcessor(registry, store, cache).process(msg) == "applied"
     assert sum(a.pulls for a in store.states[state_key("ens")].arms) == 2
+
+
+def test_feedback_too_large_for_a_queue_message_as_it_travels_is_a_400():
+    """SQS counts the message's bytes: a label's control characters travel escaped (6 bytes each) and a string
+    input's characters as UTF-8 (up to 4 bytes each); measured as characters both passed and SQS refused the
+    message (a 503 no retry could mend)."""
+    from clipper.core.domain import InputType
+    from clipper.feedback import MAX_LABEL_BYTES
+    from tests.fakes import InMemoryRegistry
+
+    registry = InMemoryRegistry()
+    registry.apps["t"] = digits_app(name="t", input_type=InputType.STRINGS, input_shape=None)
+    queue = ListQueue()
+    receiver = FeedbackReceiver(registry, queue, "https://sqs.local/feedback")
+    with pytest.raises(InvalidInput) as e:
+        receiver.accept("t", {"input": "a" * 200_000, "label": "\x01" * MAX_LABEL_BYTES})
+    assert e.value.field == "label"
+    with pytest.raises(InvalidInput) as e:
+        receiver.accept("t", {"input": "\u4e00" * 70_000, "label": "x"})  # 70,000 characters, 210,000 bytes
+    assert e.value.field == "input"
+    # at both bounds as they travel: accepted, and the message fits
+    largest = "a" * (200 * 1024 - 32)
+    receiver.accept("t", {"input": largest, "label": "\x01" * (MAX_LABEL_BYTES // 6)})
+    assert queue.sent and len(queue.sent[-1][1].encode()) <= 256 * 1024
+
+
+def test_a_string_query_goes_by_claim_check_when_its_utf8_bytes_pass_the_inline_limit():
+    from clipper.core.messages import MAX_INLINE_PAYLOAD, encode_rows
+
+    chars = MAX_INLINE_PAYLOAD // 2  # under the limit in characters, over it in bytes (3 a character)
+    payload, blob = encode_rows(["\u4e00" * chars])
+    assert blob is not None and payload.strings is None
+    payload, blob = encode_rows(["a" * chars])
+    assert blob is None and payload.strings == ["a" * chars]

@@ -111,9 +111,9 @@ def encode_rows(rows: Rows) -> tuple[Payload, bytes | None]:
         payload = Payload(b64=[base64.b64encode(r).decode("ascii") for r in rows])
     else:
         payload = Payload(strings=list(rows))  # type: ignore[arg-type]
-    size = len(payload.model_dump_json(exclude_none=True))
-    if size > MAX_INLINE_PAYLOAD:
-        return Payload(), payload.model_dump_json(exclude_none=True).encode()
+    encoded = payload.model_dump_json(exclude_none=True).encode()  # SQS counts bytes (UTF-8), not characters
+    if len(encoded) > MAX_INLINE_PAYLOAD:
+        return Payload(), encoded
     return payload, None
 
 
