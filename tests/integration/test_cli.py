@@ -169,8 +169,10 @@ def test_logs_lists_the_processes_and_tails_one(tmp_path, capsys):
     assert capsys.readouterr().out == "line 97\nline 98\nline 99\n"
     assert main(["logs", "requests", "--state-dir", str(state)]) == 0
     assert "POST /digits/predict" in capsys.readouterr().out
-    assert main(["logs", "nope", "--state-dir", str(state)]) == 2
+    assert main(["logs", "nope", "--state-dir", str(state)]) == 2  # a process that is not there: refused
     assert "processes: batcher-mlp, requests" in capsys.readouterr().err
+    assert main(["logs", "--state-dir", str(tmp_path / "none")]) == 1  # no stack there, as no API at a URL
+    assert "no local stack state" in capsys.readouterr().err
 
 
 def test_a_joblib_file_loads_with_joblib_and_a_bad_file_is_one_line(tmp_path):

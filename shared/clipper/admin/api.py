@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from clipper.admin import schemas
 from clipper.admin.report import ReportService, add_report_route
 from clipper.admin.service import AdminService
+from clipper.core.media import json_content
 from clipper.errors import ClipperError, Conflict, InvalidInput, NotFound, Unavailable
 
 _STATUS: list[tuple[type[ClipperError], int, str]] = [
@@ -63,7 +64,7 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
     def json_body(request: Request) -> None:
         """An operation's body is JSON: another Content-Type is a 415, as the query API answers it."""
         kind = request.headers.get("content-type")
-        if kind is not None and kind.split(";")[0].strip().lower() != "application/json":
+        if kind is not None and not json_content(kind):  # application/json or a +json type, as the query API
             raise _Refused(415, f"Content-Type: expected application/json, got {kind}")
 
     @app.exception_handler(_Refused)

@@ -49,8 +49,9 @@ def run_logs(args: argparse.Namespace) -> int:
     folder = state_dir(args.state_dir)
     if not args.process:
         listed = processes(folder)
-        if listed is None:
-            raise SystemExit(f"clipper: no local stack state in {folder} (is `make run` running from here?)")
+        if listed is None:  # no stack there (as no API at a URL: 1), not a bad argument (2)
+            print(f"clipper: no local stack state in {folder} (is `make run` running from here?)", file=sys.stderr)
+            return 1
         width = max(len(p["name"]) for p in listed) if listed else 8
         for p in listed:
             log = log_path(folder, p["name"])

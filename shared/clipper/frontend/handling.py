@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from clipper.core.media import json_content
 from clipper.core.validation import may_hold_booleans
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from clipper.feedback import FeedbackReceiver
@@ -53,14 +54,6 @@ def truthy(value: str | bytes | None) -> bool:
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
     return (value or "").lower() in {"1", "true", "yes"}
-
-
-def json_content(content_type: str | None) -> bool:
-    """JSON, or no Content-Type at all (taken as JSON)."""
-    if not content_type:
-        return True
-    kind = content_type.split(";", 1)[0].strip().lower()
-    return kind == "application/json" or kind.endswith("+json")
 
 
 def check_fields(body: Any, allowed: frozenset[str]) -> None:
