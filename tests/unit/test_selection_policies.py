@@ -534,3 +534,13 @@ def test_a_nan_weight_in_a_vote_answers_with_no_confidence_rather_than_raising()
     for order in (["a", "b"], ["b", "a"]):
         combined = combine_outputs({"a": math.nan, "b": 1.0}, order, {"a": 1, "b": 2})
         assert combined.answered and combined.output in (1, 2) and combined.confidence == 0.0
+
+
+def test_exp3_weighs_a_draw_by_its_probability_when_models_were_unlinked_since():
+    """Drawn among four models at the floor (gamma / 4); two unlinked before the label came: the importance
+    weight is still 1 / (gamma / 4), not clipped to the floor of the two left."""
+    policy = Exp3Policy(gamma=0.5, eta=0.1)
+    selection = Selection("exp3", ("a",), {"a": 0.125, "b": 0.625, "c": 0.125, "d": 0.125})
+    state = initial_state("exp3", ["a", "b"])
+    new = policy.update(state, selection, {"a": 7}, 3)  # wrong: loss 1
+    assert math.log(new.weights["b"] / new.weights["a"]) == pytest.approx(0.1 / 0.125)

@@ -202,7 +202,8 @@ class Exp3Policy(_Policy):
         if not selection.models or selection.models[0] not in losses:
             return state.arms
         chosen = selection.models[0]
-        floor = self.gamma / len(state.arms)
+        # the floor of the draw as it was made: K the models it was among (links change between query and label)
+        floor = self.gamma / (len(selection.probabilities) or len(state.arms))
         p = selection.probabilities.get(chosen) or self.probabilities(state)[chosen]
         p = min(1.0, max(floor, p))  # importance weight at most K / gamma
         return reweighted(state.arms, {chosen: -self.eta * losses[chosen] / p}, self.min_ratio)
