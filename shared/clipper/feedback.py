@@ -165,6 +165,9 @@ class FeedbackReceiver:
         return {"accepted": True, "feedback_id": message.feedback_id}
 
 
+_Read = tuple[Application, list[str], dict[str, str]]  # an application, its links, their active versions
+
+
 class _Stale(Exception):
     """The registry copy disagrees with something written after it was read (a stored bandit state, the query's
     record): either may be the outdated one, so the registry itself is read before anything is decided."""
@@ -198,39 +201,40 @@ class FeedbackProcessor:
     def process(self, message: FeedbackMessage) -> Outcome:
         copy = self.registry
         try:
-            return self._process(copy, message, fresh=False)
+            held = self._read(copy, message.app)
+            if held is None:
+                raise _Stale  # or added since the copy was read (it holds "no such application" a second)
+            return self._process(copy, held, message, fresh=False)
         except _Stale:
             pass
         source: Registry = getattr(copy, "uncached", copy)
-        outcome = self._process(source, message, fresh=True)
+        read = self._read(source, message.app)
+        if read is None:  # deleted since the feedback was accepted: nothing left to learn, no retry helps
+            logger.info("feedback for an application that no longer exists", extra={"app": message.app})
+            outcome: Outcome = "unknown_app"
+        else:
+            outcome = self._process(source, read, message, fresh=True)
         invalidate = getattr(copy, "invalidate", None)
-        if invalidate is not None and source is not copy and self._behind(copy, source, message.app):
-            invalidate()
+        if invalidate is not None and source is not copy and self._read(copy, message.app) != read:
+            invalidate()  # the copy was behind: the next feedback reads what this one did
         return outcome
 
     @staticmethod
-    def _behind(copy: Registry, source: Registry, app_name: str) -> bool:
-        """Whether the copy's application, links or active versions are not the registry's."""
+    def _read(registry: Registry, app_name: str) -> _Read | None:
+        """The application, its links and their active versions (a model without one left out), read once for
+        every state and the evidence this feedback updates; None when there is no such application. A registry
+        that cannot be read fails the feedback (retried), never taken for "no active version"."""
         try:
-            app, linked = source.get_app(app_name), source.linked_models(app_name)
-            held, held_links = copy.get_app(app_name), copy.linked_models(app_name)
-        except NotFound:
-            return True
-        if app != held or linked != held_links:
-            return True
-        return active_versions(source, linked, tolerate=NotFound) != active_versions(copy, linked, tolerate=NotFound)
-
-    def _process(self, registry: Registry, message: FeedbackMessage, fresh: bool) -> Outcome:
-        try:  # the application and its links, read once for every state this feedback updates
-            app = registry.get_app(message.app)
+            app = registry.get_app(app_name)
             linked = registry.linked_models(app.name)
-        except NotFound as e:  # deleted since the feedback was accepted: nothing left to learn, no retry helps
+        except NotFound as e:
             if e.kind != "application":
                 raise  # a missing table, not a missing application: a deployment fault, retried
-            if not fresh:
-                raise _Stale from e  # or added since the copy was read (it holds "no such application" a second)
-            logger.info("feedback for an application that no longer exists", extra={"app": message.app})
-            return "unknown_app"
+            return None
+        return app, linked, active_versions(registry, linked, tolerate=NotFound)
+
+    def _process(self, registry: Registry, read: _Read, message: FeedbackMessage, fresh: bool) -> Outcome:
+        app, linked, versions = read
         canaries = self._canaries(registry, linked)
         rows = decode_rows(message.payload)
         (key,) = record_keys(app.name, message.user, rows)
@@ -247,9 +251,6 @@ class FeedbackProcessor:
         if record.get("incarnation", 0) != app.incarnation:  # answered by a deleted application of this name
             logger.info("feedback on a prediction of a deleted application of this name", extra={"app": app.name})
             return "no_record"
-        # read once: the states and the canaries' evidence; a model without an active version is left out, a
-        # registry that cannot be read fails the feedback (retried), never taken for "no active version"
-        versions = active_versions(registry, linked, tolerate=NotFound)
         outcome: Outcome = "canary_only"
         if app.policy != "single":
             outcome = self._learn(registry, app, linked, versions, message, record, fresh)

@@ -401,3 +401,20 @@ def test_a_string_query_goes_by_claim_check_when_its_utf8_bytes_pass_the_inline_
     assert blob is not None and payload.strings is None
     payload, blob = encode_rows(["a" * chars])
     assert blob is None and payload.strings == ["a" * chars]
+
+
+def test_feedback_for_an_application_the_workers_copy_holds_as_missing_is_applied(learning):
+    """The copy keeps "no such application" for a second: feedback for an application added in that second is
+    not taken for feedback of a deleted one."""
+    p, registry, cache, store = learning
+    stale = _stale_copy(registry)
+    with pytest.raises(NotFound):
+        stale.get_app("later")
+    registry.apps["later"] = digits_app(name="later", policy="exp4")
+    registry.links["later"] = ["good", "bad"]
+    p.predict("later", {"input": one_hot(6)})
+    msg = FeedbackMessage(feedback_id="later", app="later", payload=_payload(one_hot(6)), label=6)
+    assert FeedbackProcessor(stale, store, cache).process(msg) == "applied"
+    assert stale.get_app("later").name == "later"  # the copy was dropped
+    gone = FeedbackMessage(feedback_id="gone", app="nope", payload=_payload(one_hot(6)), label=6)
+    assert FeedbackProcessor(stale, store, cache).process(gone) == "unknown_app"
