@@ -38,7 +38,10 @@ from clipper.wiring import aws_client, build_batcher, lazy_aws_client  # noqa: E
 SERVICE = "clipper-batcher"
 logger = Logger(service=SERVICE)
 tracer = make_tracer(SERVICE, os.environ)
-metrics = EphemeralMetrics(namespace="Clipper")
+# No default "service" dimension (Powertools adds POWERTOOLS_SERVICE_NAME's to every line otherwise): each line has
+# exactly the dimension it names, as CloudWatch matches a metric by its whole set, and the model stack's
+# EndpointFailuresAlarm names "queue" alone
+metrics = EphemeralMetrics(namespace="Clipper", service="")
 settings = BatcherSettings()  # type: ignore[call-arg]
 batcher = build_batcher(
     settings,

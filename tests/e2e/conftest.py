@@ -151,7 +151,9 @@ def stack(request, aws_env, demo_models, monkeypatch) -> Iterator[Stack]:  # noq
             registry.put_app(Application("digits", InputType.FLOATS, "-1", 3_000_000, (64,)))
             registry.link("digits", "mlp")
             registry.put_version(ModelVersion("mlp", "1", InputType.FLOATS, queue_url, url, (64,)), activate=True)
+            monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "clipper-frontend")  # each function's, as the template
             frontend = fresh_import("functions.frontend.app")
+            monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "clipper-batcher")
             batcher = fresh_import("functions.batcher.app")
             esm = EventSourceMapping(sqs, queue_url, batcher.handler)
             esm.start()

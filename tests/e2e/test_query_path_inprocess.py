@@ -10,7 +10,9 @@ import time
 import pytest
 
 from clipper.core.domain import Application, InputType, ModelVersion
+from infra.local import cfn
 from tests.events import LambdaContext, http_event
+from tests.iac.conftest import MODEL_TEMPLATE
 
 pytestmark = pytest.mark.e2e
 
@@ -90,6 +92,10 @@ def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(s
     errors = [m for m in emf if "EndpointErrors" in m]
     queue = stack.queue_url.rsplit("/", 1)[-1]
     assert len(errors) == 3 and all(m["queue"] == queue for m in errors)  # maxReceiveCount 3
+    # by the alarm's dimensions exactly (CloudWatch matches the whole set: with "service" too it never fires)
+    alarm = cfn.load_template(MODEL_TEMPLATE)["Resources"]["EndpointFailuresAlarm"]["Properties"]
+    wanted = [[d["Name"] for d in alarm["Dimensions"]]]
+    assert all(m["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == wanted for m in errors), errors
 
 
 def test_duplicate_sqs_delivery_produces_one_answer(stack, capsys, monkeypatch):

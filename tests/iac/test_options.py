@@ -321,3 +321,26 @@ def test_the_feedback_markers_outlive_every_feedback_message(translated: dict[st
     )
     assert retention < dynamodb_selection.MARKER_TTL_S
     assert retention < dynamodb_canary.MARKER_TTL_S
+
+
+def test_the_batchers_timeout_never_passes_its_queues_visibility_timeout(translated: dict[str, Any]) -> None:
+    """Lambda refuses an SQS event source mapping whose queue's visibility timeout is shorter than the function's
+    timeout: every model stack would fail with a BatcherTimeout past the model queues' visibility."""
+    model = cfn.load_template(MODEL_TEMPLATE)
+    service = cfn.load_template(SERVICE_TEMPLATE)
+    visibility = model["Parameters"]["VisibilityTimeoutSeconds"]["Default"]
+    assert service["Parameters"]["BatcherTimeout"]["MaxValue"] <= visibility
+    assert translated["Resources"]["FeedbackFunction"]["Properties"]["Timeout"] <= int(
+        translated["Resources"]["FeedbackQueue"]["Properties"]["VisibilityTimeout"]
+    )
+
+
+def test_a_model_stacks_names_fit_sagemaker_and_sqs_at_the_longest_parameters() -> None:
+    """<service>-<ModelName> names SageMaker's model and endpoint (63 characters at most, and lowercase in their
+    ARNs, which the roles match), <service>-model-<ModelName>-dlq the dead-letter queue (80)."""
+    params = cfn.load_template(MODEL_TEMPLATE)["Parameters"]
+    service, model = params["ServiceStackName"]["MaxLength"], params["ModelName"]["MaxLength"]
+    assert service + 1 + model <= 63
+    assert service + len("-model-") + model + len("-dlq") <= 80
+    pattern = re.compile(params["ServiceStackName"]["AllowedPattern"])
+    assert pattern.fullmatch("clipper-prod") and not pattern.fullmatch("Clipper")

@@ -46,6 +46,10 @@ WILDCARD_STATEMENT_REASONS: dict[tuple[str, str], str] = {
         "event source mappings are named by a UUID that CloudFormation gets back at creation, so no name pattern "
         "exists; the lambda:FunctionArn condition limits the statement to mappings of this stack's batcher."
     ),
+    ("ModelStackRole", "ReadAndTagBatcherMappings"): (
+        "event source mappings are named by a UUID (no name pattern exists), and reading one or its tags carries "
+        "no lambda:FunctionArn key to condition on; it reads and tags, never changes what a mapping does."
+    ),
     ("ModelStackRole", "SageMakerEndpointConfigs"): (
         "CloudFormation generates the endpoint configuration's name (EndpointConfig-<random>), so no name "
         "pattern exists; the model and endpoint themselves are scoped to <stack>-* in the statement before."
