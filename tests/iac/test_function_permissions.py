@@ -25,6 +25,11 @@ from tests.iac.conftest import IGNORE_MOTO_SKIPS, REPO_ROOT, SERVICE_TEMPLATE
 pytestmark = [pytest.mark.iac, IGNORE_MOTO_SKIPS]
 
 STACK = "perms"
+SQS_BATCH_ACTIONS = {
+    "SendMessageBatch": "SendMessage",
+    "DeleteMessageBatch": "DeleteMessage",
+    "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
+}
 TOKEN = "s3cret"
 TRANSACT_ITEM_ACTIONS = {
     "Put": "PutItem",
@@ -54,8 +59,8 @@ def translated() -> dict[str, Any]:
 
 def needed(operation: str, params: dict[str, Any]) -> list[tuple[str, str]]:
     """(table name, IAM action) pairs one DynamoDB request needs."""
-    if "QueueUrl" in params:  # SQS
-        return [(params["QueueUrl"], f"sqs:{operation}")]
+    if "QueueUrl" in params:  # SQS: a batch call needs the single call's action
+        return [(params["QueueUrl"], f"sqs:{SQS_BATCH_ACTIONS.get(operation, operation)}")]
     if operation in ("TransactWriteItems", "TransactGetItems"):
         out = []
         for item in params["TransactItems"]:
@@ -392,6 +397,43 @@ def sqs_event(sqs: Any, queue_url: str, arn: str, wait_s: float) -> list[dict[st
     ]
 
 
+def redelivered_answer(
+    client: TestClient, sqs: Any, queue_url: str, endpoint: str, row: list[float], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """A query answered by the SageMaker container's batcher (``clipper.entrypoints.batcher``, its clients made
+    as the "sagemaker" function's) from a second delivery of its message: the batcher looks up whether it was
+    answered before computing it."""
+    from clipper.entrypoints import batcher as container
+    from clipper.settings import BatcherSettings
+
+    monkeypatch.setenv("CLIPPER_CLOUDWATCH_METRICS", "false")
+    answer: dict[str, Any] = {}
+    asking = threading.Thread(target=lambda: answer.update(client.post("/qs/predict", json={"input": row}).json()))
+    asking.start()
+    for _ in range(100):  # a first delivery nobody handles: visible again at once
+        if sqs.receive_message(QueueUrl=queue_url, VisibilityTimeout=0, WaitTimeSeconds=0).get("Messages"):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the query never reached its queue")
+    OWNER.append("sagemaker")
+    try:
+        argv = ["--queue-url", queue_url, "--endpoint-url", endpoint, "--model", "qs", "--version", "1"]
+        args = container.parse_args([*argv, "--poll-wait-s", "0.2", "--slo-ms", "1000"])
+        settings = BatcherSettings()  # type: ignore[call-arg]
+        source = container.config_source(args, settings)
+        driver = container.build_driver(args, settings, None, source.load() if source is not None else None)
+    finally:
+        OWNER.pop()
+    stop = threading.Event()
+    running = threading.Thread(target=driver.run, args=(stop,), daemon=True)
+    running.start()
+    asking.join(timeout=15)
+    stop.set()
+    running.join(timeout=15)
+    return answer
+
+
 def test_the_query_paths_roles_allow_every_call_of_queries_their_feedback_and_a_canary(
     session: Any,
     service: dict[str, str],
@@ -423,6 +465,15 @@ def test_the_query_paths_roles_allow_every_call_of_queries_their_feedback_and_a_
         registry.put_version(ModelVersion("qm", version, InputType.FLOATS, queue_url, url, (64,)), version == "1")
     registry.link("q", "qm")
     registry.start_canary("qm", "2", 0.5, 0.0, CanaryParams())
+    # "qs": served by a SageMaker endpoint's own batcher (the container's long-poll batcher); "qf": nobody reads
+    # its queue, so its queries time out and the frontend releases their claims with the cause
+    other = {}
+    for name, slo in (("qs", 10_000_000), ("qf", 300_000)):
+        other[name] = sqs.create_queue(QueueName=f"{STACK}-model-{name}-1")["QueueUrl"]
+        registry.put_app(Application(name, InputType.FLOATS, "-1", slo, (64,), incarnation=8))
+        registry.put_version(ModelVersion(name, "1", InputType.FLOATS, other[name], url, (64,)), True)
+        registry.link(name, name)
+    monkeypatch.delenv("REDIS_URL", raising=False)  # the AWS path: DynamoDB cache and replies
 
     env = {**stack_env(service), "CLIPPER_QUEUE_PREFIX": f"{STACK}-model-"}
     frontend_env = {**env, "CLIPPER_INLINE_PREDICT": "true", "CLIPPER_FEEDBACK_QUEUE_URL": service["FeedbackQueueUrl"]}
@@ -464,6 +515,9 @@ def test_the_query_paths_roles_allow_every_call_of_queries_their_feedback_and_a_
         done.set()
         mapping.join(timeout=10)
         assert not [a for a in answers if a["default"]], answers
+        timed_out = client.post("/qf/predict", json={"input": inputs[0]}).json()
+        assert timed_out["default"] and "timeout" in timed_out["default_explanation"], timed_out
+        assert redelivered_answer(client, sqs, other["qs"], url, inputs[1], monkeypatch)["default"] is False
         for row, answer in zip(inputs, answers, strict=True):
             resp = client.post("/q/update", json={"input": row, "label": answer["output"]})
             assert resp.status_code == 200, resp.text
@@ -494,7 +548,12 @@ def test_the_query_paths_roles_allow_every_call_of_queries_their_feedback_and_a_
             sys.modules.pop(f"functions.{name}.app", None)
         stop(endpoint)
 
-    roles = {"frontend": "FrontendFunctionRole", "batcher": "BatcherFunctionRole", "feedback": "FeedbackFunctionRole"}
+    roles = {
+        "frontend": "FrontendFunctionRole",
+        "batcher": "BatcherFunctionRole",
+        "feedback": "FeedbackFunctionRole",
+        "sagemaker": "SageMakerExecutionRole",
+    }
     used = {name: {(tables.get(r, r), a) for r, a, _ in owned_calls.get(name, [])} for name in roles}
     # the test reaches the work each role exists for (a call no longer made would make the check below vacuous)
     # the test reaches the work each role exists for (a call no longer made would leave the check below vacuous)
@@ -503,7 +562,9 @@ def test_the_query_paths_roles_allow_every_call_of_queries_their_feedback_and_a_
         ("RepliesTable", "dynamodb:Query"),  # the replies awaited
         ("RegistryTable", "dynamodb:UpdateItem"),  # the canary's evidence counted
         ("FeedbackQueue", "sqs:SendMessage"),  # feedback accepted
+        ("CacheTable", "dynamodb:UpdateItem"),  # a timed-out query's claims released with the cause
     } <= used["frontend"], used["frontend"]
+    assert ("RepliesTable", "dynamodb:BatchGetItem") in used["sagemaker"], "the redelivery was not looked up"
     assert {("CacheTable", "dynamodb:BatchWriteItem"), ("RepliesTable", "dynamodb:PutItem")} <= used["batcher"]
     assert {("SelectionTable", "dynamodb:PutItem"), ("RegistryTable", "dynamodb:UpdateItem")} <= used["feedback"]
     from clipper.adapters.dynamodb_selection import DynamoDBSelectionStore
@@ -514,7 +575,7 @@ def test_the_query_paths_roles_allow_every_call_of_queries_their_feedback_and_a_
     for name, role in roles.items():
         calls = [(r, a) for r, a, _ in owned_calls.get(name, [])]
         assert missing(calls, tables, translated, role) == [], name
-        on_model_queues = {a for r, a in calls if r == queue_url}
+        on_model_queues = {a for r, a in calls if r in (queue_url, *other.values())}
         assert on_model_queues <= granted_on_model_queues(translated, role), (name, on_model_queues)
         for resource, action, params in owned_calls.get(name, []):
             limit = attribute_condition(translated, role, action, tables.get(resource, ""))
