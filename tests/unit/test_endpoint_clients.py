@@ -78,3 +78,19 @@ def test_factory_picks_the_client_by_address(runtime):
     assert factory.for_address("http://127.0.0.1:1") is factory.for_address("http://127.0.0.1:1")
     with pytest.raises(EndpointError, match="unsupported"):
         factory.for_address("ftp://x")
+
+
+def test_a_batch_over_invoke_endpoints_6_mb_goes_in_parts_under_it(runtime):
+    """InvokeEndpoint refuses a body over 6 MB (the service model says so: the Stubber checks it too): four rows
+    of 2.4 MB each go as two calls of two, their outputs in order; one row over the limit is an endpoint error."""
+    client, stub = runtime
+    rows = np.zeros((4, 600_000), np.float32)
+    for outputs in ([1, 2], [3, 4]):
+        stub.add_response(
+            "invoke_endpoint",
+            {"Body": body(encode_npy(np.array(outputs, dtype=np.int64))), "ContentType": "application/x-npy"},
+        )
+    assert SageMakerModelEndpoint(client, "e").predict(rows) == [1, 2, 3, 4]
+    stub.assert_no_pending_responses()
+    with pytest.raises(EndpointError, match="over InvokeEndpoint"):
+        SageMakerModelEndpoint(client, "e").predict(np.zeros((1, 1_600_000), np.float32))

@@ -250,13 +250,27 @@ class HttpModelEndpoint:
         return decode_outputs(data, response_type, len(rows))
 
 
+# A real-time endpoint refuses a request body over 6 MB (InvokeEndpoint's payload limit); a batch of large inputs
+# (several claim-checked ones, or hundreds of CNN images) is sent in parts under it.
+MAX_INVOKE_BYTES = 6 * 1024 * 1024
+
+
 class SageMakerModelEndpoint:
-    def __init__(self, client: SageMakerRuntimeClient, endpoint_name: str) -> None:
+    def __init__(self, client: SageMakerRuntimeClient, endpoint_name: str, max_bytes: int = MAX_INVOKE_BYTES) -> None:
         self._client = client
         self._name = endpoint_name
+        self._max_bytes = max_bytes
 
     def predict(self, rows: Rows) -> list[Any]:
         body, content_type = encode_batch(rows)
+        if len(body) > self._max_bytes:
+            if len(rows) == 1:
+                raise EndpointError(
+                    f"sagemaker endpoint {self._name}: an input of {len(body)} bytes encoded, over InvokeEndpoint's "
+                    f"{self._max_bytes}"
+                )
+            half = len(rows) // 2  # halves until each part fits: a few calls for the rare oversized batch
+            return self.predict(rows[:half]) + self.predict(rows[half:])
         try:
             resp = self._client.invoke_endpoint(
                 EndpointName=self._name, Body=body, ContentType=content_type, Accept=content_type
