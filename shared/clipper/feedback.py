@@ -224,14 +224,18 @@ class FeedbackProcessor:
         """The application, its links and their active versions (a model without one left out), read once for
         every state and the evidence this feedback updates; None when there is no such application. A registry
         that cannot be read fails the feedback (retried), never taken for "no active version"."""
+        both = getattr(registry, "app_and_links", None)  # the registry itself: one query for both
         try:
-            app = registry.get_app(app_name)
-            linked = registry.linked_models(app.name)
+            if both is not None:
+                app, linked = both(app_name)
+            else:
+                app = registry.get_app(app_name)
+                linked = registry.linked_models(app.name)
         except NotFound as e:
             if e.kind != "application":
                 raise  # a missing table, not a missing application: a deployment fault, retried
             return None
-        return app, linked, active_versions(registry, linked, tolerate=NotFound)
+        return app, list(linked), active_versions(registry, linked, tolerate=NotFound)
 
     def _process(self, registry: Registry, read: _Read, message: FeedbackMessage, fresh: bool) -> Outcome:
         app, linked, versions = read
@@ -239,10 +243,8 @@ class FeedbackProcessor:
         rows = decode_rows(message.payload)
         (key,) = record_keys(app.name, message.user, rows)
         record = self.cache.get_many([key]).get(key)
-        if record is not None and not fresh:
-            chosen_by = Selection.from_dict(record["selection"]).policy
-            if record.get("incarnation", 0) != app.incarnation or chosen_by != app.policy:
-                raise _Stale  # answered under an application or policy the copy does not know yet, or no longer
+        if record is not None and not fresh and not self._record_agrees(registry, record, app, linked, versions):
+            raise _Stale  # answered under what the copy does not know yet, or no longer
         if app.policy == "single" and not canaries:
             return "not_learning"
         if record is None:
@@ -257,6 +259,23 @@ class FeedbackProcessor:
         if canaries:
             self._add_evidence(canaries, record, message, versions)
         return outcome
+
+    @staticmethod
+    def _record_agrees(
+        registry: Registry, record: dict[str, Any], app: Application, linked: list[str], versions: dict[str, str]
+    ) -> bool:
+        """Whether the query's record was answered under what the copy says: the application's incarnation and
+        policy, and for each linked model that answered, its active version or its running canary's."""
+        if record.get("incarnation", 0) != app.incarnation:
+            return False
+        if Selection.from_dict(record["selection"]).policy != app.policy:
+            return False
+        for model, version in (record.get("versions") or {}).items():
+            if model in linked and version != versions.get(model):
+                canary = registry.canary(model)
+                if canary is None or canary.version != version:
+                    return False
+        return True
 
     def _learn(
         self,
@@ -277,7 +296,13 @@ class FeedbackProcessor:
         outputs = self._serving(registry, record["outputs"], record.get("versions") or {}, versions)
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
         keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]
-        applied = [self._apply(app, linked, versions, k, message, selection, outputs, fresh) for k in keys]
+        # every state read, and checked against the copy, before any is written: found behind by the app-wide
+        # state after the user's was saved, the user's would keep what the copy said (its marker then stops
+        # the second pass from mending it); the app-wide state is a new user's start, so it is checked too
+        loaded = {k: self.store.load(k) for k in keys}
+        if not fresh and not all(_agrees(stored, app, linked, versions) for stored in loaded.values()):
+            raise _Stale
+        applied = [self._apply(app, linked, versions, k, message, selection, outputs, fresh, loaded) for k in keys]
         # logged by the delivery that applied the app-wide state, the last key: when two deliveries of one
         # message race (a redelivery while the first still runs), one may apply the user's state and the other
         # the app's; both answer "applied", and one logs
@@ -335,18 +360,21 @@ class FeedbackProcessor:
         sel: Selection,
         outputs: dict[str, Any],
         fresh: bool = True,
+        loaded: dict[str, SelectionState | None] | None = None,
     ) -> bool:
         """Apply the feedback to the state under ``key``; ``fresh``: ``app``, ``linked`` and ``versions`` were read
         from the registry itself (not a copy that may be stale), so a stored state that disagrees with them is
         the outdated one (reset, reconciled, its arms restarted) rather than a reason to read the registry."""
         policy = policy_for(app.policy, app.policy_params)
+        first = dict(loaded or {})  # what the caller read (and checked) for the first attempt
         for _ in range(self.max_attempts):
-            stored = self.store.load(key)
+            stored = first.pop(key) if key in first else self.store.load(key)
             if not fresh and not _agrees(stored, app, linked, versions):
                 raise _Stale
             if key != state_key(app.name) and (stored is None or stored.incarnation != app.incarnation):
                 # a user without a state of this application's own (none, or one of a deleted namesake's)
-                app_stored = self.store.load(state_key(app.name))
+                app_key = state_key(app.name)
+                app_stored = first.pop(app_key) if app_key in first else self.store.load(app_key)
                 if not fresh and not _agrees(app_stored, app, linked, versions):
                     raise _Stale
                 app_state = ensure_state(app_stored, app.policy, linked, app.incarnation, versions)

@@ -418,3 +418,71 @@ def test_feedback_for_an_application_the_workers_copy_holds_as_missing_is_applie
     assert stale.get_app("later").name == "later"  # the copy was dropped
     gone = FeedbackMessage(feedback_id="gone", app="nope", payload=_payload(one_hot(6)), label=6)
     assert FeedbackProcessor(stale, store, cache).process(gone) == "unknown_app"
+
+
+def _roll_out_bad_v2(registry):
+    registry.versions[("bad", "2")] = model_version("bad", "2")
+    registry.active["bad"] = "2"
+
+
+def test_a_worker_behind_a_rollout_learns_the_first_answer_of_the_new_version(learning):
+    """The app-wide state still on bad:1 agrees with a copy behind the rollout: the record says bad:2 answered,
+    so the registry is read, bad's arm restarts on version 2 and counts this feedback."""
+    p, registry, cache, store = learning
+    stale = _stale_copy(registry)
+    assert stale.active_version("bad").version == "1"
+    p.predict("ens", {"input": one_hot(1)})
+    msg = FeedbackMessage(feedback_id="x0", app="ens", payload=_payload(one_hot(1)), label=1)
+    assert FeedbackProcessor(registry, store, cache).process(msg) == "applied"
+    _roll_out_bad_v2(registry)
+    p.predict("ens", {"input": one_hot(3)})
+    msg = FeedbackMessage(feedback_id="x1", app="ens", payload=_payload(one_hot(3)), label=3)
+    assert FeedbackProcessor(stale, store, cache).process(msg) == "applied"
+    arm = store.states[state_key("ens")].arm("bad")
+    assert arm.version == "2" and arm.pulls == 1
+
+
+def test_a_users_state_is_not_written_before_the_app_wide_state_shows_the_copy_behind(learning):
+    """User B learned before the rollout (bad:1); the app-wide state after it (bad:2, by a worker with a fresh
+    copy). A worker behind the rollout gets B's feedback on bad:2's answer: B's arm restarts on version 2 and
+    counts it (checked against every state before any is written, B's is not saved on the copy's word first)."""
+    p, registry, cache, store = learning
+    stale = _stale_copy(registry)
+    assert stale.active_version("bad").version == "1"
+    fresh = FeedbackProcessor(registry, store, cache)
+    p.predict("ens", {"uid": "B", "input": one_hot(1)})
+    assert fresh.process(FeedbackMessage(feedback_id="b0", app="ens", user="B", payload=_payload(one_hot(1)), label=1))
+    _roll_out_bad_v2(registry)
+    p.predict("ens", {"uid": "A", "input": one_hot(2)})
+    assert fresh.process(FeedbackMessage(feedback_id="a0", app="ens", user="A", payload=_payload(one_hot(2)), label=2))
+    assert store.states[state_key("ens")].arm("bad").version == "2"
+    p.predict("ens", {"uid": "B", "input": one_hot(3)})
+    msg = FeedbackMessage(feedback_id="b1", app="ens", user="B", payload=_payload(one_hot(3)), label=3)
+    assert FeedbackProcessor(stale, store, cache).process(msg) == "applied"
+    arm = store.states[state_key("ens", "B")].arm("bad")
+    assert arm.version == "2" and arm.pulls == 1
+
+
+def test_a_canary_started_within_the_copys_lag_gets_its_evidence(learning):
+    """A single-model application, a canary of good:2 started moments ago: the record says good:2 answered; a
+    worker whose copy knows no canary reads the registry and adds the evidence (not "not_learning")."""
+    import numpy as np
+
+    from clipper.core.cache_keys import record_keys
+    from clipper.core.domain import Canary
+    from clipper.selection import Selection
+    from tests.fakes import InMemoryCanaryEvidence
+
+    _, registry, cache, store = learning
+    registry.apps["ens"] = digits_app(name="ens", policy="single")
+    stale = _stale_copy(registry)
+    assert stale.canary("good") is None
+    registry.versions[("good", "2")] = model_version("good", "2")
+    registry.canaries["good"] = Canary("2", 0.5, 1_700_000_000.0)
+    (key,) = record_keys("ens", None, np.asarray([one_hot(3)], dtype=np.float32))
+    selection = Selection("single", ("good",), {"good": 1.0, "bad": 0.0})
+    cache.entries[key] = {"selection": selection.to_dict(), "outputs": {"good": 3}, "versions": {"good": "2"}}
+    evidence = InMemoryCanaryEvidence()
+    msg = FeedbackMessage(feedback_id="c1", app="ens", payload=_payload(one_hot(3)), label=3)
+    assert FeedbackProcessor(stale, store, cache, evidence=evidence).process(msg) == "canary_only"
+    assert [(m, v, e.feedback) for (m, _, v), e in evidence.counts.items()] == [("good", "2", 1)]
