@@ -258,3 +258,20 @@ def test_update_takes_the_clients_feedback_id_and_names_it_when_it_is_bad(world)
     spec = client.get("/openapi.json").json()
     update = spec["paths"]["/{app_name}/update"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "feedback_id" in update["properties"]
+
+
+def test_a_lone_surrogate_escape_is_a_400_not_a_500(world):  # noqa: F811
+    """orjson refuses "\\ud800" alone and Python's json (the fallback that names NaN's field) takes it, but no
+    queue message or DynamoDB item can carry it: feedback (a label, an input string) and queries answer 400."""
+    from clipper.feedback import FeedbackReceiver
+    from tests.fakes import ListQueue
+
+    queue = ListQueue()
+    feedback = FeedbackReceiver(world[1], queue, "https://sqs.local/feedback")
+    client = TestClient(create_app(world[0], max_body_bytes=64 * 1024, feedback=feedback))
+    headers = {"content-type": "application/json"}
+    label = b'{"input": ' + str(one_hot(3)).encode() + b', "label": "a\\ud800b"}'
+    for path, body in (("/digits/update", label), ("/digits/predict", b'{"input": [1], "uid": "\\udfff"}')):
+        r = client.post(path, content=body, headers=headers)
+        assert r.status_code == 400 and "lone surrogate" in r.json()["cause"], r.text
+    assert queue.sent == []

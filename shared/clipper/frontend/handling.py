@@ -56,6 +56,22 @@ def truthy(value: str | bytes | None) -> bool:
     return (value or "").lower() in {"1", "true", "yes"}
 
 
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether a parsed JSON value holds a string (or key) with a lone surrogate escape, which orjson refuses and
+    Python's json accepts: nothing downstream can write it as UTF-8 (a queue message, a DynamoDB item)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(has_lone_surrogate(k) or has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(has_lone_surrogate(v) for v in value)
+    return False
+
+
 def check_fields(body: Any, allowed: frozenset[str]) -> None:
     if isinstance(body, dict):
         for name in body:
@@ -100,6 +116,9 @@ class QueryHandling:
                 body = json.loads(raw)
             except (ValueError, RecursionError):
                 return error(400, "invalid JSON", f"body: expected a JSON object, got invalid JSON ({e})")
+            if has_lone_surrogate(body):  # "\ud800" alone: Python's json takes it, no UTF-8 can carry it on
+                cause = "body: expected valid Unicode text, got a lone surrogate (\\ud800-\\udfff)"
+                return error(400, "invalid JSON", cause)
         try:
             check_fields(body, fields)
         except InvalidInput as e:
