@@ -59,16 +59,19 @@ def truthy(value: str | bytes | None) -> bool:
 def has_lone_surrogate(value: Any) -> bool:
     """Whether a parsed JSON value holds a string (or key) with a lone surrogate escape, which orjson refuses and
     Python's json accepts: nothing downstream can write it as UTF-8 (a queue message, a DynamoDB item)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(has_lone_surrogate(k) or has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(has_lone_surrogate(v) for v in value)
+    pending = [value]  # an explicit stack: a body nested as deep as json takes it must not overflow this one
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
     return False
 
 
