@@ -11,6 +11,7 @@ core never inspects botocore error codes or message text.
     ├── Unavailable           a dependency (queue, table, cache, endpoint) could not be reached
     │   └── Throttled         a dependency asked us to slow down
     ├── EndpointError         the model endpoint answered with an error, or a wrong number of outputs
+    │   └── RowTooLarge       one row the endpoint cannot take at all (only its query fails)
     └── MalformedMessage      a queue message that cannot be decoded (poison; goes to the DLQ)
 """
 
@@ -61,6 +62,15 @@ class Throttled(Unavailable):
 
 class EndpointError(ClipperError):
     """The model endpoint failed a batch; every member of the batch fails with it."""
+
+
+class RowTooLarge(EndpointError):
+    """Row ``index`` of a batch is larger than the endpoint takes in one request (SageMaker's 6 MB): the query
+    holding it fails, the rest of the batch is sent without it."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 class MalformedMessage(ClipperError):

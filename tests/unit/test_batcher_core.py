@@ -367,3 +367,49 @@ def test_the_frontends_message_carries_the_keys_it_looked_up():
         ).cache_keys
         is None
     )
+
+
+def test_a_row_too_large_for_the_endpoint_fails_its_query_alone():
+    """SageMaker takes at most 6 MB a request: a batch over it goes in parts, and a query whose own row is over
+    it is answered with the error while the rest of its batch is answered (not failed and retried with it)."""
+    import io
+    import json
+
+    from botocore.response import StreamingBody
+
+    from clipper.adapters.endpoints import SageMakerModelEndpoint
+
+    class Runtime:  # InvokeEndpoint: the length of each string
+        def __init__(self) -> None:
+            self.bodies: list[int] = []
+
+        def invoke_endpoint(self, **request):
+            self.bodies.append(len(request["Body"]))
+            out = json.dumps({"predictions": [len(s) for s in json.loads(request["Body"])["instances"]]}).encode()
+            return {"Body": StreamingBody(io.BytesIO(out), len(out)), "ContentType": "application/json"}
+
+    runtime, clock, replies = Runtime(), FakeClock(), InMemoryReplies()
+    batcher = Batcher(FakeResolver(SageMakerModelEndpoint(runtime, "e", max_bytes=200)), replies, clock)
+    texts = {1: ["a" * 50], 2: ["b" * 300], 3: ["c" * 60, "d" * 70]}
+    msgs = []
+    for qid, rows in texts.items():
+        payload, _ = encode_rows(rows)
+        body = QueryMessage(
+            query_id=qid,
+            app="t",
+            model="mlp",
+            version="1",
+            input_type=InputType.STRINGS,
+            rows=len(rows),
+            payload=payload,
+            deadline_ms=int((clock.now() + 1) * 1000),
+            sent_ms=int(clock.now() * 1000),
+            reply_to=str(qid),
+        ).to_json()
+        msgs.append(Inbound(message_id=f"m{qid}", body=body))
+    report = batcher.process(msgs)
+    assert report.failed == [] and report.answered == 3
+    assert replies.lists["1"][0].outputs == [50] and replies.lists["3"][0].outputs == [60, 70]
+    (too_large,) = replies.lists["2"]
+    assert too_large.outputs is None and "over InvokeEndpoint" in (too_large.error or "")
+    assert runtime.bodies and max(runtime.bodies) <= 200

@@ -27,7 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.core.tensors import decode_npy, encode_npy
 from clipper.core.validation import Rows
-from clipper.errors import EndpointError, MalformedMessage, Unavailable
+from clipper.errors import EndpointError, MalformedMessage, RowTooLarge, Unavailable
 from clipper.ports import ModelEndpoint, Registry
 
 if TYPE_CHECKING:
@@ -262,15 +262,20 @@ class SageMakerModelEndpoint:
         self._max_bytes = max_bytes
 
     def predict(self, rows: Rows) -> list[Any]:
+        return self._predict(rows, 0)
+
+    def _predict(self, rows: Rows, first: int) -> list[Any]:
+        """``rows``, row ``first`` of the batch onwards."""
         body, content_type = encode_batch(rows)
         if len(body) > self._max_bytes:
             if len(rows) == 1:
-                raise EndpointError(
+                raise RowTooLarge(
+                    first,
                     f"sagemaker endpoint {self._name}: an input of {len(body)} bytes encoded, over InvokeEndpoint's "
-                    f"{self._max_bytes}"
+                    f"{self._max_bytes}",
                 )
             half = len(rows) // 2  # halves until each part fits: a few calls for the rare oversized batch
-            return self.predict(rows[:half]) + self.predict(rows[half:])
+            return self._predict(rows[:half], first) + self._predict(rows[half:], first + half)
         try:
             resp = self._client.invoke_endpoint(
                 EndpointName=self._name, Body=body, ContentType=content_type, Accept=content_type

@@ -27,7 +27,7 @@ from clipper.batching.latency import LatencyModel
 from clipper.core.cache_keys import row_keys
 from clipper.core.messages import QueryMessage, Reply, decode_rows, no_answer
 from clipper.core.validation import Rows
-from clipper.errors import ClipperError, EndpointError, MalformedMessage
+from clipper.errors import ClipperError, EndpointError, MalformedMessage, RowTooLarge
 from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, PublishAndFill, ReplyPublisher
 
 logger = logging.getLogger(__name__)
@@ -240,6 +240,9 @@ class Batcher:
             outputs = self._endpoints.endpoint_for(model, version).predict(rows)
             if len(outputs) != len(rows):
                 raise EndpointError(f"endpoint returned {len(outputs)} outputs for {len(rows)} inputs")
+        except RowTooLarge as e:  # one query's row the endpoint cannot take: it fails alone, the rest go on
+            self._fail_oversized(model, version, members, e, report)
+            return
         except ClipperError as e:
             logger.warning("batch failed", extra={"model": model, "version": version, "error": str(e)})
             report.endpoint_errors += len(members)
@@ -279,6 +282,24 @@ class Batcher:
             offset += n
         entries = _cache_entries(model, version, members, outputs) if self._cache is not None else None
         self._deliver(members, replies, report, failed=False, entries=entries)
+
+    def _fail_oversized(
+        self, model: str, version: str, members: list[_Work], e: RowTooLarge, report: BatchReport
+    ) -> None:
+        """Answer the member holding row ``e.index`` with the error (a retry cannot shrink it: it is answered,
+        not left for one), and run the others as a batch of their own."""
+        k, offset = 0, members[0].message.rows
+        while offset <= e.index and k < len(members) - 1:
+            k += 1
+            offset += members[k].message.rows
+        logger.warning("input too large for the endpoint", extra={"model": model, "version": version, "error": str(e)})
+        error = Reply(
+            query_id=members[k].message.query_id, model=model, version=version, error=str(e), error_kind="endpoint"
+        )
+        self._deliver([members[k]], [error], report, failed=False)
+        rest = members[:k] + members[k + 1 :]
+        if rest:
+            self._run_group(model, version, rest, report)
 
     def _deliver(
         self,
