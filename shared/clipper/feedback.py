@@ -53,7 +53,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["applied", "duplicate", "no_record", "not_learning", "unknown_app", "canary_only", "policy_changed"]
+Outcome = Literal[
+    "applied",
+    "duplicate",
+    "no_record",
+    "not_learning",
+    "unknown_app",
+    "canary_only",
+    "policy_changed",
+    "label_mismatch",
+]
 
 
 class FeedbackMessage(BaseModel):
@@ -121,6 +130,29 @@ MAX_MESSAGE_BYTES = 256 * 1024  # SQS's limit on a message
 
 def _json_bytes(text: str) -> int:
     return len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
+def _kind(value: Any) -> str:
+    """An output's or a label's kind for judging one against the other: numbers (int or float) are one kind."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "list"
+    return "object" if isinstance(value, dict) else "null"
+
+
+def _label_fits(label: float | int | str, outputs: Any) -> bool:
+    """Whether some model's output is of the label's kind (a record without outputs: nothing to say)."""
+    kinds = {_kind(o) for o in outputs if o is not None}
+    return not kinds or _kind(label) in kinds
+
+
+def _output_kinds(record: dict[str, Any]) -> list[str]:
+    return sorted({_kind(o) for o in record["outputs"].values() if o is not None})
 
 
 def _fits_a_double(n: int) -> bool:
@@ -253,6 +285,14 @@ class FeedbackProcessor:
         if record.get("incarnation", 0) != app.incarnation:  # answered by a deleted application of this name
             logger.info("feedback on a prediction of a deleted application of this name", extra={"app": app.name})
             return "no_record"
+        if not _label_fits(message.label, record["outputs"].values()):
+            # "5" against the outputs 5: judged, every model would lose on every such label (and a canary's
+            # version with them), so the bandit would learn the client's mistake; nothing is learned
+            logger.warning(
+                "feedback label of another kind than the models' outputs: not learned",
+                extra={"app": app.name, "label": _kind(message.label), "outputs": _output_kinds(record)},
+            )
+            return "label_mismatch"
         outcome: Outcome = "canary_only"
         if app.policy != "single":
             outcome = self._learn(registry, app, linked, versions, message, record, fresh)

@@ -222,6 +222,22 @@ def test_feedback_on_a_prediction_of_the_previous_policy_leaves_the_state_alone(
     assert state_key("ens") not in store.states or store.states[state_key("ens")].policy == "exp4"
 
 
+def test_a_label_of_another_kind_than_the_outputs_is_not_learned(learning, caplog):
+    p, registry, cache, store = learning
+    feedback = FeedbackProcessor(registry, store, cache)
+    p.predict("ens", {"input": one_hot(5)})  # the models answer integers (classes)
+    msg = FeedbackMessage(feedback_id="s", app="ens", payload=_payload(one_hot(5)), label="5")
+    with caplog.at_level("WARNING", logger="clipper.feedback"):
+        assert feedback.process(msg) == "label_mismatch"
+    assert state_key("ens") not in store.states  # judged, both models would have lost: "good" with "bad"
+    assert any("another kind" in r.getMessage() and r.label == "string" for r in caplog.records)
+    p.predict("ens", {"input": one_hot(6)})
+    float_label = FeedbackMessage(feedback_id="f", app="ens", payload=_payload(one_hot(6)), label=6.0)
+    assert feedback.process(float_label) == "applied"  # numbers are one kind: 6.0 judges the class 6
+    weights = store.states[state_key("ens")].weights
+    assert weights["good"] > weights["bad"]
+
+
 def test_an_integer_label_beyond_a_double_is_as_far_off_as_can_be():
     from clipper.selection import loss
 
