@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -73,13 +75,54 @@ def test_application_lifecycle(admin):
         ({"input_type": "images"}, "input_type"),
         ({"policy": "oracle"}, "policy"),
         ({"input_shape": [0]}, "input_shape"),
+        ({"input_shape": [1] * 33}, "input_shape"),  # numpy's reshape refuses over 64: each query was a 500
+        ({"input_shape": [2**31]}, "input_shape"),
         ({"name": "no spaces"}, "name"),
+        ({"default_output": "\ud800"}, "default_output"),  # no UTF-8 answer can carry it: was a 500
+        ({"default_output": "[" * 65 + "]" * 65}, "default_output"),  # answered as JSON: its encoder stops at 254
+        ({"default_output": "x" * 65_537}, "default_output"),  # the registry's item limit: was a 503
     ],
 )
 def test_bad_registrations_name_the_field_and_change_nothing(admin, change, field):
-    resp = admin.post("/admin/add_app", json=DIGITS | change)
+    raw = json.dumps(DIGITS | change)  # ASCII: a lone surrogate travels as its JSON escape
+    resp = admin.post("/admin/add_app", content=raw, headers={"Content-Type": "application/json"})
     assert resp.status_code == 400 and resp.json()["cause"].startswith(field)
     assert ok(admin.post("/admin/get_all_applications", json={})) == []
+
+
+def test_a_default_at_the_bounds_is_registered_and_answered(admin):
+    nested = "[" * 64 + "]" * 64
+    assert ok(admin.post("/admin/add_app", json=DIGITS | {"default_output": nested}))["default_output"] == nested
+    ok(admin.post("/admin/add_app", json=DIGITS | {"name": "long", "default_output": "x" * 65_536}))
+
+
+@pytest.mark.parametrize(
+    ("operation", "body", "field"),
+    [
+        ("add_model", {"input_shape": [-3]}, "input_shape"),  # add_app refused these; add_model stored them
+        ("add_model", {"input_shape": [0]}, "input_shape"),
+        ("add_model", {"input_shape": [1] * 65}, "input_shape"),
+        ("add_model", {"labels": ["x" * 1000] * 200}, "labels"),  # over the registry's item limit: was a 503
+        ("add_model", {"labels": ["\udc00"]}, "labels"),
+        ("add_model", {"container_name": "c" * 2049}, "container_name"),
+        ("get_application", {"name": "\ud800"}, "name"),  # echoed in the 404's cause: was a 500
+        ("get_application", {"name": "a" * 2049}, "name"),
+        ("add_model_links", {"app_name": "digits", "model_names": ["\ud800"]}, "model_names"),
+        ("rollback_model", {"model_name": "m\ud800"}, "model_name"),
+    ],
+)
+def test_bad_text_and_shapes_in_any_operation_name_the_field(admin, operation, body, field):
+    base = mlp("1") if operation == "add_model" else {}
+    raw = json.dumps(base | body)  # ASCII: a lone surrogate travels as its JSON escape
+    resp = admin.post(f"/admin/{operation}", content=raw, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["cause"].startswith(f"{field}: ") and "Value error" not in resp.json()["cause"]
+    assert ok(admin.post("/admin/get_all_models", json={})) == []
+
+
+def test_an_empty_content_type_is_a_415_not_a_body_error(admin):
+    resp = admin.post("/admin/get_application", content=b'{"name": "x"}', headers={"Content-Type": ""})
+    assert resp.status_code == 415 and "empty Content-Type" in resp.json()["cause"]
 
 
 def test_models_versions_links_rollout_and_rollback(admin):

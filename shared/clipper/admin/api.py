@@ -64,6 +64,8 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
     def json_body(request: Request) -> None:
         """An operation's body is JSON: another Content-Type is a 415, as the query API answers it."""
         kind = request.headers.get("content-type")
+        if kind is not None and not kind.strip():  # FastAPI reads no body under an empty one: a 415, not "body: ..."
+            raise _Refused(415, "Content-Type: expected application/json, got an empty Content-Type")
         if kind is not None and not json_content(kind):  # application/json or a +json type, as the query API
             raise _Refused(415, f"Content-Type: expected application/json, got {kind}")
 
@@ -92,7 +94,7 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
             detail = (first.get("ctx") or {}).get("error", "")
             return _error(400, "invalid input", f"body: not valid JSON ({detail} at character {first['loc'][-1]})")
         field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return _error(400, "invalid input", f"{field}: {first['msg']}")
+        return _error(400, "invalid input", f"{field}: {first['msg'].removeprefix('Value error, ')}")
 
     @app.exception_handler(ClipperError)
     async def clipper_error(_: Request, e: ClipperError) -> JSONResponse:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+import orjson
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 InputTypeName = Literal["integers", "bytes", "floats", "doubles", "strings"]
 PolicyName = Literal["single", "epsilon_greedy", "exp3", "exp4"]
@@ -19,9 +20,93 @@ def _storable(x: float) -> float:
 
 Number = Annotated[float, AfterValidator(_storable)]
 
+# A string field's bound where its own is not given: every such field is a name, an address or a label, and the
+# registry (DynamoDB: 400 KB an item, 2 KB a key) refused larger ones with a ValidationException, answered 503
+MAX_TEXT_CHARS = 2_048
+MAX_DEFAULT_CHARS = 65_536
+MAX_DEFAULT_DEPTH = 64  # the answer's JSON encoder stops at 254 levels: a deeper default was a 500 at each default
+MAX_LABELS_BYTES = 128 * 1024
+MAX_DIMENSIONS = 32
+MAX_DIMENSION = 2**31 - 1
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether a string (or a list's) holds a surrogate code point: JSON's "\\ud800" alone (a pair decodes to one
+    character); FastAPI's parser takes it, and no UTF-8 answer or store can carry it (it was a 500)."""
+    if isinstance(value, str):
+        return any("\ud800" <= c <= "\udfff" for c in value) if not value.isascii() else False
+    if isinstance(value, list):
+        return any(_lone_surrogate(v) for v in value)
+    return False
+
+
+def _shape(shape: list[int] | None) -> list[int] | None:
+    if shape is not None and (
+        not shape or len(shape) > MAX_DIMENSIONS or any(d <= 0 or d > MAX_DIMENSION for d in shape)
+    ):
+        raise ValueError(f"a list of 1 to {MAX_DIMENSIONS} positive dimensions, each at most {MAX_DIMENSION}")
+    return shape
+
+
+def _model_shape(shape: list[int] | None) -> list[int] | None:
+    """A model's: ``[]`` is no fixed shape, as ``get_model`` answers one (an application's ``[]`` is refused)."""
+    return _shape(shape) if shape else shape
+
+
+def _depth(value: Any) -> int:
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, list | dict):
+            deepest = max(deepest, level)
+            todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _answerable(text: str) -> str:
+    """A default output is answered as the JSON it spells (``clipper.frontend.query.default_value``)."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text  # answered as the string
+    if _depth(value) > MAX_DEFAULT_DEPTH:
+        raise ValueError(f"JSON nested at most {MAX_DEFAULT_DEPTH} levels deep (it is answered as that JSON)")
+    return text
+
+
+def _labels(labels: list[str]) -> list[str]:
+    if sum(len(label.encode("utf-8", "surrogatepass")) for label in labels) > MAX_LABELS_BYTES:
+        raise ValueError(f"labels of at most {MAX_LABELS_BYTES} bytes in all (UTF-8)")
+    return labels
+
+
+Shape = Annotated[list[int] | None, AfterValidator(_shape)]
+ModelShape = Annotated[list[int] | None, AfterValidator(_model_shape)]
+
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every string field: no lone surrogate, and at most MAX_TEXT_CHARS unless the field sets its own."""
+        if _lone_surrogate(value):
+            raise ValueError("text without a lone surrogate escape (\\ud800-\\udfff alone; no UTF-8 carries it)")
+        if info.field_name not in _OWN_BOUND and _longest_text(value) > MAX_TEXT_CHARS:
+            raise ValueError(f"text of at most {MAX_TEXT_CHARS} characters")
+        return value
+
+
+_OWN_BOUND = {"default_output", "labels"}
+
+
+def _longest_text(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return max((_longest_text(v) for v in value), default=0)
+    return 0
 
 
 class ErrorBody(BaseModel):
@@ -34,9 +119,11 @@ class ErrorBody(BaseModel):
 class AddApp(Body):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     input_type: InputTypeName
-    default_output: str
+    default_output: Annotated[str, AfterValidator(_answerable)] = Field(
+        max_length=MAX_DEFAULT_CHARS, description="answered as the JSON it spells (else as the string)"
+    )
     latency_slo_micros: int = Field(gt=0, le=30_000_000, description="at most 30 s (API Gateway's limit)")
-    input_shape: list[int] | None = Field(None, description="fixed input shape, e.g. [64]; omit for any length")
+    input_shape: Shape = Field(None, description="fixed input shape, e.g. [64]; omit for any length")
     policy: PolicyName = "single"
     confidence_threshold: Number = Field(0.0, ge=0.0, le=1.0)
     default_when_unsure: bool = False
@@ -86,10 +173,10 @@ class AddModel(Body):
     model_name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")
     model_version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     input_type: InputTypeName
-    input_shape: list[int] | None = None
+    input_shape: ModelShape = None
     queue_url: str | None = Field(None, description="the model's request queue; default: the active version's")
     endpoint: str | None = Field(None, description="URL or sagemaker:<name>; default: the active version's")
-    labels: list[str] = Field(default_factory=list)
+    labels: Annotated[list[str], AfterValidator(_labels)] = Field(default_factory=list)
     activate: bool = Field(True, description="make this the active version (Clipper's behaviour)")
     auto_promote: bool | None = Field(
         None, description="make each version registered from an upload active (unset: leave the setting as is)"

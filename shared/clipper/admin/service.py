@@ -47,8 +47,6 @@ class AdminService:
 
     # -- applications ----------------------------------------------------------------------------------
     def add_app(self, req: schemas.AddApp) -> dict[str, Any]:
-        if req.input_shape is not None and (not req.input_shape or any(d <= 0 for d in req.input_shape)):
-            raise InvalidInput("input_shape", "a list of positive dimensions", str(req.input_shape))
         app = Application(
             req.name,
             InputType(req.input_type),
