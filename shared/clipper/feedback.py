@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from clipper.canary.evidence import VersionEvidence
 from clipper.core.cache_keys import record_keys
 from clipper.core.domain import Application, Canary
-from clipper.core.messages import Payload, decode_rows, encode_rows
+from clipper.core.messages import Payload, decode_rows, encode_rows, sqs_text
 from clipper.core.validation import validate_query
 from clipper.errors import Conflict, InvalidInput, MalformedMessage, NotFound, Unavailable
 from clipper.ports import CanaryFeedbackEvidence, PredictionCache, Registry, RequestQueue, SelectionStore
@@ -129,7 +129,7 @@ MAX_MESSAGE_BYTES = 256 * 1024  # SQS's limit on a message
 
 
 def _json_bytes(text: str) -> int:
-    return len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return len(sqs_text(json.dumps(text, ensure_ascii=False)).encode("utf-8", "surrogatepass"))
 
 
 def _kind(value: Any) -> str:
@@ -187,7 +187,7 @@ class FeedbackReceiver:
         message = FeedbackMessage(
             feedback_id=feedback_id(app.name, user, body), app=app.name, user=user, payload=payload, label=label
         )
-        body = message.to_json()
+        body = sqs_text(message.to_json())
         size = len(body.encode("utf-8", "surrogatepass"))
         if size > MAX_MESSAGE_BYTES:  # the input's and the label's bounds keep it under; the queue would refuse it
             raise InvalidInput("input", "an input and a label that fit one queue message (256 KiB)", f"{size} bytes")

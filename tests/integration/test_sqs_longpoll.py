@@ -192,3 +192,38 @@ def test_controller_state_survives_a_new_driver(aws, queues, world):
     # a cold start: a new controller starts at 1 but restores the stored size
     second = LongPollDriver(reader, batcher, AimdController(slo_s=1.0), state_store=store, state_key=("mlp", "1"))
     assert second._controller.max_batch_size() == grown
+
+
+SQS_CHARACTERS = ((0x9, 0x9), (0xA, 0xA), (0xD, 0xD), (0x20, 0xD7FF), (0xE000, 0xFFFD), (0x10000, 0x10FFFF))
+
+
+def _sqs_takes(body: str) -> bool:
+    """SQS's rule for a message body (moto does not check it: InvalidMessageContents on AWS)."""
+    return all(any(lo <= ord(c) <= hi for lo, hi in SQS_CHARACTERS) for c in body)
+
+
+def test_text_that_sqs_refuses_travels_escaped_and_arrives_whole(aws):
+    import json
+
+    from clipper.core.domain import InputType
+    from clipper.errors import InvalidInput
+    from clipper.feedback import FeedbackMessage, FeedbackReceiver
+
+    strings = ["a\ufffeb", "\uffff", "tab\tand\x01control"]  # noncharacters a JSON encoder leaves raw
+    query = QueryMessage.model_validate(
+        {"query_id": 1, "app": "t", "model": "m", "version": "1", "input_type": "strings", "rows": 3}
+        | {"payload": {"strings": strings}, "deadline_ms": 1, "sent_ms": 0, "reply_to": "r"}
+    )
+    registry = InMemoryRegistry()
+    registry.apps["t"] = digits_app(name="t", input_type=InputType.STRINGS, input_shape=None)
+    receiver = FeedbackReceiver(registry, SqsRequestQueue(aws.sqs), aws.queue_url)
+    receiver.accept("t", {"input": "x\uffff", "label": "\ufffe label \uffff"})
+    SqsRequestQueue(aws.sqs).send(aws.queue_url, query.to_json())
+    got = SqsQueueReader(aws.sqs, aws.queue_url).receive(10, 0)
+    assert len(got) == 2 and all(_sqs_takes(m.body) for m in got)
+    feedback = next(FeedbackMessage.from_json(m.body) for m in got if "feedback_id" in json.loads(m.body))
+    assert feedback.label == "\ufffe label \uffff" and feedback.payload.strings == ["x\uffff"]
+    sent = next(QueryMessage.from_json(m.body) for m in got if "query_id" in json.loads(m.body))
+    assert sent.payload.strings == strings
+    with pytest.raises(InvalidInput, match="label"):  # 3,000 characters, 18,000 bytes as they travel
+        receiver.accept("t", {"input": "x", "label": "\uffff" * 3_000})

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from clipper.adapters.aws_errors import aws_call
+from clipper.core.messages import sqs_text
 from clipper.errors import ClipperError
 from clipper.ports import ReceivedMessage
 
@@ -25,8 +26,9 @@ class SqsRequestQueue:
         self._pool: Any = None
 
     def send(self, queue_url: str, body: str, timeout: float | None = None) -> None:
+        """``body`` is a JSON message (a query's, a feedback's), sent as SQS takes it (``sqs_text``)."""
         with aws_call("sqs.SendMessage"):
-            self._client.send_message(QueueUrl=queue_url, MessageBody=body)
+            self._client.send_message(QueueUrl=queue_url, MessageBody=sqs_text(body))
 
     def send_many(self, messages: Sequence[tuple[str, str]], timeout: float | None = None) -> list[Exception | None]:
         if len(messages) == 1:
