@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     logger.setLevel(logging.INFO)
     # aws-sam-translator warns from a destructor about metrics it never publishes (nothing to publish offline)
     logging.getLogger("samtranslator").setLevel(logging.ERROR)
+    # the upload dispatch prints each upload's outcome ("[local-stack] upload ...: rejected ..."); the updater's own
+    # warning reached the terminal too, unprefixed (Python's last-resort handler)
+    logging.getLogger("clipper.models.updater").setLevel(logging.ERROR)
     state_dir = Path(args.state_dir).resolve()
     if args.clean_state:
         with state_lock(state_dir):

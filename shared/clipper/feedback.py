@@ -100,7 +100,7 @@ def validate_label(body: dict[str, Any]) -> float | int | str:
         raise InvalidInput(
             "label",
             f"a string of at most {MAX_LABEL_BYTES} bytes as JSON (UTF-8; a control character's escape is 6)",
-            f"{len(label)} characters",
+            f"{_json_bytes(label) - 2} bytes",
         )
     return label
 
@@ -288,9 +288,12 @@ class FeedbackProcessor:
         if not _label_fits(message.label, record["outputs"].values()):
             # "5" against the outputs 5: judged, every model would lose on every such label (and a canary's
             # version with them), so the bandit would learn the client's mistake; nothing is learned
+            label_kind, output_kinds = _kind(message.label), _output_kinds(record)
             logger.warning(
-                "feedback label of another kind than the models' outputs: not learned",
-                extra={"app": app.name, "label": _kind(message.label), "outputs": _output_kinds(record)},
+                "feedback label of another kind (%s) than the models' outputs (%s): not learned",
+                label_kind,
+                ", ".join(output_kinds),
+                extra={"app": app.name, "label": label_kind, "outputs": output_kinds},
             )
             return "label_mismatch"
         outcome: Outcome = "canary_only"

@@ -236,6 +236,8 @@ def test_batching_settings_from_the_command_line(api, capsys):
     assert json.loads(capsys.readouterr().out)["batching"]["batch_size"] == 0
     assert clipper(api, "batching", "mlp", "--batch-size", "0", "--controller", "fixed") == 2
     assert "batch_size" in capsys.readouterr().err
+    assert clipper(api, "batching", "mlp", "--batch-size", "4") == 0  # a size alone: the fixed controller's
+    assert {"controller": "fixed", "batch_size": 4}.items() <= json.loads(capsys.readouterr().out)["batching"].items()
 
 
 def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):

@@ -117,7 +117,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     bt = sub.add_parser("batching", help="a model's batching settings (set them with options)")
     bt.add_argument("name")
     bt.add_argument("--controller", choices=["aimd", "quantile", "fixed"])
-    bt.add_argument("--batch-size", type=int, help="the fixed controller's size")
+    bt.add_argument("--batch-size", type=int, help="the fixed controller's size (alone: implies --controller fixed)")
     bt.add_argument("--max-batch-size", type=int, help="the adaptive size's upper bound")
     bt.add_argument("--batch-wait-ms", type=float, help="how long a batch waits for more after its first query")
 
@@ -192,6 +192,8 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         return conn.get_canary(args.name, args.events)
     if c == "batching":
         changes = {k: getattr(args, k) for k in ("controller", "batch_size", "max_batch_size", "batch_wait_ms")}
+        if args.batch_size and args.controller is None:  # a size is the fixed controller's only
+            changes["controller"] = "fixed"
         if all(v is None for v in changes.values()):
             return conn.get_model_batching(args.name)
         return conn.set_model_batching(args.name, **{k: v for k, v in changes.items() if v is not None})

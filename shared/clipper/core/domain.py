@@ -134,7 +134,7 @@ class BatchingSettings:
         if self.controller == "fixed" and not 1 <= self.batch_size <= self.max_batch_size:
             out.append(f"batch_size: 1 to max_batch_size ({self.max_batch_size}) with the fixed controller")
         if self.controller != "fixed" and self.batch_size != 0:
-            out.append("batch_size: only with the fixed controller (0 otherwise)")
+            out.append('batch_size: only with the fixed controller (controller "fixed"; 0 otherwise)')
         if not 1 <= self.max_batch_size <= 10_000:
             out.append(f"max_batch_size: 1 to 10000, got {self.max_batch_size}")
         if not 0 <= self.batch_wait_ms <= 1_000:

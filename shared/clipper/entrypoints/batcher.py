@@ -22,7 +22,7 @@ from clipper.batching.acker import DEFAULT_LINGER_S
 from clipper.batching.longpoll import LongPollDriver
 from clipper.batching.model_config import BatcherConfig, ConfigFollower, RegistryBatcherConfig
 from clipper.core.domain import BatchingSettings
-from clipper.errors import ClipperError
+from clipper.errors import ClipperError, NotFound
 
 if TYPE_CHECKING:
     from clipper.settings import BatcherSettings
@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     if source is not None:
         try:
             config = source.load()
+        except NotFound as e:  # the launcher starts a demo model's batcher before it registers the model
+            logger.info("batching settings of %s not registered yet (by the options until they are): %s", args.model, e)
         except ClipperError as e:
             logger.warning("batching settings of %s not read (by the options until they are): %s", args.model, e)
     driver = build_driver(args, settings, counters, config, dynamodb)
