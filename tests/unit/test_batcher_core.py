@@ -105,6 +105,39 @@ def test_wrong_output_count_fails_the_whole_batch(setup):
     assert all("2 inputs" in replies.lists[q][0].error for q in ("1", "2"))
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"predictions": null}',
+        b'{"predictions": 7}',
+        b'{"predictions": {"a": 1}}',
+        b'{"predictions": [123456789012345678901234567890]}',  # past 64 bits: the replies' encoder refuses it
+    ],
+)
+def test_an_endpoint_answer_of_the_wrong_shape_fails_its_batch_not_the_batcher(body):
+    from clipper.adapters.endpoints import decode_outputs
+
+    class Answering:
+        def predict(self, rows):
+            return decode_outputs(body, "application/json", len(rows))
+
+    clock, replies = FakeClock(), InMemoryReplies()
+    batcher = Batcher(FakeResolver(Answering()), replies, clock)
+    report = batcher.process([message(1, one_hot(1), clock)])  # raised a TypeError out of the batcher's loop
+    assert report.failed == ["m1"] and replies.lists["1"][0].error_kind == "endpoint"
+
+
+def test_an_endpoint_client_that_raises_anything_fails_its_batch_not_the_batcher(caplog):
+    class Broken:
+        def predict(self, rows):
+            return {"not": "a list"}.__getitem__(slice(0, 1))  # TypeError: a client's own defect
+
+    clock, replies = FakeClock(), InMemoryReplies()
+    report = Batcher(FakeResolver(Broken()), replies, clock).process([message(1, one_hot(1), clock)])
+    assert report.failed == ["m1"] and "endpoint client failed: TypeError" in replies.lists["1"][0].error
+    assert any(r.getMessage() == "endpoint client failed" and r.exc_info for r in caplog.records)
+
+
 def test_one_bad_record_never_fails_the_others(setup):
     clock, _endpoint, replies, batcher = setup
     bad = Inbound("poison", '{"not": "a query"}')

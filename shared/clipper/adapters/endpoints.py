@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
 import numpy as np
+import orjson
 import urllib3
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -54,8 +55,15 @@ def decode_outputs(body: bytes, content_type: str, expected: int) -> list[Any]:
             outputs = json.loads(body)["predictions"]
     except (MalformedMessage, ValueError, KeyError, TypeError) as e:
         raise EndpointError(f"undecodable endpoint answer ({content_type}): {e}") from e
+    if not isinstance(outputs, list):  # {"predictions": null}, a number, an object: not one output a row
+        raise EndpointError(f"endpoint answered predictions as {type(outputs).__name__}, not a list")
     if len(outputs) != expected:
         raise EndpointError(f"endpoint returned {len(outputs)} outputs for {expected} inputs")
+    if not content_type.startswith(NPY):
+        try:  # what the replies and the cache carry (orjson): an integer past 64 bits, nesting past 254 levels
+            orjson.dumps(outputs)
+        except TypeError as e:
+            raise EndpointError(f"endpoint answered an output JSON cannot carry: {e}") from e
     return outputs
 
 

@@ -237,9 +237,7 @@ class Batcher:
         rows = _concat([w.rows for w in members])
         start = self._clock.now()
         try:
-            outputs = self._endpoints.endpoint_for(model, version).predict(rows)
-            if len(outputs) != len(rows):
-                raise EndpointError(f"endpoint returned {len(outputs)} outputs for {len(rows)} inputs")
+            outputs = self._call(model, version, rows)
         except RowTooLarge as e:  # one query's row the endpoint cannot take: it fails alone, the rest go on
             self._fail_oversized(model, version, members, e, report)
             return
@@ -282,6 +280,22 @@ class Batcher:
             offset += n
         entries = _cache_entries(model, version, members, outputs) if self._cache is not None else None
         self._deliver(members, replies, report, failed=False, entries=entries)
+
+    def _call(self, model: str, version: str, rows: Rows) -> list[Any]:
+        """The endpoint's outputs, one a row. Anything else it raises is an endpoint error too: a client that let
+        an unexpected answer through (a TypeError) took the batcher's process down, and the batch's messages with
+        it at each redelivery."""
+        try:
+            outputs = self._endpoints.endpoint_for(model, version).predict(rows)
+        except ClipperError:
+            raise
+        except Exception as e:
+            logger.exception("endpoint client failed", extra={"model": model, "version": version})
+            raise EndpointError(f"endpoint client failed: {type(e).__name__}: {e}") from e
+        if not isinstance(outputs, list) or len(outputs) != len(rows):
+            got = f"{len(outputs)} outputs" if isinstance(outputs, list) else type(outputs).__name__
+            raise EndpointError(f"endpoint returned {got} for {len(rows)} inputs")
+        return outputs
 
     def _fail_oversized(
         self, model: str, version: str, members: list[_Work], e: RowTooLarge, report: BatchReport
