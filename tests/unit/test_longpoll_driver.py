@@ -135,6 +135,27 @@ def test_deferred_messages_stay_in_flight_and_lead_the_next_batch():
         assert {"h-m3", "h-m4", "h-m5"} <= set(reader.deleted) and driver.stats.answered == 2 + 3 + 3
 
 
+def test_a_deferred_lead_is_held_to_the_batch_limit_when_the_limit_shrank():
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
+    timed(endpoint, clock, 0.002, 0.010)
+    reader = ListReader()
+    driver = LongPollDriver(reader, Batcher(FakeResolver(endpoint), replies, clock), FixedController(10), 0.0)
+    stop = threading.Event()
+    with driving(driver, reader):
+        for n in (1, 4):
+            reader.add(message(100 + n, one_hot(0, n), clock, ttl_s=1.0))
+            driver.handle(driver.collect(stop))
+        reader.add(
+            *[message(i, one_hot(i), clock, ttl_s=0.5) for i in range(1, 9)], message(9, one_hot(9), clock, 0.045)
+        )
+        report = driver.handle(driver.collect(stop))
+        assert len(report.deferred) == 6
+        driver.reconfigure(FixedController(2), 0.0)  # the registry's settings, or AIMD after a slow batch
+        batches = [driver.collect(stop) for _ in range(3)]  # the lead was returned whole: 6 messages
+        assert [len(b) for b in batches] == [2, 2, 2]
+        assert sorted(ids([m for b in batches for m in b])) == sorted(report.deferred)
+
+
 def test_messages_deferred_when_the_driver_stops_go_back_to_the_queue_at_once():
     clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
     timed(endpoint, clock, 0.002, 0.010)

@@ -204,8 +204,9 @@ class LongPollDriver:
         batch wait (``ReceiveBuffer.take``); [] when no message came within ``idle_wait_s`` or on ``stop``."""
         self.start()
         self._apply_pending()
-        lead, self._carry = self._carry, []
         limit = self._controller.max_batch_size()
+        # the deferred lead, within the limit: it may have shrunk since (reconfigured, or AIMD after a slow batch)
+        lead, self._carry = self._carry[:limit], self._carry[limit:]
         return lead + self._buffer.take(limit, self._batch_wait, self._idle_wait, stop, lead=len(lead))
 
     def handle(self, batch: list[ReceivedMessage]) -> BatchReport:
