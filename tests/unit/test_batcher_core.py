@@ -254,6 +254,40 @@ def test_batches_are_cut_earliest_deadline_first_to_what_can_still_meet_it(setup
     assert again.answered == 2 and again.deferred == [] and "3" in replies.lists and "4" in replies.lists
 
 
+def test_the_cut_budgets_from_the_clock_after_the_claim_check_reads(setup):
+    from clipper.core.domain import InputType
+    from clipper.core.messages import Payload, QueryMessage
+    from clipper.core.tensors import encode_npy
+
+    clock, endpoint, replies, _ = setup
+    timed(endpoint, clock, 0.002, 0.010)  # 12 ms for one row, 42 ms for four
+
+    class SlowClaims:  # an S3 GET of 20 ms
+        def put(self, key, data):
+            pass
+
+        def get(self, key):
+            clock.advance(0.020)
+            return encode_npy(one_hot(int(key.rsplit("-", 1)[1])))
+
+    batcher = Batcher(FakeResolver(endpoint), replies, clock, claims=SlowClaims())
+    for n in (1, 4):
+        batcher.process([message(100 + n, one_hot(0, n), clock, ttl_s=1.0)], defer=True)
+    deadline_ms = int((clock.now() + 0.100) * 1000)
+    claimed = [
+        Inbound(
+            f"m{i}",
+            QueryMessage.encode(
+                i, "digits", "mlp", "1", InputType.FLOATS, 1, Payload(s3_key=f"claims/x-{i}"), deadline_ms, 0, str(i)
+            ),
+        )
+        for i in range(1, 5)
+    ]
+    report = batcher.process(claimed, defer=True)  # 80 ms of reads: 20 ms left, one row's time (12 ms)
+    assert endpoint.calls[-1] == 1 and report.answered == 1 and len(report.deferred) == 3
+    assert clock.now() * 1000 <= deadline_ms  # cut from the stale clock: four rows, 22 ms past the deadline
+
+
 def test_without_defer_a_batch_is_never_cut(setup):
     clock, endpoint, _, batcher = setup
     timed(endpoint, clock, 0.002, 0.010)

@@ -185,8 +185,8 @@ class Batcher:
                 continue
             groups.setdefault(_group_key(work), []).append(work)
         for (model, version, _, _), members in groups.items():
-            if defer:
-                members = self._cut(model, version, members, now_ms, report)
+            if defer:  # budgeted from now: the lookups, claim-check reads and earlier groups' calls took their time
+                members = self._cut(model, version, members, self._clock.now() * 1000, report)
             if members:
                 self._run_group(model, version, members, report)
         return report
