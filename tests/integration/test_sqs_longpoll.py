@@ -227,3 +227,17 @@ def test_text_that_sqs_refuses_travels_escaped_and_arrives_whole(aws):
     assert sent.payload.strings == strings
     with pytest.raises(InvalidInput, match="label"):  # 3,000 characters, 18,000 bytes as they travel
         receiver.accept("t", {"input": "x", "label": "\uffff" * 3_000})
+
+
+def test_a_delete_sqs_refuses_in_its_batch_answer_is_an_error_not_a_success(aws):
+    from clipper.errors import Unavailable
+
+    sender, reader = SqsRequestQueue(aws.sqs), SqsQueueReader(aws.sqs, aws.queue_url)
+    for i in range(12):
+        sender.send(aws.queue_url, f"m{i}")
+    got = reader.receive(10, 0) + reader.receive(10, 0)
+    handles = [m.receipt_handle for m in got]
+    stale = handles[0] + "garbage"  # DeleteMessageBatch answers it in Failed, raising nothing
+    with pytest.raises(Unavailable, match=r"1 of 12 not deleted \(ReceiptHandleIsInvalid\)"):
+        reader.delete([stale, *handles[1:]])
+    assert depth(aws, aws.queue_url) == 12 - (len(handles) - 1)  # the others were deleted all the same

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from clipper.adapters.aws_errors import aws_call
 from clipper.core.messages import sqs_text
-from clipper.errors import ClipperError
+from clipper.errors import ClipperError, Unavailable
 from clipper.ports import ReceivedMessage
 
 if TYPE_CHECKING:
@@ -75,11 +75,20 @@ class SqsQueueReader:
         ]
 
     def delete(self, receipt_handles: list[str]) -> None:
+        """Delete in calls of 10. ``DeleteMessageBatch`` answers each entry's failure (a stale receipt handle:
+        ``ReceiptHandleIsInvalid``) in ``Failed`` without raising: those are raised as Unavailable once every
+        call was made, so the acknowledger logs and counts them (the messages come back after their visibility
+        timeout, and are answered once)."""
+        failed: list[str] = []
         for start in range(0, len(receipt_handles), 10):
             chunk = receipt_handles[start : start + 10]
             entries = [{"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(chunk)]
             with aws_call("sqs.DeleteMessageBatch"):
-                self._client.delete_message_batch(QueueUrl=self.queue_url, Entries=entries)
+                resp = self._client.delete_message_batch(QueueUrl=self.queue_url, Entries=entries)
+            failed += [f.get("Code", "?") for f in resp.get("Failed", [])]
+        if failed:
+            codes = ", ".join(sorted(set(failed)))
+            raise Unavailable(f"sqs.DeleteMessageBatch: {len(failed)} of {len(receipt_handles)} not deleted ({codes})")
 
     def release(self, receipt_handle: str, delay_s: int) -> None:
         """Make a failed message visible again after ``delay_s`` (the retry back-off)."""
