@@ -254,6 +254,25 @@ def test_a_stop_ends_the_receivers_long_polls_within_their_wait():
     assert reader.deleted == ["h-m1"] and driver.stats.batches == 1
 
 
+def test_a_stop_and_a_wake_end_an_idle_batch_wait_at_once():
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
+    reader = ListReader()
+    driver = LongPollDriver(
+        reader, Batcher(FakeResolver(endpoint), replies, clock), FixedController(4), idle_wait_s=20.0
+    )
+    stop = threading.Event()
+    worker = threading.Thread(target=driver.run, args=(stop,))
+    worker.start()
+    wait_until(lambda: reader.in_flight == 1)
+    time.sleep(0.1)  # the batcher waits for a first message, up to its 20 s idle wait
+    stop.set()
+    reader.hang_up()
+    driver.wake()  # what the batcher's signal handler does (from a thread)
+    started = time.monotonic()
+    worker.join(10)
+    assert not worker.is_alive() and time.monotonic() - started < 5  # not the rest of the 20 s
+
+
 def test_received_messages_are_stamped_and_replies_report_their_batch_wait():
     clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
     reader = ListReader()

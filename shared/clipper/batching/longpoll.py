@@ -256,6 +256,10 @@ class LongPollDriver:
         finally:
             self.close()
 
+    def wake(self) -> None:
+        """After ``stop`` is set from elsewhere (a signal): an idle batch wait sees it now, not at its end."""
+        self._buffer.wake()
+
     def close(self) -> None:
         """Stop: end the receivers (within their long poll), hand every message still held back to the queue
         at once, flush the acknowledgements, save the controller's state. Safe to call twice."""

@@ -247,8 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         follower = ConfigFollower(source, driver, follow_interval(settings), current=config)
         follower.start()
     stop = threading.Event()
+    def stopping(*_: object) -> None:
+        stop.set()
+        # woken from a thread: the handler may have interrupted this thread while it held the buffer's lock
+        threading.Thread(target=driver.wake, name="clipper-stop-wake", daemon=True).start()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stopping)
     gc.freeze()  # start-up objects never need collecting: keeps full collections (tens of ms) off batches
     logger.info("batcher polling %s (%s) for %s", args.queue_url, settings.queue_transport, args.endpoint_url)
     driver.run(stop)
