@@ -75,6 +75,11 @@ def test_integers_reject_fractions_and_overflow():
     for huge in ([10**23, 2], [2**63, 1]):
         with pytest.raises(InvalidInput, match="32-bit"):
             validate_query(app, {"input": huge})
+    import orjson
+
+    parsed = orjson.loads(b'{"input": [18446744073709551616, 2]}')  # the query API's parser: past 64 bits, a float
+    with pytest.raises(InvalidInput, match="32-bit"):
+        validate_query(app, parsed)
     with pytest.raises(InvalidInput, match="non-empty list of values, got an empty list"):  # as the floats say
         validate_query(app, {"input": []})
 

@@ -76,6 +76,10 @@ def _numeric_row(app: Application, value: Any, field: str, booleans: bool = True
         raise InvalidInput(field, kind_text, "non-numeric values")
     if app.input_type is InputType.INTEGERS:
         if arr.dtype.kind == "f" and arr.size:  # (an empty list is float64: told apart below)
+            finite = arr[np.isfinite(arr)]
+            if finite.size and np.abs(finite).max() >= 2.0**63 and (finite == np.floor(finite)).all():
+                # a JSON parser reads an integer past 64 bits as a float (orjson, the query API's)
+                raise InvalidInput(field, "integers within the 32-bit range", "an out-of-range value")
             raise InvalidInput(field, kind_text, "non-integer values")
         info = np.iinfo(np.int32)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):

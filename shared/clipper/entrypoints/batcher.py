@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         follower = ConfigFollower(source, driver, follow_interval(settings), current=config)
         follower.start()
     stop = threading.Event()
+
     def stopping(*_: object) -> None:
         stop.set()
         # woken from a thread: the handler may have interrupted this thread while it held the buffer's lock
