@@ -188,6 +188,7 @@ def test_the_fast_path_and_the_documented_route_answer_alike(client, world):  # 
         ("/nope/predict", b'{"input": [1]}', "application/json"),
         ("/digits/predict", b'{"input": [1]}', "text/plain"),
         ("/digits/predict", b'{"input": [1.0, 2.0]}', "application/json; charset=utf-8"),
+        ("/digits/predict", b'{"input": [' + b"0.0," * 20_000 + b"0.0]}", "text/plain"),  # 415 before 413
     ]
     for path, body, content_type in requests:
         headers = {"content-type": content_type} if content_type else {}

@@ -46,7 +46,7 @@ class PredictFastPath:
         if query and not debug:
             debug = any(truthy(v) for k, _, v in (p.partition(b"=") for p in query.split(b"&")) if k == b"debug")
         try:
-            body = await self._body(receive)
+            body = self._handling.unsupported(content_type) or await self._body(receive)
             if isinstance(body, HttpAnswer):
                 answer = body
             else:
