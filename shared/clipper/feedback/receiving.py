@@ -1,0 +1,131 @@
+"""The frontend's side of feedback (``POST /<app>/update``): the label and the client's idempotency key
+checked, the feedback message built and measured as it travels, and put on the feedback queue; answered at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from clipper.core.messages import Payload, encode_rows, sqs_text
+from clipper.core.validation import validate_query
+from clipper.errors import InvalidInput, MalformedMessage, Unavailable
+from clipper.ports import Registry, RequestQueue
+
+if TYPE_CHECKING:
+    pass
+
+
+class FeedbackMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    v: Literal[1] = 1
+    feedback_id: str
+    app: str
+    user: str | None = None
+    payload: Payload
+    label: float | int | str
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+    @classmethod
+    def from_json(cls, body: str | bytes) -> FeedbackMessage:
+        try:
+            return cls.model_validate_json(body)
+        except ValidationError as e:
+            raise MalformedMessage(f"not a feedback message: {e.errors()[0]}") from e
+
+
+def validate_label(body: dict[str, Any]) -> float | int | str:
+    if "label" not in body:
+        raise InvalidInput("label", "the true output for the input (a number or a string)")
+    label = body["label"]
+    if isinstance(label, bool) or not isinstance(label, int | float | str):
+        raise InvalidInput("label", "a number or a string", type(label).__name__)
+    if isinstance(label, float) and not math.isfinite(label):
+        raise InvalidInput("label", "a finite number", str(label))
+    if isinstance(label, int) and not _fits_a_double(label):  # JSON has no bound; the loss compares as floats
+        raise InvalidInput("label", "a number within a double's range", f"an integer of {len(str(abs(label)))} digits")
+    if isinstance(label, str) and _json_bytes(label) - 2 > MAX_LABEL_BYTES:  # as it travels: escapes count
+        raise InvalidInput(
+            "label",
+            f"a string of at most {MAX_LABEL_BYTES} bytes as JSON (UTF-8; a control character's escape is 6)",
+            f"{_json_bytes(label) - 2} bytes",
+        )
+    return label
+
+
+_CLIENT_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def feedback_id(app: str, user: str | None, body: dict[str, Any]) -> str:
+    """The feedback's id: a new one, or, when the client gives its own ``feedback_id`` (an idempotency key), one
+    derived from it, the application and the user, so that a client retrying a feedback whose answer it did not
+    get (a timeout, a 503 after the send) sends the same feedback again and it is applied once."""
+    key = body.get("feedback_id")
+    if key is None:
+        return uuid.uuid4().hex
+    if not isinstance(key, str) or not _CLIENT_KEY.fullmatch(key):
+        shown = type(key).__name__ if not isinstance(key, str) else f"{len(key)} characters"
+        raise InvalidInput("feedback_id", "1 to 128 letters, digits, '_', '.', ':' or '-'", shown)
+    scope = json.dumps([app, user, key])  # the same key of another app or user is another feedback
+    return "k" + hashlib.sha256(scope.encode()).hexdigest()[:31]
+
+
+# A label travels in the feedback's queue message beside the input (at most MAX_INLINE_PAYLOAD): together they
+# stay under SQS's 256 KiB.
+MAX_LABEL_BYTES = 16 * 1024
+MAX_MESSAGE_BYTES = 256 * 1024  # SQS's limit on a message
+
+
+def _json_bytes(text: str) -> int:
+    return len(sqs_text(json.dumps(text, ensure_ascii=False)).encode("utf-8", "surrogatepass"))
+
+
+def _fits_a_double(n: int) -> bool:
+    try:
+        return math.isfinite(float(n))
+    except OverflowError:
+        return False
+
+
+class FeedbackReceiver:
+    """The frontend's side: validate, enqueue, answer at once."""
+
+    def __init__(self, registry: Registry, queue: RequestQueue, queue_url: str) -> None:
+        self._registry = registry
+        self._queue = queue
+        self._url = queue_url
+
+    def accept(self, app_name: str, body: Any) -> dict[str, Any]:
+        from clipper.frontend.query import user_id
+
+        app = self._registry.get_app(app_name)
+        if not isinstance(body, dict):
+            raise InvalidInput("body", 'a JSON object with "input" and "label"', type(body).__name__)
+        if "input_batch" in body:
+            raise InvalidInput("input_batch", 'one "input" per feedback')
+        query = validate_query(app, {"input": body.get("input")} if "input" in body else {})
+        label = validate_label(body)
+        payload, blob = encode_rows(query.rows)
+        if blob is not None:
+            raise InvalidInput("input", "an input small enough for a queue message")
+        user = user_id(body)
+        message = FeedbackMessage(
+            feedback_id=feedback_id(app.name, user, body), app=app.name, user=user, payload=payload, label=label
+        )
+        body = sqs_text(message.to_json())
+        size = len(body.encode("utf-8", "surrogatepass"))
+        if size > MAX_MESSAGE_BYTES:  # the input's and the label's bounds keep it under; the queue would refuse it
+            raise InvalidInput("input", "an input and a label that fit one queue message (256 KiB)", f"{size} bytes")
+        if not self._url:
+            raise Unavailable("no feedback queue is configured (CLIPPER_FEEDBACK_QUEUE_URL)")
+        self._queue.send(self._url, body)
+        return {"accepted": True, "feedback_id": message.feedback_id}
