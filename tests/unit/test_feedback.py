@@ -494,11 +494,33 @@ def test_a_canary_started_within_the_copys_lag_gets_its_evidence(learning):
     stale = _stale_copy(registry)
     assert stale.canary("good") is None
     registry.versions[("good", "2")] = model_version("good", "2")
-    registry.canaries["good"] = Canary("2", 0.5, 1_700_000_000.0)
+    registry.canaries["good"] = canary = Canary("2", 0.5, 1_700_000_000.0)
     (key,) = record_keys("ens", None, np.asarray([one_hot(3)], dtype=np.float32))
     selection = Selection("single", ("good",), {"good": 1.0, "bad": 0.0})
     cache.entries[key] = {"selection": selection.to_dict(), "outputs": {"good": 3}, "versions": {"good": "2"}}
+    cache.entries[key]["trials"] = {"good": canary.trial}
     evidence = InMemoryCanaryEvidence()
     msg = FeedbackMessage(feedback_id="c1", app="ens", payload=_payload(one_hot(3)), label=3)
     assert FeedbackProcessor(stale, store, cache, evidence=evidence).process(msg) == "canary_only"
     assert [(m, v, e.feedback) for (m, _, v), e in evidence.counts.items()] == [("good", "2", 1)]
+
+
+def test_the_frontends_record_names_the_trial_its_answer_was_in_and_the_feedback_counts_there(learning):
+    from clipper.core.domain import Canary
+    from tests.fakes import InMemoryCanaryEvidence
+
+    p, registry, cache, store = learning  # "ens": exp4 over good and bad, so every query is recorded
+    registry.versions[("good", "2")] = model_version("good", "2")
+    registry.canaries["good"] = first = Canary("2", 0.5, 1_700_000_000.0)
+    p.predict("ens", {"input": one_hot(4)})
+    (record,) = [e for e in cache.entries.values() if isinstance(e, dict) and "trials" in e]
+    assert record["trials"] == {"good": first.trial}
+    registry.canaries["good"] = second = Canary("2", 0.5, 1_700_000_600.0)  # aborted and started again
+    evidence = InMemoryCanaryEvidence()
+    feedback = FeedbackProcessor(registry, store, cache, evidence=evidence)
+    late = FeedbackMessage(feedback_id="late", app="ens", payload=_payload(one_hot(4)), label=4)
+    assert feedback.process(late) == "applied" and evidence.counts == {}  # the first trial's answer
+    p.predict("ens", {"input": one_hot(5)})
+    now = FeedbackMessage(feedback_id="now", app="ens", payload=_payload(one_hot(5)), label=5)
+    assert feedback.process(now) == "applied"
+    assert [(m, t) for (m, t, _) in evidence.counts] == [("good", second.trial)]

@@ -41,13 +41,29 @@ def world(policy: str, models: tuple[str, ...] = ("mlp",)):
     return processor, registry, cache, evidence
 
 
-def record(cache, policy, outputs, versions=None, user=None):
+def record(cache, policy, outputs, versions=None, user=None, trial=CANARY.trial):
+    """A query's record as the frontend keeps it; answered in ``trial`` (the frontend saw the canary running)."""
     (key,) = record_keys("app", user, ROW)
     selection = Selection(policy, tuple(outputs), dict.fromkeys(outputs, 1.0), 0)
     entry = {"selection": selection.to_dict(), "outputs": outputs}
     if versions is not None:
         entry["versions"] = versions
+    if trial is not None and "mlp" in outputs:
+        entry["trials"] = {"mlp": trial}
     cache.entries[key] = entry
+
+
+def test_feedback_on_an_answer_of_another_trial_is_not_this_trials_evidence():
+    processor, _, cache, evidence = world("single")
+    aborted = Canary("2", 0.1, CANARY.started_at - 600)  # the same version's trial before, aborted since
+    record(cache, "single", {"mlp": 7}, {"mlp": "2"}, trial=aborted.trial)
+    assert processor.process(feedback("late", label=3)) == "canary_only"
+    record(cache, "single", {"mlp": 7}, {"mlp": "1"}, trial=None)  # answered before any trial started
+    assert processor.process(feedback("before", label=3)) == "canary_only"
+    assert evidence.load("mlp", CANARY.trial) == {} and processor.take_touched() == set()
+    record(cache, "single", {"mlp": 7}, {"mlp": "2"})  # in this trial: counted
+    assert processor.process(feedback("in", label=3)) == "canary_only"
+    assert evidence.load("mlp", CANARY.trial) == {"2": VersionEvidence(feedback=1, loss_sum=1.0)}
 
 
 def feedback(fid: str, label=3, user=None) -> FeedbackMessage:

@@ -228,10 +228,13 @@ class FeedbackProcessor:
         (``active``: each linked model's active version)."""
         assert self.evidence is not None
         versions: dict[str, str] = record.get("versions") or {}
+        trials: dict[str, str] = record.get("trials") or {}
         for model, output in record["outputs"].items():
             canary, version = canaries.get(model), versions.get(model)
             if canary is None or version is None:
                 continue  # no trial running, or a record from before versions were kept
+            if trials.get(model) != canary.trial:
+                continue  # answered in another trial (one aborted since), or before this one started
             if version != canary.version and version != active.get(model):
                 continue  # a version that is in neither side of the trial (switched since the query)
             delta = VersionEvidence.of_feedback(min(1.0, max(0.0, loss(output, msg.label))))

@@ -399,6 +399,9 @@ class QueryProcessor:
             if outputs:  # with the version that answered for each model: a canary's feedback is its own
                 versions = {a.model.name: a.model.version for a in answers if a.model.name in outputs}
                 entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs, "versions": versions}
+                trials = {m: t for m, t in choice.trials.items() if m in outputs}
+                if trials:  # the canary trials it was answered in: its feedback is evidence of those alone
+                    entries[key]["trials"] = trials
                 if app.incarnation:  # whose prediction it is: feedback joins it only to this incarnation's states
                     entries[key]["incarnation"] = app.incarnation
                 if preds is not None:  # what the query answered, for the selection report (clipper.report)

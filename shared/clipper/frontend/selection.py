@@ -22,7 +22,7 @@ import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
@@ -48,6 +48,9 @@ class Choice:
     state: SelectionState
     selection: Selection
     models: list[ModelVersion]
+    # the canary trial each model with a canary running drew this query's version in (its canary's or the
+    # active one): the query's record carries it, so its feedback counts in that trial only
+    trials: dict[str, str] = field(default_factory=dict)
 
 
 class Selector:
@@ -149,28 +152,32 @@ class Selector:
         policy = policy_for(app.policy, app.policy_params)
         state = self.state_for(app, linked, user)
         selection = policy.select(state, self._rng)
-        models = []
+        models, trials = [], {}
         for name in selection.models:
             try:
-                models.append(self._version_for(name, user))
+                version, trial = self._version_for(name, user)
             except ClipperError:
                 continue  # a linked model without an active version cannot answer; the others can
-        return Choice(policy, state, selection, models) if models else None
+            models.append(version)
+            if trial is not None:
+                trials[name] = trial
+        return Choice(policy, state, selection, models, trials) if models else None
 
-    def _version_for(self, model: str, user: str | None) -> ModelVersion:
+    def _version_for(self, model: str, user: str | None) -> tuple[ModelVersion, str | None]:
         """The version that answers this query for ``model``: its canary for the canary's share of queries (the
-        same for every query of one user: a user sees one version, not a mix), else the active version."""
+        same for every query of one user: a user sees one version, not a mix), else the active version; and the
+        running canary's trial, if any."""
         active = self._registry.active_version(model)
         canary = self._registry.canary(model)
         if canary is None or canary.version == active.version:
-            return active
+            return active, None
         draw = self._rng.random() if user is None else sticky_draw(user, model, canary.trial)
         if draw >= canary.share:
-            return active
+            return active, canary.trial
         try:
-            return self._registry.get_version(model, canary.version)
+            return self._registry.get_version(model, canary.version), canary.trial
         except ClipperError:
-            return active  # the canary's version is gone (deleted meanwhile): the active one answers
+            return active, None  # the canary's version is gone (deleted meanwhile): the active one answers
 
 
 def sticky_draw(user: str, model: str, trial: str) -> float:
