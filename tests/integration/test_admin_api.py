@@ -343,3 +343,17 @@ def test_unknown_routes_methods_bad_json_and_other_bodies_answer_clippers_error_
         assert (
             admin.post("/admin/get_all_applications", content=b"{}", headers={"content-type": kind}).status_code == 200
         )
+
+
+@pytest.mark.parametrize("canaried", [False, True])
+def test_a_deleted_version_registered_again_is_not_a_rollback_target(admin, canaried):
+    """v1 -> v2 -> v3, v2 deleted (a canary running on it or not), a new v2 registered without being made active:
+    a rollback from v3 returns to v1, never to the new v2 (another model file, never active)."""
+    for version in ("1", "2", "3"):
+        ok(admin.post("/admin/add_model", json=mlp(version)))
+    if canaried:
+        ok(admin.post("/admin/start_canary", json={"model_name": "mlp", "model_version": "2", "share_percent": 10}))
+    ok(admin.post("/admin/delete_versioned_model", json={"model_name": "mlp", "model_version": "2"}))
+    ok(admin.post("/admin/add_model", json=mlp("2", activate=False)))
+    rolled = ok(admin.post("/admin/rollback_model", json={"model_name": "mlp"}))
+    assert rolled["active_version"] == "1"

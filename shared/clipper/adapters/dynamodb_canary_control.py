@@ -29,6 +29,7 @@ import json
 import math
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, cancellation_codes, error_code, translate
-from clipper.adapters.dynamodb_history import history_of, switch_update
+from clipper.adapters.dynamodb_history import forgetting, history_of, switch_update
 from clipper.canary import CanaryParams
 from clipper.core.domain import Canary
 from clipper.errors import Conflict, InvalidInput, NotFound
@@ -90,6 +91,23 @@ def canary_of(attr: dict[str, Any] | None) -> Canary | None:
 def unless_canary(update: dict[str, Any]) -> dict[str, Any]:
     """A version switch (``dynamodb_history.switch_update``) that is refused while a canary runs."""
     return {**update, "ConditionExpression": f"({update['ConditionExpression']}) AND attribute_not_exists(canary)"}
+
+
+def _forgetting_update(
+    base: dict[str, Any], forget: tuple[list[str], list[str], dict[str, Any], str] | None, removes: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``base`` (a condition on the model item) as an Update that also drops the deleted version from the history
+    (``forgetting``), on the condition that the history is the one read; a REMOVE of ``removes`` besides."""
+    sets, dropped, values, condition = forget if forget else ([], [], {}, "")
+    clauses = (["SET " + ", ".join(sets)] if sets else []) + (
+        ["REMOVE " + ", ".join([*removes, *dropped])] if [*removes, *dropped] else []
+    )
+    update = dict(base)
+    update["UpdateExpression"] = " ".join(clauses)
+    update["ExpressionAttributeValues"] = {**base.get("ExpressionAttributeValues", {}), **values}
+    if condition:
+        update["ConditionExpression"] = f"({base['ConditionExpression']}) AND {condition}"
+    return update
 
 
 def item_exists(table: str, key: dict[str, Any]) -> dict[str, Any]:
@@ -239,15 +257,19 @@ class DynamoDBCanaryControl:
                 if late is not None and late.version == version and self.end_canary(model, late.trial, False):
                     return late
                 return None
+            values = {":v": {"S": version}, ":s": {"N": repr(float(running.started_at))}}
             ending = {
-                "Update": {
-                    "TableName": self._table,
-                    "Key": self._key(model),
-                    "UpdateExpression": "REMOVE #c",
-                    "ConditionExpression": "#c.#v = :v AND #c.#s = :s",
-                    "ExpressionAttributeNames": _NAMES,
-                    "ExpressionAttributeValues": {":v": {"S": version}, ":s": {"N": repr(float(running.started_at))}},
-                }
+                "Update": _forgetting_update(
+                    {
+                        "TableName": self._table,
+                        "Key": self._key(model),
+                        "ConditionExpression": "#c.#v = :v AND #c.#s = :s",
+                        "ExpressionAttributeNames": _NAMES,
+                        "ExpressionAttributeValues": values,
+                    },
+                    forgetting(self._model_item(model) or {}, version),
+                    removes=["#c"],
+                )
             }
             delete = {"Delete": {"TableName": self._table, "Key": self._key(model, f"VERSION#{version}")}}
             try:
@@ -298,8 +320,10 @@ class DynamoDBCanaryControl:
             "ExpressionAttributeValues": {":v": {"S": version}},
         }
         delete = {"Delete": {"TableName": self._table, "Key": self._key(model, f"VERSION#{version}")}}
+        forget = forgetting(self._model_item(model) or {}, version)
+        guard = {"Update": _forgetting_update(check, forget)} if forget else {"ConditionCheck": check}
         try:
-            self._client.transact_write_items(TransactItems=[{"ConditionCheck": check}, delete, *(tombstone or [])])
+            self._client.transact_write_items(TransactItems=[guard, delete, *(tombstone or [])])
             return True
         except ClientError as e:
             if not cancellation_codes(e):

@@ -54,3 +54,28 @@ def switch_update(table: str, model: str, before: VersionHistory, after: Version
         "ConditionExpression": condition,
         "ExpressionAttributeValues": values,
     }
+
+
+def forgetting(item: dict[str, Any], version: str) -> tuple[list[str], list[str], dict[str, Any], str] | None:
+    """What drops a deleted ``version`` from the history on the model ``item``, for the delete's transaction:
+    SET and REMOVE clauses, their values, and the condition that the history is still the one read (the count of
+    switches). None when the history does not hold it. A version registered again under a deleted name is another
+    model file, never active: a rollback must not return to it (it skipped deleted names only while they were
+    gone)."""
+    history = history_of(item)
+    if version not in history.earlier:
+        return None
+    earlier = [v for v in history.earlier if v != version]
+    sets, removes = ["history = :fh"], []
+    values: dict[str, Any] = {":fh": {"L": [{"S": v} for v in earlier]}}
+    if earlier:
+        sets.append("previous_version = :fp")
+        values[":fp"] = {"S": earlier[-1]}
+    else:
+        removes.append("previous_version")
+    if history.switches:
+        values[":fs"] = {"N": str(history.switches)}
+        condition = "switches = :fs"
+    else:
+        condition = "attribute_not_exists(switches)"
+    return sets, removes, values, condition
