@@ -19,11 +19,14 @@ class OneQueryRegistry(InMemoryRegistry):
 
     queries: int = 0
     down: bool = False
+    table_gone: bool = False
 
     def app_and_links(self, name: str) -> tuple[Application, list[str]]:
         self.queries += 1
         if self.down:
             raise Unavailable("dynamodb down")
+        if self.table_gone:  # what translate makes of ResourceNotFoundException
+            raise NotFound("resource", "dynamodb.Query(registry) (ResourceNotFoundException)")
         return self.get_app(name), self.linked_models(name)
 
 
@@ -98,6 +101,23 @@ def test_a_failing_reload_keeps_the_stale_entry_until_the_staleness_bound():
         cached.get_app("digits")
     inner.down = False
     assert cached.get_app("digits").name == "digits"
+
+
+def test_a_missing_table_is_the_registry_unavailable_not_a_missing_application():
+    """The local stack's emulator restarting (its tables not restored yet), or a deployment fault: the table's
+    ResourceNotFoundException is NotFound("resource"); held as "no such application", every query of an existing
+    application was a 404 until the entry expired."""
+    inner, clock = world()
+    runner = ManualRunner()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, max_stale_s=3)
+    cached.get_app("digits")
+    inner.table_gone = True
+    clock.advance(2.5)
+    assert cached.get_app("digits").name == "digits"
+    runner.run()  # the reload fails as a registry failure: the entry stays
+    assert cached.get_app("digits").name == "digits" and cached.linked_models("digits") == ["mlp"]
+    with pytest.raises(Unavailable):  # a name not held: unavailable, not "does not exist"
+        cached.get_app("other")
 
 
 def test_past_the_staleness_bound_an_entry_is_still_answered_while_its_reload_is_in_flight():

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clipper.core.domain import Application, Canary, ModelRecord, ModelVersion
-from clipper.errors import ClipperError, NotFound
+from clipper.errors import ClipperError, NotFound, Unavailable
 from clipper.ports import Clock, Registry
 
 Key = tuple[str, ...]
@@ -50,6 +50,17 @@ def _model_entries(record: ModelRecord) -> dict[Key, object]:
     if head.canary is not None and head.canary.version in record.versions:
         entries[("version", name, head.canary.version)] = record.versions[head.canary.version]
     return entries
+
+
+def _absent(e: NotFound) -> NotFound:
+    """``e`` as an entry: the thing read does not exist. A missing table or queue (``NotFound("resource")``: a
+    deployment fault, or the local stack's emulator restarting with its state not restored yet) says nothing of
+    the application or model, so it is raised as the registry being unavailable: the copy keeps answering what
+    it held (while a reload fails), and nothing is remembered as missing (every query of an existing application
+    was a 404, "unknown application", for the seconds the emulator took to come back)."""
+    if e.kind == "resource":
+        raise Unavailable(f"registry unavailable: {e}") from e
+    return e
 
 
 class BackgroundReloads:
@@ -138,19 +149,20 @@ class CachedRegistry:
 
     # -- loading -----------------------------------------------------------------------------------------
     def _load(self, key: Key) -> dict[Key, object]:
-        """The entries one read yields (a NotFound is an entry too)."""
+        """The entries one read yields (a NotFound is an entry too: an application, a model or a version that does
+        not exist; a missing table is not one, ``_absent``)."""
         kind, name = key[0], key[1]
         if kind in ("app", "links") and self._app_and_links is not None:
             try:
                 app, links = self._app_and_links(name)
             except NotFound as e:
-                return {("app", name): e, ("links", name): e}
+                return {("app", name): _absent(e), ("links", name): e}
             return {("app", name): app, ("links", name): links}
         if kind in ("active", "canary") and self._model_record is not None:
             try:
                 record = self._model_record(name)
             except NotFound as e:
-                return {("active", name): e, ("canary", name): _NO_CANARY}
+                return {("active", name): _absent(e), ("canary", name): _NO_CANARY}
             return _model_entries(record)
         loaders: dict[str, Callable[[], object]] = {
             "app": lambda: self._inner.get_app(name),
@@ -162,7 +174,7 @@ class CachedRegistry:
         try:
             return {key: loaders[kind]()}
         except NotFound as e:
-            return {key: e}
+            return {key: _absent(e)}
 
     def _store(self, key: Key, at: float) -> None:
         self._keep(self._load(key), at)
