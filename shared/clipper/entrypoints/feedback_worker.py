@@ -79,16 +79,22 @@ class FeedbackWorker:
             logger.info("feedback skipped: %s", self._why_not)
             return "skipped"
         try:
-            outcome = self._apply(FeedbackMessage.from_json(m.body))
+            message = FeedbackMessage.from_json(m.body)
+        except MalformedMessage as e:
+            return self._poison(m, str(e))
+        # the feedback id is what the client was answered (POST /<app>/update): it names the feedback in the log
+        which = f"{message.feedback_id} (message {m.message_id})"
+        try:
+            outcome = self._apply(message)
         except MalformedMessage as e:
             return self._poison(m, str(e))
         except Unavailable as e:
-            logger.warning("feedback %s failed (retried, then dead-lettered): %s", m.message_id, e)
+            logger.warning("feedback %s failed (retried, then dead-lettered): %s", which, e)
             return None
         except Exception:  # a bug or an unforeseen error: this message only, the worker goes on
-            logger.exception("feedback %s failed unexpectedly (retried, then dead-lettered)", m.message_id)
+            logger.exception("feedback %s failed unexpectedly (retried, then dead-lettered)", which)
             return None
-        logger.info("feedback %s: %s", m.message_id, outcome)
+        logger.info("feedback %s: %s", which, outcome)
         return outcome
 
     def _poison(self, m: ReceivedMessage, reason: str) -> str | None:
@@ -149,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         build_canary_reviewer,
         build_feedback_processor,
         prediction_cache,
+        queue_reader,
         selection_store,
     )
 
@@ -168,14 +175,20 @@ def main(argv: list[str] | None = None) -> int:
     # the client waits longer than a long poll: one that gave up first left moto's poll open, and a message that
     # arrived then went to the abandoned request (invisible for the visibility timeout, and again and again)
     sqs = aws_client("sqs", read_timeout=POLL_S + 10)
-    try:
-        dlq = SqsDeadLetterQueue.of(sqs, args.queue_url)
-    except ClipperError as e:  # the queue unreachable now: the redrive policy still dead-letters poison, later
-        logger.warning("the feedback queue's dead-letter queue not found: %s", e)
-        dlq = None
-    if dlq is None:
-        logger.warning("no dead-letter queue known: a message that cannot be decoded waits for the redrive policy")
-    worker = FeedbackWorker(SqsQueueReader(sqs, args.queue_url), apply, why_not, dlq.send if dlq else None)
+    dlq: SqsDeadLetterQueue | None = None
+    if settings.queue_transport == "redis":  # the frontend's feedback queue is a Redis stream (wiring)
+        # the FeedbackQueue's VisibilityTimeout and maxReceiveCount (template.yaml): a message that keeps failing
+        # goes to the stream's dead letters after 5 deliveries, one that cannot be decoded too
+        reader = queue_reader(settings, sqs, args.queue_url, visibility_timeout_s=180.0, max_receive_count=5)
+    else:
+        reader = SqsQueueReader(sqs, args.queue_url)
+        try:
+            dlq = SqsDeadLetterQueue.of(sqs, args.queue_url)
+        except ClipperError as e:  # the queue unreachable now: the redrive policy still dead-letters poison, later
+            logger.warning("the feedback queue's dead-letter queue not found: %s", e)
+        if dlq is None:
+            logger.warning("no dead-letter queue known: a message that cannot be decoded waits for the redrive policy")
+    worker = FeedbackWorker(reader, apply, why_not, dlq.send if dlq else None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
