@@ -16,7 +16,7 @@ from clipper.adapters.serving_probe import AwsServingProbe
 from clipper.admin.api import create_admin_app
 from clipper.admin.service import AdminService
 from clipper.settings import AdminSettings, ModelStackSettings
-from clipper.wiring import aws_client, build_report_service
+from clipper.wiring import aws_client, build_report_service, stream_depths
 
 
 class AdminFunctionSettings(AdminSettings, ModelStackSettings):
@@ -30,8 +30,11 @@ def build(config: AdminFunctionSettings, dynamodb: Any, s3: Any, sqs: Any, sagem
     stacks = build_model_stacks(cfn, config)
     registry = DynamoDBRegistry(dynamodb, config.registry_table)
     evidence = DynamoDBCanaryEvidence(dynamodb, config.registry_table)  # a canary's live evidence (get_canary)
+    depths = stream_depths(config)
     feedback = {"queue": config.feedback_queue_url, "dead_letter": config.feedback_dead_letter_queue_url}
-    probe = AwsServingProbe(sqs, sagemaker)
+    if depths is not None:  # the feedback stream keeps its dead letters: the SQS dead-letter queue stays empty
+        feedback = {"queue": config.feedback_queue_url}
+    probe = AwsServingProbe(sqs, sagemaker, depths=depths)
     return AdminService(registry, probe, uploads, stacks, evidence, feedback_queues=feedback)
 
 

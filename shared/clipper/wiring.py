@@ -192,6 +192,22 @@ def queue_reader(
     return SqsQueueReader(sqs, queue_url)
 
 
+def stream_depths(settings: CommonSettings) -> Callable[[str], dict[str, int]] | None:
+    """On Redis Streams queues, a queue's depth by its URL as the management API shows it (waiting, in flight,
+    and the dead letters its stream keeps beside it); None on SQS (the queue's attributes say it)."""
+    if settings.queue_transport != "redis":
+        return None
+    from clipper.adapters.redis_streams import queue_depth
+
+    client = redis_client(_queue_redis_url(settings))
+
+    def depth(queue_url: str) -> dict[str, int]:
+        d = queue_depth(client, queue_url)
+        return {"waiting": d.ready + d.delayed, "in_flight": d.in_flight, "dead_lettered": d.dead_lettered}
+
+    return depth
+
+
 _refresher: Any = None
 
 

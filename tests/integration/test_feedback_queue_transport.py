@@ -36,3 +36,21 @@ def test_feedback_travels_on_a_redis_stream_and_the_worker_applies_it(monkeypatc
     done = worker.handle(reader.receive(10, 0))
     assert len(done) == 1 and [m.feedback_id for m in applied] == [accepted["feedback_id"]]
     assert applied[0].label == 3 and reader.depth() == QueueDepth(0, 0, 0, 0)  # deleted once applied
+
+
+def test_the_management_api_reports_the_streams_depths_not_moto_sqs(monkeypatch, redis_url):  # noqa: F811
+    """On Redis Streams the SQS queues stay empty: get_state's queue depths (clipper inspect) read the streams."""
+    from clipper.adapters.serving_probe import AwsServingProbe
+    from clipper.wiring import request_queue, stream_depths
+
+    monkeypatch.setenv("CLIPPER_QUEUE_TRANSPORT", "redis")
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    settings = FrontendSettings(registry_table="registry", replies_table="replies")
+    url = URL + "-depth"
+    for i in range(3):
+        request_queue(settings, None).send(url, f"m{i}")
+    queue_reader(settings, None, url).receive(1, 0)
+    probe = AwsServingProbe(sqs=None, depths=stream_depths(settings))  # SQS would answer 0 and 0
+    assert probe.queue_depth(url) == {"waiting": 2, "in_flight": 1, "dead_lettered": 0}
+    monkeypatch.setenv("CLIPPER_QUEUE_TRANSPORT", "sqs")
+    assert stream_depths(FrontendSettings(registry_table="registry", replies_table="replies")) is None

@@ -3,6 +3,7 @@ management API's ``get_state``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import urllib3
@@ -11,12 +12,23 @@ from clipper.adapters.aws_errors import aws_call
 
 
 class AwsServingProbe:
-    def __init__(self, sqs: Any, sagemaker: Any | None = None, pool: urllib3.PoolManager | None = None) -> None:
+    """``depths``: a queue's depth on another transport than SQS (the local stack's Redis streams), by URL."""
+
+    def __init__(
+        self,
+        sqs: Any,
+        sagemaker: Any | None = None,
+        pool: urllib3.PoolManager | None = None,
+        depths: Callable[[str], dict[str, int]] | None = None,
+    ) -> None:
         self._sqs = sqs
         self._sagemaker = sagemaker
         self._pool = pool or urllib3.PoolManager(maxsize=2)
+        self._depths = depths
 
     def queue_depth(self, queue_url: str) -> dict[str, int]:
+        if self._depths is not None:
+            return self._depths(queue_url)
         names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
         with aws_call("sqs.GetQueueAttributes"):
             attrs = self._sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)["Attributes"]

@@ -183,7 +183,11 @@ def inspect_table(state: dict[str, Any], processes: list[dict[str, Any]] | None 
     feedback = state.get("feedback")
     if feedback:
         out += ["", "feedback (accepted, not yet applied; dead-lettered: failed for good)"]
-        out += _table(["queue", "waiting", "in flight"], [_depth_row(k, v) for k, v in sorted(feedback.items())])
+        rows = [_depth_row(k, v) for k, v in sorted(feedback.items())]
+        queue = feedback.get("queue")
+        if "dead_letter" not in feedback and isinstance(queue, dict) and "dead_lettered" in queue:
+            rows.append(_depth_row("dead_letter", {"waiting": queue["dead_lettered"]}))  # kept beside the stream
+        out += _table(["queue", "waiting", "in flight"], rows)
     if processes is not None:
         out.append("")
         out.append(f"local processes ({len(processes)})")
