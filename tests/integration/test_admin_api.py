@@ -357,3 +357,39 @@ def test_a_deleted_version_registered_again_is_not_a_rollback_target(admin, cana
     ok(admin.post("/admin/add_model", json=mlp("2", activate=False)))
     rolled = ok(admin.post("/admin/rollback_model", json={"model_name": "mlp"}))
     assert rolled["active_version"] == "1"
+
+
+@pytest.mark.parametrize(("failures", "status"), [(2, 200), (9, 503)])
+def test_a_version_stack_that_fails_to_delete_is_tried_again_and_a_lasting_failure_says_what_is_left(
+    aws, monkeypatch, failures, status
+):
+    """The registry item goes first, so a retry of the operation finds no version (404): a throttled stack delete
+    left the version's queue, endpoint and instances running and billed, out of the API's reach."""
+    from clipper.admin import service as service_module
+    from clipper.errors import Throttled
+    from tests.fakes import InMemoryServingStacks
+
+    class Throttling(InMemoryServingStacks):
+        left = failures
+
+        def delete(self, model, version):
+            if self.left:
+                self.left -= 1
+                raise Throttled("cloudformation.DeleteStack(model): throttled (Throttling)")
+            super().delete(model, version)
+
+    monkeypatch.setattr(service_module, "RETIRE_BACKOFF_S", (0.0, 0.0, 0.0))
+    stacks = Throttling()
+    stacks.served[("mlp", "2")] = (None, 1)
+    service = AdminService(DynamoDBRegistry(aws.dynamodb, aws.registry_table), stacks=stacks)
+    client = TestClient(create_admin_app(service, "token", TOKEN))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    ok(client.post("/admin/add_model", json=mlp("1")))
+    two = mlp("2", activate=False) | {"queue_url": "https://sqs.local/q-mlp-2", "endpoint": "http://127.0.0.1:9002"}
+    ok(client.post("/admin/add_model", json=two))
+    resp = client.post("/admin/delete_versioned_model", json={"model_name": "mlp", "model_version": "2"})
+    assert resp.status_code == status, resp.text
+    if status == 200:
+        assert ("mlp", "2") not in stacks.served
+    else:
+        assert "deleted from the registry, but its serving stack" in resp.json()["cause"]

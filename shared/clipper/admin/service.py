@@ -4,7 +4,6 @@ anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -21,6 +20,10 @@ from clipper.core.domain import Application, BatchingSettings, Canary, InputType
 from clipper.errors import ClipperError, Conflict, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks, unserved_reason
 from clipper.ports import CanaryEvidenceStore, Clock
+
+# a version's serving stack is deleted after its registry item: tried again after these waits before the operation
+# answers 503 (a retry of it finds no version, so a transient failure left the stack serving nothing, billed)
+RETIRE_BACKOFF_S = (0.25, 1.0, 2.0)
 
 
 class AdminService:
@@ -179,8 +182,19 @@ class AdminService:
         the active version's, so the stack of an old version may serve the current one."""
         if self._stacks is None or any(v.queue_url == gone.queue_url for v in kept):
             return
-        with contextlib.suppress(NotFound):
-            self._stacks.delete(model, gone.version)
+        for wait_s in (*RETIRE_BACKOFF_S, None):
+            try:
+                self._stacks.delete(model, gone.version)
+                return
+            except NotFound:
+                return
+            except Unavailable as e:  # throttled, or CloudFormation unreachable: the registry item is gone already
+                if wait_s is None:  # a retry of the operation would find no version (404): say what is left
+                    raise Unavailable(
+                        f"{model}:{gone.version} was deleted from the registry, but its serving stack (queue, "
+                        f"endpoint, instances) was not: {e}; delete the version's model stack with CloudFormation"
+                    ) from e
+                time.sleep(wait_s)
 
     def get_upload_url(
         self, model: str, version: str, expires_s: int = 900, promote: bool | None = None
