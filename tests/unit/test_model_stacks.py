@@ -57,6 +57,39 @@ def test_an_existing_healthy_stack_is_reused():
     assert serving.queue_url == "https://queue" and serving.endpoint == "http://m/mlp/2" and cfn.deleted == []
 
 
+class DeletingCloudFormation:
+    """CloudFormation as AWS behaves after DeleteStack: the stack stays DELETE_IN_PROGRESS for a few polls (its name
+    cannot be created meanwhile), then is gone (DescribeStacks by name: ValidationError, does not exist)."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.created = polls, 0
+
+    def create_stack(self, **request: Any) -> None:
+        if self.polls >= 0:
+            raise ClientError({"Error": {"Code": "AlreadyExistsException", "Message": "exists"}}, "CreateStack")
+        self.created += 1
+
+    def describe_stacks(self, StackName: str) -> dict[str, Any]:
+        if self.polls >= 0:
+            self.polls -= 1
+            if self.polls >= 0:
+                return {"Stacks": [{"StackStatus": "DELETE_IN_PROGRESS"}]}
+            error = {"Error": {"Code": "ValidationError", "Message": f"Stack with id {StackName} does not exist"}}
+            raise ClientError(error, "DescribeStacks")
+        return {
+            "Stacks": [{"StackStatus": "CREATE_COMPLETE", "Outputs": [{"OutputKey": "QueueUrl", "OutputValue": "q"}]}]
+        }
+
+
+def test_a_version_uploaded_again_while_its_old_stack_is_being_deleted_gets_a_new_stack():
+    """Deleted and uploaded again at once: the create found the old stack DELETE_IN_PROGRESS, waited, and took its
+    disappearance for NotFound, which the updater counts as a defect: the upload was never registered."""
+    cfn = DeletingCloudFormation(polls=3)
+    stacks = CloudFormationModelStacks(cfn, "svc", "{}", endpoint="http://m/{model}/{version}", poll_s=0.0)  # type: ignore[arg-type]
+    serving = stacks.create("mlp", "2", ModelArtifact("s3://b/models/mlp/2/model.onnx"), replicas=1)
+    assert serving.queue_url == "q" and cfn.created == 1
+
+
 class RecordingCloudFormation(DeadStackCloudFormation):
     """A CloudFormation that creates every stack at once, recording the requests."""
 

@@ -63,6 +63,24 @@ class CloudFormationModelStacks:
     def create(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> Serving:
         name = self.stack_name(model, version)
         params = self._stack_parameters(model, version, artifact, replicas)
+        for last in (False, True):
+            try:
+                outputs = self._create(name, model, version, params)
+                break
+            except NotFound as e:
+                # the name's stack was being deleted (DeleteStack is asynchronous: a version deleted and uploaded
+                # again at once finds it DELETE_IN_PROGRESS) and is gone now: created afresh
+                if last:
+                    raise Unavailable(
+                        f"stack {name} was being deleted while created; to be created on the next try"
+                    ) from e
+        endpoint = outputs.get("EndpointName")
+        address = f"sagemaker:{endpoint}" if endpoint else self._endpoint.format(model=model, version=version)
+        return Serving(outputs["QueueUrl"], address)
+
+    def _create(self, name: str, model: str, version: str, params: dict[str, str]) -> dict[str, str]:
+        """Create the stack, or find it when it exists, and wait for it: its outputs; NotFound when the stack of
+        that name was found being deleted and is gone."""
         try:
             self._client.create_stack(
                 StackName=name,
@@ -78,10 +96,7 @@ class CloudFormationModelStacks:
             self._clear_failed(name)
         except BotoCoreError as e:
             raise translate(e, "cloudformation.CreateStack(model)") from e
-        outputs = self._wait(name)
-        endpoint = outputs.get("EndpointName")
-        address = f"sagemaker:{endpoint}" if endpoint else self._endpoint.format(model=model, version=version)
-        return Serving(outputs["QueueUrl"], address)
+        return self._wait(name)
 
     def _stack_parameters(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> dict[str, str]:
         params = {
