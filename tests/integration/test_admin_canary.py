@@ -119,6 +119,9 @@ def test_without_an_evidence_store_the_canary_is_shown_without_evidence(aws):
         ({"model_version": "3"}, 400, "share_percent"),
         ({"model_version": "3", "share_percent": 10, "params": {"alpha": 0.7}}, 400, "params.alpha"),
         ({"model_version": "3", "share_percent": 10, "params": {"min_feedback": 0}}, 400, "params.min_feedback"),
+        # past what the registry keeps exact (10**40 came back changed) or stores at all (1e200: a 503 on AWS)
+        ({"model_version": "3", "share_percent": 10, "params": {"max_feedback": 10**40}}, 400, "params.max_feedback"),
+        ({"model_version": "3", "share_percent": 10, "params": {"guard_ratio": 1e200}}, 400, "params.guard_ratio"),
         (
             {"model_version": "3", "share_percent": 10, "params": {"min_feedback": 90, "max_feedback": 60}},
             400,

@@ -232,11 +232,17 @@ class CanaryParamsBody(Body):
     alpha: Number | None = Field(None, gt=0.0, lt=0.5, description="chance of rolling back a canary as good (5%)")
     beta: Number | None = Field(None, gt=0.0, lt=0.5, description="chance of promoting one worse by margin (10%)")
     margin: Number | None = Field(None, gt=0.0, le=1.0, description="the loss-rate difference called worse (0.05)")
-    min_feedback: int | None = Field(None, ge=1, description="labels each version needs before the test (50)")
-    max_feedback: int | None = Field(None, ge=1, description="canary labels after which the lean decides (5000)")
+    # counts at most a billion, the guards' ratio at most a million: the registry stores numbers of 38 digits and
+    # reads them back as doubles (a count of 10**40 came back changed; past 1e125 DynamoDB refuses it: a 503)
+    min_feedback: int | None = Field(None, ge=1, le=10**9, description="labels each version needs before the test (50)")
+    max_feedback: int | None = Field(
+        None, ge=1, le=10**9, description="canary labels after which the lean decides (5000)"
+    )
     guard_alpha: Number | None = Field(None, gt=0.0, lt=0.5, description="level of the error and SLO guards")
-    guard_ratio: Number | None = Field(None, gt=1.0, allow_inf_nan=False, description="rate ratio the guards detect")
-    guard_min_events: int | None = Field(None, ge=1, description="errors (or misses) before a guard speaks")
+    guard_ratio: Number | None = Field(
+        None, gt=1.0, le=1e6, allow_inf_nan=False, description="rate ratio the guards detect"
+    )
+    guard_min_events: int | None = Field(None, ge=1, le=10**9, description="errors (or misses) before a guard speaks")
 
 
 class StartCanary(Body):
