@@ -553,3 +553,29 @@ def test_a_deleted_version_is_not_registered_again_from_the_upload_it_came_from(
     fixed = world.model_bytes("logreg")
     assert world.handle(world.upload("models/mlp/2/model.onnx", fixed))[0]["status"] == "registered"
     assert "2" in world.registry.model_and_versions("mlp")[1]
+
+
+def _free_rows_model() -> bytes:
+    """y = 2x over rows of any length: input [N, None]."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", None])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", None])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])
+    graph = helper.make_graph([helper.make_node("Mul", ["input", "two"], ["output"])], "g", [x], [y], [two])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    data: bytes = model.SerializeToString()
+    return data
+
+
+def test_a_model_of_free_row_size_linked_to_apps_of_two_shapes_is_recorded_without_one(world: World) -> None:
+    """Recorded with the first linked application's shape, the version was then refused for the other by the
+    registry's own check (no switching back to it, no canary), though the upload itself had made it active."""
+    from dataclasses import replace
+
+    world.registry.put_app(replace(digits_app(), name="wide", input_shape=(100,)))
+    world.registry.link("wide", "mlp")
+    (outcome,) = world.handle(world.upload(KEY, _free_rows_model()))
+    assert outcome["status"] == "registered", outcome
+    assert world.registry.get_version("mlp", "2").input_shape is None

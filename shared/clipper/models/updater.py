@@ -242,7 +242,11 @@ class ModelUpdater:
             queue_url = endpoint = ""
         if not queue_url or not endpoint:
             return self._reject(up, digest, sig, unserved_reason(up.model, up.version, view.history.active))
-        shape = sig.fixed_row_shape or next((a.input_shape for a in apps if a.input_shape), None)
+        # a row of free size is recorded as the linked applications' shape when they agree on one; when they differ
+        # (the model serves each), as none: recorded as the first's, the registry's own check then refused the
+        # version for the others (no switching back to it, no canary), though the upload had made it active
+        shapes = {a.input_shape for a in apps if a.input_shape}
+        shape = sig.fixed_row_shape or (next(iter(shapes)) if len(shapes) == 1 else None)
         labels = current.labels if current else ()
         mv = ModelVersion(up.model, up.version, input_type, queue_url, endpoint, shape, labels)
         # an explicit wish of the uploader wins over the model's setting; a new model's first version is active
