@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from clipper.core.media import has_lone_surrogate
+
 InputTypeName = Literal["integers", "bytes", "floats", "doubles", "strings"]
 PolicyName = Literal["single", "epsilon_greedy", "exp3", "exp4"]
 
@@ -28,16 +30,6 @@ MAX_DEFAULT_DEPTH = 64  # the answer's JSON encoder stops at 254 levels: a deepe
 MAX_LABELS_BYTES = 128 * 1024
 MAX_DIMENSIONS = 32
 MAX_DIMENSION = 2**31 - 1
-
-
-def _lone_surrogate(value: Any) -> bool:
-    """Whether a string (or a list's) holds a surrogate code point: JSON's "\\ud800" alone (a pair decodes to one
-    character); FastAPI's parser takes it, and no UTF-8 answer or store can carry it (it was a 500)."""
-    if isinstance(value, str):
-        return any("\ud800" <= c <= "\udfff" for c in value) if not value.isascii() else False
-    if isinstance(value, list):
-        return any(_lone_surrogate(v) for v in value)
-    return False
 
 
 def _shape(shape: list[int] | None) -> list[int] | None:
@@ -91,7 +83,7 @@ class Body(BaseModel):
     @classmethod
     def _text(cls, value: Any, info: ValidationInfo) -> Any:
         """Every string field: no lone surrogate, and at most MAX_TEXT_CHARS unless the field sets its own."""
-        if _lone_surrogate(value):
+        if has_lone_surrogate(value):
             raise ValueError("text without a lone surrogate escape (\\ud800-\\udfff alone; no UTF-8 carries it)")
         if info.field_name not in _OWN_BOUND and _longest_text(value) > MAX_TEXT_CHARS:
             raise ValueError(f"text of at most {MAX_TEXT_CHARS} characters")

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from clipper.core.media import json_content
+from clipper.core.media import has_lone_surrogate, json_content
 from clipper.core.validation import may_hold_booleans
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from clipper.feedback import FeedbackReceiver
@@ -54,25 +54,6 @@ def truthy(value: str | bytes | None) -> bool:
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
     return (value or "").lower() in {"1", "true", "yes"}
-
-
-def has_lone_surrogate(value: Any) -> bool:
-    """Whether a parsed JSON value holds a string (or key) with a lone surrogate escape, which orjson refuses and
-    Python's json accepts: nothing downstream can write it as UTF-8 (a queue message, a DynamoDB item)."""
-    pending = [value]  # an explicit stack: a body nested as deep as json takes it must not overflow this one
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return False
 
 
 def check_fields(body: Any, allowed: frozenset[str]) -> None:
