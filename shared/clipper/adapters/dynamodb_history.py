@@ -26,27 +26,18 @@ def history_of(item: dict[str, Any]) -> VersionHistory:
 def switch_update(table: str, model: str, before: VersionHistory, after: VersionHistory) -> dict[str, Any]:
     """The UpdateItem (also a transaction's Update) that replaces the history ``before`` with ``after``, on the
     condition that the item still holds ``before`` (the same active version and count of switches)."""
-    values: dict[str, Any] = {
-        ":a": {"S": after.active or ""},
-        ":h": {"L": [{"S": v} for v in after.earlier]},
-        ":n": {"N": str(after.switches)},
-    }
-    update = "SET active_version = :a, history = :h, switches = :n"
-    if after.earlier:
-        update += ", previous_version = :p"
-        values[":p"] = {"S": after.earlier[-1]}
-    else:
-        update += " REMOVE previous_version"
+    sets, removes, values = _earlier(after.earlier, ":h", ":p")
+    values |= {":a": {"S": after.active or ""}, ":n": {"N": str(after.switches)}}
+    update = "SET " + ", ".join(["active_version = :a", *sets, "switches = :n"])
+    if removes:
+        update += " REMOVE " + ", ".join(removes)
     if before.active is None:
         condition = "attribute_not_exists(active_version)"
     else:
         values[":e"] = {"S": before.active}
-        condition = "active_version = :e AND "
-        if before.switches:
-            values[":s"] = {"N": str(before.switches)}
-            condition += "switches = :s"
-        else:
-            condition += "attribute_not_exists(switches)"
+        unchanged, counted = _switches_unchanged(before, ":s")
+        condition = f"active_version = :e AND {unchanged}"
+        values |= counted
     return {
         "TableName": table,
         "Key": {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": "MODEL"}},
@@ -65,17 +56,23 @@ def forgetting(item: dict[str, Any], version: str) -> tuple[list[str], list[str]
     history = history_of(item)
     if version not in history.earlier:
         return None
-    earlier = [v for v in history.earlier if v != version]
-    sets, removes = ["history = :fh"], []
-    values: dict[str, Any] = {":fh": {"L": [{"S": v} for v in earlier]}}
-    if earlier:
-        sets.append("previous_version = :fp")
-        values[":fp"] = {"S": earlier[-1]}
-    else:
-        removes.append("previous_version")
+    sets, removes, values = _earlier(tuple(v for v in history.earlier if v != version), ":fh", ":fp")
+    condition, counted = _switches_unchanged(history, ":fs")
+    return sets, removes, values | counted, condition
+
+
+def _earlier(earlier: tuple[str, ...], h: str, p: str) -> tuple[list[str], list[str], dict[str, Any]]:
+    """The SET and REMOVE clauses and values that store ``earlier`` as the history (and its last as
+    previous_version, for readers of the older layout), with the value names ``h`` and ``p``."""
+    values: dict[str, Any] = {h: {"L": [{"S": v} for v in earlier]}}
+    if not earlier:
+        return [f"history = {h}"], ["previous_version"], values
+    values[p] = {"S": earlier[-1]}
+    return [f"history = {h}", f"previous_version = {p}"], [], values
+
+
+def _switches_unchanged(history: VersionHistory, s: str) -> tuple[str, dict[str, Any]]:
+    """The condition that the item's count of switches is still ``history``'s (none recorded: no attribute)."""
     if history.switches:
-        values[":fs"] = {"N": str(history.switches)}
-        condition = "switches = :fs"
-    else:
-        condition = "attribute_not_exists(switches)"
-    return sets, removes, values, condition
+        return f"switches = {s}", {s: {"N": str(history.switches)}}
+    return "attribute_not_exists(switches)", {}
