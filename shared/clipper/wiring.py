@@ -323,7 +323,7 @@ def build_query_processor(
     """``background_refresh``: the registry copy and the bandit states are reloaded off the query path once past
     their TTLs (``clipper.core.registry_cache``, ``clipper.frontend.selection``), and the canaries' tally flushed
     each second by its thread; tests that step a fake clock can turn both off (the tally is then flushed by
-    whoever calls its ``tick``)."""
+    whoever calls its ``flush``)."""
     from clipper.adapters.clock import SystemClock
     from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
     from clipper.frontend.canary_tally import CanaryTally
@@ -333,7 +333,7 @@ def build_query_processor(
     clock = clock or SystemClock()
     refresh = background_runner() if background_refresh else None
     registry = _registry(settings, dynamodb, clock, settings.config_ttl_s, refresh)
-    tally = CanaryTally(registry, DynamoDBCanaryEvidence(dynamodb, settings.registry_table))
+    tally = CanaryTally(DynamoDBCanaryEvidence(dynamodb, settings.registry_table))
     if background_refresh:
         tally.start()
     store = selection_store(settings, dynamodb)

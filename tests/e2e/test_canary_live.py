@@ -59,7 +59,10 @@ def test_a_worse_canary_is_rolled_back_and_an_equal_one_promoted(demo_models, tm
         conn.deploy_onnx_model("digits", "1", models / "mlp" / "1" / "model.onnx", x[:2])
         conn.link_model_to_app("canaried", "digits")
 
-        conn.deploy_onnx_model("digits", "2", models / "tree" / "1" / "model.onnx", x[:2], canary=50)
+        # 200 labels each before the loss test speaks: the decision comes seconds after the trial's first query,
+        # past the frontend's tally flush (each second), on however fast a machine
+        tree = models / "tree" / "1" / "model.onnx"
+        conn.deploy_onnx_model("digits", "2", tree, x[:2], canary=50, canary_params={"min_feedback": 200})
         ended, answered = drive(url, conn, "digits", "canaried", x, y, 0.0, 1500)
         assert ended["active_version"] == "1"
         assert answered.get("2", 0) > 20 and answered.get("1", 0) > 20, answered  # both served their share

@@ -1,31 +1,31 @@
 """What users got from each version of a model with a running canary: queries, endpoint errors and SLO misses,
 counted at the frontend and added to the trial's evidence (``CanaryEvidenceStore``) off the query path.
 
-Per query and model (``ModelAnswer``), while the model has a canary: one query for the version that was asked;
-an error when that model replied with an error (or cannot be asked: no serving resources); an SLO miss when it
-gave no reply by the deadline (or its batcher dropped the query as expired). A failure of the frontend's own
-dependencies (the queue, the reply channel, the cache) says nothing about the version and is not counted, nor is a
-row another query computed (that query counts it). One count per query and model, whatever its batch size.
+Per query and model (``ModelAnswer``) answered in a canary trial: one query for the version that was asked; an
+error when that model replied with an error (or cannot be asked: no serving resources); an SLO miss when it gave no
+reply by the deadline (or its batcher dropped the query as expired). A failure of the frontend's own dependencies
+(the queue, the reply channel, the cache) says nothing about the version and is not counted, nor is a row another
+query computed (that query counts it). One count per query and model, whatever its batch size.
 
-The query path pays one dict lookup per model when no canary runs (no lock, no allocation): ``count`` reads
-``running``, a map of model -> running trial that a background thread rebuilds each second from the registry
-copy (a model is added to it, without a trial, the first time a query asks it: its first second is not counted).
-The same thread flushes the counts, at most once a second; a failed flush keeps them for the next and logs.
-On Lambda the thread is frozen between invocations: counts wait for the next one, and a container that is never
-invoked again loses its last second of counts (evidence is a sample: the decision stays sound on fewer queries).
-A flush whose write succeeds but whose answer is lost is counted again by the next one (at most one second of one
-container's counts).
+The trial is the one the query's choice was made in (``Choice.trials``, from the same registry copy that routed it
+to the canary or to the active version): counting starts with the trial's first query, and a query of a trial that
+has ended since counts in that trial, never in the next. The query path pays one test of an empty map when no
+canary runs. A background thread flushes the counts, at most once a second; a failed flush keeps them for the next
+and logs. On Lambda the thread is frozen between invocations: counts wait for the next one, and a container that is
+never invoked again loses its last second of counts (evidence is a sample: the decision stays sound on fewer
+queries). A flush whose write succeeds but whose answer is lost is counted again by the next one (at most one
+second of one container's counts).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from clipper.canary.evidence import VersionEvidence
 from clipper.frontend.results import ModelAnswer
-from clipper.ports import CanaryEvidenceStore, Registry
+from clipper.ports import CanaryEvidenceStore
 
 logger = logging.getLogger(__name__)
 
@@ -33,32 +33,25 @@ Key = tuple[str, str, str]  # (model, trial, version)
 
 
 class CanaryTally:
-    def __init__(self, registry: Registry, store: CanaryEvidenceStore, every_s: float = 1.0) -> None:
-        self._registry = registry
+    def __init__(self, store: CanaryEvidenceStore, every_s: float = 1.0) -> None:
         self._store = store
         self._every = every_s
-        # model -> its running trial, or None; rebuilt by ``refresh`` (a new dict swapped in, never mutated after)
-        self.running: dict[str, str | None] = {}
-        self._seen: set[str] = set()  # models asked since the last refresh that ``running`` does not know yet
         self._counts: dict[Key, list[int]] = {}  # [queries, errors, slo_misses]
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     # -- the query path -----------------------------------------------------------------------------------
-    def count(self, answers: Iterable[ModelAnswer]) -> None:
-        """Count one query's outcome per model, for the models with a running canary."""
-        running = self.running
+    def count(self, answers: Iterable[ModelAnswer], trials: Mapping[str, str]) -> None:
+        """Count one query's outcome per model answered in a canary trial (``trials``: model -> trial, the
+        query's choice's)."""
+        if not trials:
+            return  # the common case: no canary
         for a in answers:
             name = a.model.name
-            trial = running.get(name, "")
-            if trial is None:
-                continue  # the common case: a known model without a canary
-            if trial == "":
-                self._seen.add(name)  # first sight: ``refresh`` looks it up
-                continue
+            trial = trials.get(name)
             failure = a.failure
-            if failure == "unavailable":
+            if trial is None or failure == "unavailable":
                 continue
             key = (name, trial, a.model.version)
             with self._lock:
@@ -69,26 +62,7 @@ class CanaryTally:
                 c[1] += failure == "error"
                 c[2] += failure == "timeout"
 
-    def any_running(self, answers: Iterable[ModelAnswer]) -> bool:
-        """Whether one of these models has a running canary (its queries are recorded for feedback then)."""
-        running = self.running
-        return any(running.get(a.model.name) for a in answers)
-
     # -- off the query path ---------------------------------------------------------------------------------
-    def refresh(self) -> None:
-        """Rebuild ``running`` from the registry copy, for every model asked so far."""
-        seen, self._seen = self._seen, set()
-        running: dict[str, str | None] = {}
-        for name in set(self.running) | seen:
-            try:
-                canary = self._registry.canary(name)
-            except Exception as e:  # the registry unreadable: keep what was known
-                logger.warning("canary of %s not read: %s", name, e)
-                running[name] = self.running.get(name)
-                continue
-            running[name] = canary.trial if canary is not None else None
-        self.running = running
-
     def flush(self) -> None:
         """Add the counts to the evidence store; what fails to be added is kept for the next flush."""
         with self._lock:
@@ -109,12 +83,8 @@ class CanaryTally:
                     for i in range(3):
                         kept[i] += c[i]
 
-    def tick(self) -> None:
-        self.refresh()
-        self.flush()
-
     def start(self) -> None:
-        """The background thread: ``tick`` every ``every_s`` (idempotent)."""
+        """The background thread: ``flush`` every ``every_s`` (idempotent)."""
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="clipper-canary-tally", daemon=True)
@@ -123,7 +93,7 @@ class CanaryTally:
     def _run(self) -> None:
         while not self._stop.wait(self._every):
             try:
-                self.tick()
+                self.flush()
             except Exception:  # a bug: logged, and the next second tries again
                 logger.exception("canary tally failed")
 

@@ -13,7 +13,7 @@ are the ones the general path gives; it skips only the generality. Measured on t
 with 8 queries in flight and 9-12 % at 250-1,000 q/s.
 
 Anything else goes the general way, decided before anything is sent: a batch, a user id, a debug request, another
-policy, a canary running (or a model the canary tally has not looked up yet), an input too large for a message, a
+policy, a canary running, an input too large for a message, a
 registry copy that would have to read. After the send, any outcome other than an answer (the queue or the reply
 channel unavailable, an error reply, no reply in time, another query computing the same input) is finished by the
 general path's own ``finish`` from the state the lane built, so defaults, their explanations and the release of
@@ -31,7 +31,6 @@ from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, no_answer, output_v
 from clipper.core.validation import QueryInput, validate_query
 from clipper.errors import ClipperError, Unavailable
 from clipper.frontend import steps
-from clipper.frontend.canary_tally import CanaryTally
 from clipper.frontend.fanout import Gatherer, split_model_time
 from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice
@@ -55,7 +54,6 @@ class SingleModelLane:
         new_query_id: Callable[[], int],
         max_batch: int,
         listener: Any = None,
-        tally: CanaryTally | None = None,
     ) -> None:
         self._registry = registry
         self._gatherer = gatherer
@@ -64,7 +62,6 @@ class SingleModelLane:
         self._new_id = new_query_id
         self._max_batch = max_batch
         self._listener = listener
-        self._tally = tally
         self.taken = 0  # queries answered by the lane (the rest went the general way)
 
     def model_for(self, app_name: str) -> tuple[Application, list[str], ModelVersion] | None:
@@ -83,10 +80,6 @@ class SingleModelLane:
         linked, model, canary = held
         if canary is not None or not model.queue_url:
             return None
-        if self._tally is not None:
-            running = self._tally.running
-            if running.get(model.name, "") is not None:
-                return None  # a canary, or a model the tally has not looked up yet (the general path notes it)
         return app, linked, model
 
     async def predict(self, app_name: str, body: Any, booleans: bool, finish: Finish) -> QueryResult | None:

@@ -105,8 +105,8 @@ class QueryProcessor:
     ) -> None:
         """``inline``: every dependency of the query path answers in well under a millisecond and bounds each
         call by the timeout given (the lean Redis client), so a query may run on an event loop
-        (``predict_async``). ``tally``: counts each query's outcome per version of a model with a canary (and a
-        single-model application's queries are then recorded for feedback too)."""
+        (``predict_async``). ``tally``: counts each query's outcome per version of a model answered in a canary trial (a
+        single-model application's queries are recorded for feedback while its model has one, tally or not)."""
         self._registry = registry
         self._queue = queue
         self._replies = replies
@@ -129,7 +129,7 @@ class QueryProcessor:
             and self._gatherer.fused
             and all(hasattr(registry, a) for a in ("get_app_nowait", "held_first_model"))
         ):
-            parts = (registry, self._gatherer, replies, clock, new_query_id, max_batch, listener, tally)
+            parts = (registry, self._gatherer, replies, clock, new_query_id, max_batch, listener)
             self.lane = SingleModelLane(*parts)
 
     @property
@@ -308,12 +308,12 @@ class QueryProcessor:
             why = defaults[0].default_explanation
             logger.info("default output", extra={"app": app.name, "rows": len(defaults), "reason": why})
         tally = self._tally
-        if choice.selection.policy != "single" or (tally is not None and tally.any_running(answers)):
+        if choice.selection.policy != "single" or choice.trials:
             ticket.stage = "recording the query for feedback"
             yield from self._record(app, ticket.user, query, choice, answers, ticket.deadline, preds)
             timings["record"] = (self._clock.now() - t1) * 1000
         if tally is not None:
-            tally.count(answers)
+            tally.count(answers, choice.trials)
         hits = sum(a.hits for a in answers)
         first = answers[0].model
         return QueryResult(
