@@ -19,7 +19,9 @@ requirements, ``model-images/onnx-runtime/requirements.txt``). Run from the repo
     python bench/gpu_endpoint.py            # on the GPU machine: batch sizes 1..256, ~1-2 minutes
     python bench/gpu_endpoint.py --quick    # smoke test anywhere, under a minute on 2 CPU cores
 
-Writes bench/results/gpu_endpoint.json (``--out`` to change).
+Writes bench/results/gpu_endpoint.json (``--out`` to change). ``--plot A.json [B.json ...]`` draws reports
+already written (rows/s and p50 / p99 latency against batch size, one line per report) into
+bench/results/gpu_endpoint.png (``--png`` to change), measuring nothing; matplotlib is a dev dependency.
 """
 
 from __future__ import annotations
@@ -221,7 +223,14 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight (default 1)")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads of the server (CPU)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_endpoint.json"))
+    p.add_argument("--plot", nargs="+", metavar="JSON", help="draw these reports into --png, measure nothing")
+    p.add_argument("--png", default=str(ROOT / "bench" / "results" / "gpu_endpoint.png"))
     args = p.parse_args()
+    if args.plot:
+        reports = [json.loads(Path(f).read_text()) for f in args.plot]
+        plot(reports, Path(args.png))
+        log(f"wrote {args.png} from {len(reports)} report(s)")
+        return 0
     sizes = (
         [int(b) for b in args.batch_sizes.split(",")]
         if args.batch_sizes
@@ -293,6 +302,42 @@ def main() -> int:
         log(f"device {device}; best {best['rows_per_s']:.0f} rows/s at batch {best['batch_size']}")
     log(f"wrote {out} in {report['elapsed_s']:.0f} s")
     return 0
+
+
+def label(report: dict[str, Any]) -> str:
+    where = (report.get("gpu") or {}).get("name") or "CPU"
+    return f"{where}, {report['device']}, {report['concurrency']} in flight (ORT {report['onnxruntime']})"
+
+
+def plot(reports: list[dict[str, Any]], path: Path) -> None:
+    """Rows/s (left) and p50 / p99 latency (right) against batch size, one line per report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate, lat) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for report in reports:
+        rows = report["results"]
+        sizes = [r["batch_size"] for r in rows]
+        line = rate.plot(sizes, [r["rows_per_s"] for r in rows], marker="o", label=label(report))[0]
+        lat.plot(sizes, [r["p50_ms"] for r in rows], marker="o", color=line.get_color(), label=f"p50, {label(report)}")
+        lat.plot(sizes, [r["p99_ms"] for r in rows], marker="x", linestyle="--", color=line.get_color(), label="p99")
+    for ax in (rate, lat):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("rows per request (batch size)")
+        ax.grid(True, alpha=0.3)
+    rate.set_yscale("log")
+    rate.set_ylabel("rows/s (log scale)")
+    rate.set_title("Model endpoint throughput")
+    lat.set_ylabel("request latency (ms)")
+    lat.set_title("Model endpoint latency, HTTP included")
+    rate.legend(fontsize=7)
+    lat.legend(fontsize=7)
+    fig.suptitle(reports[0]["model"], fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
