@@ -15,6 +15,9 @@ touched by any of this.
 
 If this moto's internals are not the ones this was written against (no ``copy`` module in
 ``moto.dynamodb.models``, no ``DynamoDBBackend.transact_write_items``), the server runs unpatched and says so.
+
+``--gated`` (the local stack's launcher passes it): the server answers 503 until the launcher has put the stack's
+state back in it (``infra.local.gate``).
 """
 
 from __future__ import annotations
@@ -131,13 +134,34 @@ def _copy_module(table_class: type, inside: threading.local) -> types.SimpleName
 
 
 def main(argv: list[str] | None = None, run: Callable[[list[str]], Any] | None = None) -> Any:
-    """Patch, then run moto's server with these arguments (``-H HOST -p PORT`` as ``python -m moto.server``)."""
+    """Patch, then run moto's server with these arguments (``-H HOST -p PORT`` as ``python -m moto.server``;
+    ``--gated``: closed until the launcher opens it, ``infra.local.gate``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if install():
         logger.info("DynamoDB transactions back up the items they name, not whole tables")
     from moto import server
 
-    return (run or server.main)(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if "--gated" in args:
+        args = [a for a in args if a != "--gated"]
+        gate_app(server)
+        logger.info("gated: every request but moto's own API answers 503 until the launcher opens the gate")
+    return (run or server.main)(args)
+
+
+def gate_app(server: Any) -> None:
+    """Have moto's server wrap its application in the gate (``infra.local.gate.Gate``)."""
+    from infra.local.gate import Gate
+
+    application = server.DomainDispatcherApplication
+    if getattr(application, "_clipper_gated", False):
+        return
+
+    def gated(*args: Any, **kwargs: Any) -> Gate:
+        return Gate(application(*args, **kwargs))
+
+    gated._clipper_gated = True  # type: ignore[attr-defined]
+    server.DomainDispatcherApplication = gated
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ Faults it handles while running, besides the supervisor's restarts:
 - moto exits: its state is gone with it. The supervisor starts it again on its port; then the stack is created in
   it again (the same names: ``cfn.with_physical_names``), the last snapshot is put back, the upload rule is
   connected again and the uploaded versions' stacks are created again; the processes keep running (their calls
-  fail meanwhile). The snapshot is not taken while moto is being restored, so an empty emulator never overwrites
-  the last good copy; what changed after that copy (a few seconds) is lost.
+  fail meanwhile: moto is gated, every request but the restore's answered 503 until it is done, ``gate``, so none
+  sees the stack's tables empty). The snapshot is not taken while moto is being restored, so an empty emulator
+  never overwrites the last good copy; what changed after that copy (a few seconds) is lost.
 - redis exits: it starts again on its port with its append-only file.
 """
 
@@ -30,7 +31,7 @@ import boto3
 
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.adapters.resp import RespClient
-from infra.local import aof, demo
+from infra.local import aof, demo, gate
 from infra.local.serving import LocalModelServing
 from infra.local.state import SNAPSHOT_TABLES, Ports, Snapshot, repoint_endpoints
 from infra.local.supervisor import Child, ChildSpec, Stage, Supervisor, lower_thread_priority
@@ -114,11 +115,13 @@ class LocalStack:
         self.supervisor.start_thread()
         self.start_moto()
         self.start_redis()
-        self.deploy(announce=True)
-        self.snapshot = self._snapshot()
-        if self.snapshot.exists:
-            counts = self.snapshot.restore()
-            log(f"state of the last run restored: {counts}")
+        with gate.passing():
+            self.deploy(announce=True)
+            self.snapshot = self._snapshot()
+            if self.snapshot.exists:
+                counts = self.snapshot.restore()
+                log(f"state of the last run restored: {counts}")
+        gate.open_gate(self.env["AWS_ENDPOINT_URL"])
         self.state_ready.set()
         endpoints = demo.start_models(self, self.models, self.queues, Path(self.args.models), self.args.slo_ms)
         self.spawn(
@@ -145,7 +148,7 @@ class LocalStack:
         url = f"http://127.0.0.1:{port}"
         moto = self.spawn(
             "moto",
-            [sys.executable, "-m", "infra.local.moto_server", "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", "infra.local.moto_server", "-H", "127.0.0.1", "-p", str(port), "--gated"],
             Stage.MOTO,
             on_exit=self._moto_exited,
             on_restart=self._moto_restarted,
@@ -155,6 +158,9 @@ class LocalStack:
         self.env["AWS_ENDPOINT_URL"] = url
         keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
         os.environ.update({k: self.env[k] for k in keys})
+        if boto3.DEFAULT_SESSION is None:
+            boto3.setup_default_session()
+        gate.install(boto3.DEFAULT_SESSION)  # the restore's requests pass moto's closed gate (``gate.passing``)
         log(f"moto server on {url}")
 
     def start_redis(self) -> None:
@@ -341,7 +347,10 @@ class LocalStack:
         while generation == self._moto_generation and not self.stopping.is_set():
             attempt += 1
             try:
-                self._restore_moto()
+                with gate.passing():
+                    self._restore_moto()
+                if generation == self._moto_generation:  # not a moto started again meanwhile (closed, not restored)
+                    gate.open_gate(self.env["AWS_ENDPOINT_URL"])
             except Exception as e:  # moto died again, or a transient failure
                 logger.warning("moto not restored yet (try %d): %s", attempt, e)
                 self.stopping.wait(min(30.0, 2.0 ** (attempt - 1)))

@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -302,10 +303,20 @@ def redis_and_moto_come_back(local: TerminalProcess, url: str, state: Path, rows
     assert any((state / "redis").rglob("*.aof")), "redis keeps no append-only file"
     fresh = iter(rows)
     for name in ("redis", "moto"):
+        if name == "moto":
+            window = QueriesWhileRestoring(url, "persist", rows[0])  # from before the kill to after the restore
         os.kill(processes(state)[name]["pid"], signal.SIGKILL)
         eventually(lambda n=name: processes(state)[n]["restarts"] == 1, f"{name} was not restarted")
         if name == "moto":
             eventually(lambda: "moto restored" in local.output, "moto was not restored")
+            time.sleep(1.0)
+            statuses = window.stop()
+            # while moto came back empty and got its state back, an existing application was never unknown, and
+            # no feedback was taken for one of an unknown application (moto is gated until its state is back)
+            assert not any(k.endswith(" 404") for k in statuses), statuses
+            assert statuses.get("predict 200", 0) > 0, statuses
+            feedback_log = (state / "logs" / "feedback.log").read_text()
+            assert "unknown_app" not in feedback_log, feedback_log[-3000:]
 
         def answered(app: str = "digits" if name == "redis" else "persist") -> bool:
             row = next(fresh)
@@ -314,6 +325,36 @@ def redis_and_moto_come_back(local: TerminalProcess, url: str, state: Path, rows
             return status == 200 and not answer["default"] and answer["output"] == expected
 
         eventually(answered, f"no answer after {name} restarted", 30)
+
+
+class QueriesWhileRestoring:
+    """Queries and feedback of one application, back to back on a thread, until ``stop``: the statuses seen."""
+
+    def __init__(self, url: str, app: str, row: np.ndarray) -> None:
+        self.url, self.app, self.row = url, app, row
+        self.statuses: dict[str, int] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        n = 0
+        while not self.done.is_set():
+            n += 1
+            row = self.row.copy()
+            row[0] = n * 2.0**-20  # a distinct input each time: no cache answers
+            for path, body in (("predict", {"input": row.tolist()}), ("update", {"input": row.tolist(), "label": 0})):
+                try:
+                    status, _ = post(f"{self.url}/{self.app}/{path}", body, timeout_s=5)
+                except OSError:  # the frontend itself is not what this looks at
+                    status = 0
+                self.statuses[f"{path} {status}"] = self.statuses.get(f"{path} {status}", 0) + 1
+            time.sleep(0.02)
+
+    def stop(self) -> dict[str, int]:
+        self.done.set()
+        self.thread.join(timeout=15)
+        return self.statuses
 
 
 def _pings(url: str) -> bool:
