@@ -4,12 +4,21 @@ import random
 
 import pytest
 
-from clipper.errors import InvalidInput, NotFound
+from clipper.core.registry_cache import CachedRegistry
+from clipper.errors import InvalidInput, NotFound, Unavailable
 from clipper.feedback import FeedbackMessage, FeedbackProcessor, FeedbackReceiver
 from clipper.frontend.query import QueryProcessor
 from clipper.frontend.selection import Selector
 from clipper.selection import state_key
-from tests.fakes import InMemoryCache, InMemorySelectionStore, ListQueue, digits_app, model_version
+from tests.fakes import (
+    FakeClock,
+    InMemoryCache,
+    InMemoryRegistry,
+    InMemorySelectionStore,
+    ListQueue,
+    digits_app,
+    model_version,
+)
 from tests.unit.test_query_processor import InlineQueue, one_hot, world  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.unit
@@ -94,6 +103,29 @@ def test_per_user_state_falls_back_to_the_app_and_learns_separately(learning):
     msg = FeedbackMessage(feedback_id="u", app="ens", user="42", payload=_payload(one_hot(4)), label=4)
     assert feedback.process(msg) == "applied"
     assert state_key("ens", "42") in store.states and state_key("ens") in store.states
+
+
+def test_receiver_accepts_feedback_of_an_application_its_copy_holds_while_the_registry_is_unavailable():
+    inner, clock = InMemoryRegistry(), FakeClock()
+    inner.apps["digits"] = digits_app()
+    copy = CachedRegistry(inner, clock, ttl_s=2.0, refresh=lambda reload: None, max_stale_s=5.0)
+    queue = ListQueue()
+    receiver = FeedbackReceiver(copy, queue, "https://sqs.local/feedback")
+    assert receiver.accept("digits", {"input": one_hot(1), "label": 1})["accepted"]  # the first read holds it
+
+    def down(name):
+        raise Unavailable("registry: ServiceUnavailable")
+
+    inner.get_app = down  # type: ignore[method-assign]
+    clock.advance(60)  # past ttl_s + max_stale_s: a query's read would go to the registry, and fail
+    with pytest.raises(Unavailable):
+        copy.get_app("digits")
+    assert receiver.accept("digits", {"input": one_hot(2), "label": 2})["accepted"]  # validated against the held app
+    assert len(queue.sent) == 2
+    with pytest.raises(InvalidInput):
+        receiver.accept("digits", {"input": [1.0], "label": 2})  # still validated
+    with pytest.raises(Unavailable):
+        receiver.accept("never-held", {"input": one_hot(2), "label": 2})  # never held: read, and unavailable
 
 
 def test_receiver_validates_before_queueing(learning):

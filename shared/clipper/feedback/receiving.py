@@ -107,7 +107,12 @@ class FeedbackReceiver:
     def accept(self, app_name: str, body: Any) -> dict[str, Any]:
         from clipper.frontend.query import user_id
 
-        app = self._registry.get_app(app_name)
+        # the application as the frontend's registry copy holds it, as a query would be answered, even while the
+        # registry cannot be read (the worker reads it again to apply the feedback); a read only when never held
+        nowait = getattr(self._registry, "get_app_nowait", None)
+        app = nowait(app_name) if nowait is not None else None
+        if app is None:
+            app = self._registry.get_app(app_name)
         if not isinstance(body, dict):
             raise InvalidInput("body", 'a JSON object with "input" and "label"', type(body).__name__)
         if "input_batch" in body:
