@@ -94,6 +94,9 @@ class InMemoryReplies:
     def expect(self, reply_to: str) -> None:
         pass
 
+    def forget(self, reply_to: str) -> None:
+        self.lists.pop(reply_to, None)
+
     async def wait_async(self, reply_to: str, models, timeout_s: float) -> list[Reply]:
         return self.wait(reply_to, models, timeout_s)
 

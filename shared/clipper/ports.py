@@ -94,6 +94,11 @@ class ReplyChannel(ReplyPublisher, Protocol):
         """Start collecting the replies to ``reply_to``; called before the query's messages are sent."""
         ...
 
+    def forget(self, reply_to: str) -> None:
+        """End the expectation of ``reply_to`` without waiting: the query failed between ``expect`` and ``wait``
+        (its replies, if any come, are dropped)."""
+        ...
+
     def wait(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
         """The replies to ``reply_to`` that arrive within ``timeout_s``, at most one per model (a success wins
         over an error); returns as soon as each of ``models`` has replied. Ends the expectation. Raises

@@ -243,3 +243,45 @@ def test_redis_batch_methods_down_are_unavailable():
         channel.publish_many([("q", ok())])
     with pytest.raises(Unavailable):
         channel.answered_many([("q", "mlp")])
+
+
+class BrokenQueue:
+    """A request queue whose send fails with an error no default covers (a bug: the query answers 500)."""
+
+    def send(self, queue_url: str, body: str) -> None:
+        raise RuntimeError("a bug in the send")
+
+    def send_many(self, messages, timeout=None):
+        raise RuntimeError("a bug in the send")
+
+
+def test_a_query_that_fails_after_expecting_its_replies_leaves_no_waiter(redis_url):  # noqa: F811
+    import asyncio
+
+    from clipper.adapters.clock import SystemClock
+    from clipper.frontend.query import QueryProcessor
+    from tests.fakes import InMemoryRegistry, digits_app, model_version
+
+    registry = InMemoryRegistry()
+    registry.apps["digits"] = digits_app()
+    registry.links["digits"] = ["mlp"]
+    registry.versions[("mlp", "1")] = model_version()
+    registry.active["mlp"] = "1"
+    channel = RedisReplyChannel(RespClient.from_url(redis_url), ttl_s=60)
+    ids = iter(range(1000, 10**6, 1000))
+    processor = QueryProcessor(registry, BrokenQueue(), channel, SystemClock(), lambda: next(ids))
+    row = [0.0] * 64
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="a bug"):
+            processor.predict("digits", {"input": row})
+    assert channel._waiters == {}
+
+    async def on_the_loop() -> None:
+        from clipper.frontend.results import QueryTicket
+
+        with pytest.raises(RuntimeError, match="a bug"):
+            await processor.predict_async("digits", {"input": row}, QueryTicket())
+
+    asyncio.run(on_the_loop())
+    assert channel._waiters == {}
+    channel.close()

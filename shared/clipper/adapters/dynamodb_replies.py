@@ -96,6 +96,9 @@ class DynamoDBReplyChannel:
     def expect(self, reply_to: str) -> None:
         """Nothing to prepare: the replies wait in the table."""
 
+    def forget(self, reply_to: str) -> None:
+        """Nothing held: the replies expire in the table."""
+
     async def wait_async(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
         """``wait`` on a worker thread (each poll is a blocking DynamoDB read)."""
         import asyncio

@@ -212,6 +212,10 @@ class RedisReplyChannel:
             elif self._listener is None or not self._listener.is_alive():
                 self._start_listener()
 
+    def forget(self, reply_to: str) -> None:
+        with self._lock:
+            self._waiters.pop(reply_to, None)
+
     def wait(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
         self.expect(reply_to)
         waiter = self._waiters[reply_to]

@@ -120,9 +120,27 @@ class Gatherer:
         """The cache lookup and the sends, as steps (``clipper.frontend.steps``: run on a thread or a loop)."""
         n = query.count
         fan = Fanout([ModelAnswer(m, [None] * n) for m in models], deadline)
+        try:
+            yield from self._send_steps(app, fan, query, query_id, timings, ticket)
+        except BaseException:  # a failure no default covers (a 500) or the steps abandoned: nothing will wait
+            if fan.reply_to is not None:
+                self._replies.forget(fan.reply_to)
+            raise
+        return fan
+
+    def _send_steps(
+        self,
+        app: Application,
+        fan: Fanout,
+        query: QueryInput,
+        query_id: int,
+        timings: dict[str, float],
+        ticket: QueryTicket,
+    ) -> Steps[None]:
+        n = query.count
         if self._fused is not None and n == 1:
             yield from self._lookup_or_send(app, fan, query, query_id, timings, ticket)
-            return fan
+            return
         t0 = self._clock.now()
         todo = {a.model.name: list(range(n)) for a in fan.answers}
         if self._cache is not None:
@@ -136,7 +154,6 @@ class Gatherer:
             ticket.stage = f"sending to {names} (request queue)"
             yield from self._enqueue(app, fan, outgoing, query, query_id)
         timings["enqueue"] = (self._clock.now() - t1) * 1000
-        return fan
 
     def _lookup_or_send(
         self,
