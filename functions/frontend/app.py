@@ -35,6 +35,7 @@ from clipper.frontend.observability import QueryCorrelation, make_tracer  # noqa
 from clipper.frontend.restore import after_restore, register_after_restore  # noqa: E402
 from clipper.settings import FrontendSettings  # noqa: E402
 from clipper.wiring import (  # noqa: E402
+    FRONTEND_SQS,
     aws_client,
     build_feedback_receiver,
     build_query_processor,
@@ -46,7 +47,7 @@ logger = Logger(service="clipper-frontend")
 copy_config_to_registered_loggers(source_logger=logger, include={"clipper"})
 tracer = make_tracer("clipper-frontend", os.environ)
 settings = FrontendSettings()  # type: ignore[call-arg]
-sqs = aws_client("sqs", max_attempts=2)
+sqs = aws_client("sqs", **FRONTEND_SQS)
 processor = build_query_processor(
     settings,
     dynamodb=aws_client("dynamodb", max_attempts=2),

@@ -64,6 +64,13 @@ def aws_client(service: str, session: Any = None, **config: Any) -> Any:
         return _botocore_session.create_client(service, config=cfg)
 
 
+# The frontend's SQS client: a query's and a feedback's send. SQS answers a SendMessage in tens of milliseconds; a
+# stalled one held a request's worker thread (and a Lambda invocation) for the default 10 s read timeout a try.
+# Two tries of at most 1 s to connect and 2 s to read: a stalled queue answers a feedback 503 within ~6 s, and a
+# query (answered with its default at its deadline in any case) frees its thread as soon.
+FRONTEND_SQS = {"max_attempts": 2, "connect_timeout": 1, "read_timeout": 2}
+
+
 class LazyClient:
     """A client created on its first use, once per container, for clients most events never touch (the
     S3 client of claim checks: only inputs over the SQS message limit use it; the SageMaker runtime client:
