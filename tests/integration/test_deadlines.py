@@ -19,7 +19,7 @@ from clipper.adapters.redis_cache import RedisPredictionCache
 from clipper.adapters.redis_replies import RedisReplyChannel
 from clipper.adapters.resp import RespClient
 from clipper.frontend.api import create_app
-from clipper.frontend.query import QueryProcessor
+from clipper.frontend.query import ANSWER_MARGIN_S, QueryProcessor
 from tests.fakes import InMemoryRegistry, ListQueue, digits_app, model_version
 from tests.services import free_port, redis_url, wait_for_port  # noqa: F401  (fixture)
 
@@ -62,7 +62,9 @@ def test_a_default_comes_within_a_few_ms_of_the_slo(redis_url, slo_ms, inline): 
                 elapsed, body = timed_post(client, {"input": ROW})
                 assert body["default"] is True and "timeout" in body["default_explanation"]
                 overshoot.append(elapsed - slo_ms)
-        assert -1 <= statistics.median(overshoot) < 15, overshoot
+        # the frontend stops waiting ANSWER_MARGIN_S before the deadline so that the default is sent by it: on a
+        # fast machine the answer comes up to that margin early
+        assert -(ANSWER_MARGIN_S * 1000) - 1 <= statistics.median(overshoot) < 15, overshoot
     finally:
         replies.close()
 

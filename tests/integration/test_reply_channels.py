@@ -148,7 +148,10 @@ def test_an_unanswered_wait_ends_within_a_few_ms_of_its_timeout(channel, slo_ms)
         start = time.monotonic()
         assert channel.wait(q, ["mlp"], timeout_s=slo_ms / 1000) == []
         overshoot.append((time.monotonic() - start) * 1000 - slo_ms)
-    assert -1 <= statistics.median(overshoot) < 15, overshoot
+    # the DynamoDB channel does not start a poll that could not end by the timeout (as long as the last took): it
+    # may end up to one poll early
+    early_ms = 5 if isinstance(channel, DynamoDBReplyChannel) else 1
+    assert -early_ms <= statistics.median(overshoot) < 15, overshoot
 
 
 def test_redis_a_late_reply_is_dropped_by_the_listener(redis_url):  # noqa: F811
