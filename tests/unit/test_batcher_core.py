@@ -146,6 +146,39 @@ def test_one_bad_record_never_fails_the_others(setup):
     assert replies.lists["1"][0].outputs == [4]
 
 
+def test_a_payload_no_retry_can_read_is_answered_with_the_reason_and_left_for_the_dead_letter_queue(setup):
+    from clipper.core.messages import Payload
+    from clipper.errors import NotFound
+
+    clock, endpoint, replies, _ = setup
+    wrong = message(1, one_hot(1, n=2), clock)
+    body = QueryMessage.from_json(wrong.body).model_copy(update={"rows": 3}).to_json()  # says 3 rows, holds 2
+
+    class Claims:
+        def put(self, key, data):
+            pass
+
+        def get(self, key):
+            if key.endswith("gone"):
+                raise NotFound("claim", key)
+            raise Unavailable("s3: throttled")
+
+    def claimed(qid: int, key: str) -> Inbound:
+        payload = Payload(s3_key=key)
+        deadline_ms = int((clock.now() + 1.0) * 1000)
+        text = QueryMessage.encode(qid, "digits", "mlp", "1", InputType.FLOATS, 1, payload, deadline_ms, 0, str(qid))
+        return Inbound(f"m{qid}", text)
+
+    batcher = Batcher(FakeResolver(endpoint), replies, clock, claims=Claims())
+    report = batcher.process([Inbound("m1", body), claimed(2, "claims/gone"), claimed(3, "claims/slow")])
+    assert endpoint.calls == [] and sorted(report.failed) == ["m1", "m2", "m3"]  # retried, then dead-lettered
+    (first,) = replies.lists["1"]
+    assert first.error_kind == "invalid" and "says 3 rows, payload has 2" in (first.error or "")
+    (second,) = replies.lists["2"]
+    assert second.error_kind == "invalid"
+    assert "3" not in replies.lists  # the store unavailable: a retry may read it, nothing said yet
+
+
 def test_rows_of_different_shapes_and_models_are_separate_calls(setup):
     clock, endpoint, _, batcher = setup
     a = message(1, one_hot(1), clock)

@@ -92,6 +92,22 @@ def test_endpoint_error_gives_default_with_explanation(world):
     assert "endpoint error" in body["default_explanation"]
 
 
+def test_a_message_the_batcher_cannot_read_gives_the_default_at_once_saying_so(world):
+    processor, _, queue, endpoint, clock = world
+
+    class Mangling(InlineQueue):  # the message reaches the batcher saying one row more than it holds
+        def send(self, queue_url: str, body: str) -> None:
+            msg = QueryMessage.from_json(body)
+            super().send(queue_url, msg.model_copy(update={"rows": msg.rows + 1}).to_json())
+
+    mangling = Mangling(batcher=queue.batcher, clock=clock)
+    processor._gatherer._queue = mangling
+    body = processor.predict("digits", {"input": one_hot(1)}).as_dict()
+    assert body["default"] is True and endpoint.calls == []
+    # said by the batcher's reply (without it the query waits out its SLO: "timeout")
+    assert "model mlp:1: invalid query message: message says 2 rows, payload has 1" in body["default_explanation"]
+
+
 def test_no_reply_by_the_deadline_gives_default_timeout(world):
     processor, _, queue, _, _ = world
     queue.batcher = None  # nobody consumes the queue

@@ -27,7 +27,7 @@ from clipper.batching.latency import LatencyModel
 from clipper.core.cache_keys import row_keys
 from clipper.core.messages import QueryMessage, Reply, decode_rows, no_answer
 from clipper.core.validation import Rows
-from clipper.errors import ClipperError, EndpointError, MalformedMessage, RowTooLarge
+from clipper.errors import ClipperError, EndpointError, MalformedMessage, NotFound, RowTooLarge
 from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, PublishAndFill, ReplyPublisher
 
 logger = logging.getLogger(__name__)
@@ -179,8 +179,16 @@ class Batcher:
                 continue
             try:
                 work = _Work(item.message_id, msg, self.rows_of(msg), item.received_ms)
-            except ClipperError as e:
+            except (MalformedMessage, NotFound) as e:  # no retry decodes it: its query hears why now, not at its SLO
                 logger.warning("undecodable payload", extra={"message_id": item.message_id, "error": str(e)})
+                invalid = Reply(
+                    query_id=msg.query_id, model=msg.model, version=msg.version, error=str(e), error_kind="invalid"
+                )
+                # left for the retries all the same: after the queue's maxReceiveCount it is dead-lettered
+                self._deliver([_Work(item.message_id, msg, [], item.received_ms)], [invalid], report, failed=True)
+                continue
+            except ClipperError as e:  # the claim-check store unavailable: a retry may read it
+                logger.warning("payload not read", extra={"message_id": item.message_id, "error": str(e)})
                 report.failed.append(item.message_id)
                 continue
             groups.setdefault(_group_key(work), []).append(work)

@@ -337,7 +337,10 @@ class Gatherer:
             name = f"model {a.model.name}:{a.model.version}"
             if not reply.ok:
                 kind = "timeout" if reply.error_kind == "expired" else "error"  # expired: dropped, late
-                a.fail(f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}", kind)
+                if reply.error_kind == "invalid":  # the batcher could not read the query's message
+                    a.fail(f"{name}: invalid query message: {reply.error}", kind)
+                else:
+                    a.fail(f"{name}: {reply.error_kind or 'endpoint'} error: {reply.error}", kind)
             elif len(reply.outputs or []) != len(rows):
                 a.fail(f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs", "error")
             else:
