@@ -248,6 +248,7 @@ class InMemoryServingStacks:
     """``ServingStacks`` that gives each version a queue and endpoint of its own and keeps what it serves."""
 
     served: dict[tuple[str, str], Any] = field(default_factory=dict)  # (model, version) -> (ModelArtifact, replicas)
+    updating: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, version) -> a stack's status
 
     def create(self, model: str, version: str, artifact: Any, replicas: int) -> Any:
         from clipper.models.serving import Serving
@@ -259,6 +260,11 @@ class InMemoryServingStacks:
         if (model, version) not in self.served:
             raise NotFound("model stack", f"{model}:{version}")
         self.served[(model, version)] = (self.served[(model, version)][0], replicas)
+
+    def busy(self, model: str, version: str) -> str | None:
+        if (model, version) not in self.served:
+            raise NotFound("model stack", f"{model}:{version}")
+        return self.updating.get((model, version))
 
     def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
         return False

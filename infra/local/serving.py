@@ -121,6 +121,9 @@ class LocalModelServing:
             self._scale_processes(model, version, served, replicas)
             return Serving(serving.queue_url, served.replicas[0].url)
 
+    def busy(self, model: str, version: str) -> str | None:
+        return self._stacks.busy(model, version)
+
     def scale(self, model: str, version: str, replicas: int) -> None:
         with self._lock:
             self._stacks.scale(model, version, replicas)

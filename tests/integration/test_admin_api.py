@@ -284,6 +284,9 @@ def test_a_models_batching_settings_are_stored_and_mapped_onto_its_lambda_batche
         def __init__(self) -> None:
             self.mapping: dict[str, tuple[int, int]] = {}
 
+        def busy(self, model: str, version: str) -> str | None:
+            return None
+
         def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
             if version != "1":
                 return False

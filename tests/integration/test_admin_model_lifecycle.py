@@ -124,6 +124,35 @@ def test_replicas_are_recorded_and_applied_to_each_version_stack(world, stacks):
     assert admin.post("/admin/set_num_replicas", json={"model_name": "nope", "num_replicas": 2}).status_code == 404
 
 
+def test_a_change_refused_while_a_version_stack_updates_changes_nothing(world, stacks, monkeypatch):
+    """An update takes minutes and CloudFormation queues none: a 409 then, and the model's replicas and batching
+    as they were (the registry used to say the new count while some versions' stacks kept the old one)."""
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    describe = stacks._describe
+    updating = stacks.stack_name("mlp", "2")
+
+    def mid_update(name):
+        stack = describe(name)
+        return {**stack, "StackStatus": "UPDATE_IN_PROGRESS"} if name == updating else stack
+
+    monkeypatch.setattr(stacks, "_describe", mid_update)
+    refused = admin.post("/admin/set_num_replicas", json={"model_name": "mlp", "num_replicas": 3})
+    assert refused.status_code == 409 and "mlp:2 is UPDATE_IN_PROGRESS; nothing was changed" in refused.text
+    assert ok(admin.post("/admin/get_num_replicas", json={"model_name": "mlp"}))["num_replicas"] == 1
+    assert (stacks.replicas("mlp", "1"), stacks.replicas("mlp", "2")) == (1, 1)
+    before = ok(admin.post("/admin/get_model_batching", json={"model_name": "mlp"}))["batching"]
+    batching = {"model_name": "mlp", "controller": "fixed", "batch_size": 4}
+    assert admin.post("/admin/set_model_batching", json=batching).status_code == 409
+    assert ok(admin.post("/admin/get_model_batching", json={"model_name": "mlp"}))["batching"] == before
+
+    monkeypatch.setattr(stacks, "_describe", describe)  # the update ended
+    done = ok(admin.post("/admin/set_num_replicas", json={"model_name": "mlp", "num_replicas": 3}))
+    assert done["scaled_versions"] == ["1", "2"]
+    assert (stacks.replicas("mlp", "1"), stacks.replicas("mlp", "2")) == (3, 3)
+
+
 def test_deleting_a_version_deletes_its_stack(world, stacks):
     demo = world["demo"]
     upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())

@@ -162,6 +162,10 @@ class CloudFormationModelStacks:
         name = self.stack_name(model, version)
         self._update(name, self._describe(name), _scale_parameters(replicas))
 
+    def busy(self, model: str, version: str) -> str | None:
+        status = str(self._describe(self.stack_name(model, version))["StackStatus"])
+        return status if status.endswith("_IN_PROGRESS") else None
+
     def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
         """The Lambda batcher's event source mapping (BatchSize, MaximumBatchingWindowInSeconds) of a version;
         False when the version has no Lambda batcher (nothing changed)."""

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from clipper.admin import schemas
 from clipper.core.domain import BatchingSettings, ModelRecord
 from clipper.errors import InvalidInput, NotFound
-from clipper.models.serving import ServingStacks
+from clipper.models.serving import ServingStacks, check_idle
 
 
 class BatchingRegistry(Protocol):
@@ -28,6 +28,8 @@ def set_model_batching(
         field, _, why = problems[0].partition(": ")
         raise InvalidInput(field, why)
     record = registry.model_record(req.model_name)  # NotFound
+    if stacks is not None:
+        check_idle(stacks, req.model_name, record.versions)  # a 409 changes nothing
     registry.set_model_settings(req.model_name, batching=settings)
     size = settings.largest_batch
     window = 1 if settings.batch_wait_ms >= 1000 else 0

@@ -18,7 +18,7 @@ from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
 from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
 from clipper.core.domain import Application, BatchingSettings, Canary, InputType, ModelVersion, new_incarnation
 from clipper.errors import ClipperError, Conflict, InvalidInput, NotFound, Unavailable
-from clipper.models.serving import PROMOTE_METADATA, ServingStacks, unserved_reason
+from clipper.models.serving import PROMOTE_METADATA, ServingStacks, check_idle, unserved_reason
 from clipper.ports import CanaryEvidenceStore, Clock
 
 # a version's serving stack is deleted after its registry item: tried again after these waits before the operation
@@ -155,6 +155,8 @@ class AdminService:
     def set_num_replicas(self, model: str, replicas: int) -> dict[str, Any]:
         """Record the model's replica count and apply it to each version that has its own serving stack."""
         record = self._registry.model_record(model)  # NotFound
+        if self._stacks is not None:
+            check_idle(self._stacks, model, record.versions)  # a 409 changes nothing
         self._registry.set_model_settings(model, replicas=replicas)
         scaled, unmanaged = [], []
         for version in record.versions:

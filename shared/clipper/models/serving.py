@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
+
+from clipper.errors import Conflict, NotFound
 
 # infra/model-stack.yaml's ModelName: letters, digits and hyphens (not first or last), at most 30 characters.
 _MAX_STACK_MODEL_NAME = 30
@@ -53,11 +56,30 @@ class ServingStacks(Protocol):
         """Set the number of serving instances of a version."""
         ...
 
+    def busy(self, model: str, version: str) -> str | None:
+        """What the version's serving resources are doing when they cannot take a change now (a stack update in
+        progress: ``UPDATE_IN_PROGRESS``), else None; ``NotFound`` when the version has none of its own."""
+        ...
+
     def set_batching(self, model: str, version: str, batch_size: int, window_s: int) -> bool:
         """Set a version's Lambda batcher's batch size and batching window; False when it has none."""
         ...
 
     def delete(self, model: str, version: str) -> None: ...
+
+
+def check_idle(stacks: ServingStacks, model: str, versions: Iterable[str]) -> None:
+    """``Conflict`` naming the first of ``versions`` whose serving stack is changing (an update takes minutes and
+    CloudFormation queues none): checked before a change is recorded, so a 409 means nothing was changed."""
+    for version in versions:
+        try:
+            status = stacks.busy(model, version)
+        except NotFound:  # no stack of its own: nothing to change there
+            continue
+        if status:
+            raise Conflict(
+                f"the serving stack of {model}:{version} is {status}; nothing was changed, try again when that ends"
+            )
 
 
 def unserved_reason(model: str, version: str, active: str | None) -> str:
