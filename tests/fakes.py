@@ -250,10 +250,13 @@ class InMemoryServingStacks:
     served: dict[tuple[str, str], Any] = field(default_factory=dict)  # (model, version) -> (ModelArtifact, replicas)
     updating: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, version) -> a stack's status
 
-    def create(self, model: str, version: str, artifact: Any, replicas: int) -> Any:
+    mappings: dict[tuple[str, str], tuple[int, int] | None] = field(default_factory=dict)  # create's batching
+
+    def create(self, model: str, version: str, artifact: Any, replicas: int, batching: Any = None) -> Any:
         from clipper.models.serving import Serving
 
         self.served.setdefault((model, version), (artifact, replicas))
+        self.mappings.setdefault((model, version), batching)
         return Serving(f"https://sqs.local/queue-{model}-v{version}", f"http://endpoint.local/{model}/{version}")
 
     def scale(self, model: str, version: str, replicas: int) -> None:

@@ -111,9 +111,11 @@ class LocalModelServing:
         self._lock = threading.RLock()
 
     # -- ServingStacks ---------------------------------------------------------------------------------
-    def create(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> Serving:
+    def create(
+        self, model: str, version: str, artifact: ModelArtifact, replicas: int, batching: tuple[int, int] | None = None
+    ) -> Serving:
         with self._lock:
-            serving = self._stacks.create(model, version, artifact, replicas)
+            serving = self._stacks.create(model, version, artifact, replicas, batching)
             served = self._served.get((model, version))
             if served is None:
                 served = Served(serving.queue_url, self._download(model, version, artifact), artifact)

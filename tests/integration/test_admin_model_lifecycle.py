@@ -153,6 +153,22 @@ def test_a_change_refused_while_a_version_stack_updates_changes_nothing(world, s
     assert (stacks.replicas("mlp", "1"), stacks.replicas("mlp", "2")) == (3, 3)
 
 
+def test_a_version_uploaded_after_set_model_batching_gets_the_models_lambda_mapping(world, stacks):
+    """set_model_batching maps the model's settings onto its versions' Lambda batchers; a version uploaded later
+    is created with them too, not with the template's defaults (BatchSize 10, no window)."""
+    from clipper.adapters.cloudformation_stacks import _parameters
+
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    first = _parameters(stacks._describe(stacks.stack_name("mlp", "1")))
+    assert first.get("BatchSize", "10") == "10"  # never set: the template's default
+    body = {"model_name": "mlp", "controller": "fixed", "batch_size": 64, "batch_wait_ms": 1000}
+    ok(admin.post("/admin/set_model_batching", json=body))
+    upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    second = _parameters(stacks._describe(stacks.stack_name("mlp", "2")))
+    assert (second["BatchSize"], second["MaximumBatchingWindowInSeconds"]) == ("64", "1")
+
+
 def test_deleting_a_version_deletes_its_stack(world, stacks):
     demo = world["demo"]
     upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())

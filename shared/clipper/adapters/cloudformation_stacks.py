@@ -60,9 +60,13 @@ class CloudFormationModelStacks:
     def stack_name(self, model: str, version: str) -> str:
         return f"{self._service}-model-{stack_model_name(model, version)}"
 
-    def create(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> Serving:
+    def create(
+        self, model: str, version: str, artifact: ModelArtifact, replicas: int, batching: tuple[int, int] | None = None
+    ) -> Serving:
         name = self.stack_name(model, version)
         params = self._stack_parameters(model, version, artifact, replicas)
+        if batching is not None:  # the model's settings, as set_model_batching maps them onto the earlier versions
+            params["BatchSize"], params["MaximumBatchingWindowInSeconds"] = (str(n) for n in batching)
         for last in (False, True):
             try:
                 outputs = self._create(name, model, version, params)

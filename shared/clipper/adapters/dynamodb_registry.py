@@ -104,7 +104,7 @@ def _batching_attr(b: BatchingSettings) -> dict[str, Any]:
     }
 
 
-def _batching_of(attr: dict[str, Any] | None) -> BatchingSettings:
+def batching_of(attr: dict[str, Any] | None) -> BatchingSettings:
     """A model's stored batching settings; the defaults for a model that never set them."""
     if not attr:
         return BatchingSettings()
@@ -204,7 +204,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
             artifacts=artifacts,
             rejected=rejected,
             linked_apps=apps,
-            batching=_batching_of(head.get("batching")),
+            batching=batching_of(head.get("batching")),
         )
 
     def apps_linked_to(self, model: str) -> list[str]:

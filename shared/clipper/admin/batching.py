@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from clipper.admin import schemas
 from clipper.core.domain import BatchingSettings, ModelRecord
 from clipper.errors import InvalidInput, NotFound
-from clipper.models.serving import ServingStacks, check_idle
+from clipper.models.serving import ServingStacks, check_idle, lambda_mapping
 
 
 class BatchingRegistry(Protocol):
@@ -31,9 +31,7 @@ def set_model_batching(
     if stacks is not None:
         check_idle(stacks, req.model_name, record.versions)  # a 409 changes nothing
     registry.set_model_settings(req.model_name, batching=settings)
-    size = settings.largest_batch
-    window = 1 if settings.batch_wait_ms >= 1000 else 0
-    size = min(size, 10_000 if window else 10)  # SQS: a BatchSize over 10 needs a window of 1 s or more
+    size, window = lambda_mapping(settings)  # SQS: a BatchSize over 10 needs a window of 1 s or more
     applied: list[str] = []
     without: list[str] = []
     for version in record.versions:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from clipper.core.domain import BatchingSettings
 from clipper.errors import Conflict, NotFound
 
 # infra/model-stack.yaml's ModelName: letters, digits and hyphens (not first or last), at most 30 characters.
@@ -47,9 +48,12 @@ PROMOTE_METADATA = "clipper-promote"
 
 
 class ServingStacks(Protocol):
-    def create(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> Serving:
+    def create(
+        self, model: str, version: str, artifact: ModelArtifact, replicas: int, batching: tuple[int, int] | None = None
+    ) -> Serving:
         """Create (or find, when it exists already) the version's serving resources, serving exactly ``artifact``;
-        return their addresses."""
+        return their addresses. ``batching``: its Lambda batcher's (BatchSize, MaximumBatchingWindowInSeconds),
+        ``lambda_mapping`` of the model's settings (the template's defaults when None)."""
         ...
 
     def scale(self, model: str, version: str, replicas: int) -> None:
@@ -66,6 +70,14 @@ class ServingStacks(Protocol):
         ...
 
     def delete(self, model: str, version: str) -> None: ...
+
+
+def lambda_mapping(settings: BatchingSettings) -> tuple[int, int]:
+    """What a model's batching settings become on a version's Lambda batcher: the event source mapping's
+    BatchSize and MaximumBatchingWindowInSeconds. The window is whole seconds (1 from a wait of a second, else 0),
+    and SQS takes a BatchSize over 10 only with a window of at least 1 s."""
+    window = 1 if settings.batch_wait_ms >= 1000 else 0
+    return min(settings.largest_batch, 10_000 if window else 10), window
 
 
 def check_idle(stacks: ServingStacks, model: str, versions: Iterable[str]) -> None:

@@ -50,11 +50,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from clipper.adapters.aws_errors import aws_call, cancellation_codes, error_code, translate
 from clipper.adapters.dynamodb_canary_control import unless_canary
 from clipper.adapters.dynamodb_history import history_of, switch_update
-from clipper.adapters.dynamodb_registry import DynamoDBRegistry
-from clipper.core.domain import Application, ModelVersion
+from clipper.adapters.dynamodb_registry import DynamoDBRegistry, batching_of
+from clipper.core.domain import Application, BatchingSettings, ModelVersion
 from clipper.errors import Conflict, NotFound, Throttled, Unavailable
 from clipper.models.history import VersionHistory
-from clipper.models.serving import PROMOTE_METADATA, ModelArtifact, ServingStacks, unserved_reason
+from clipper.models.serving import PROMOTE_METADATA, ModelArtifact, ServingStacks, lambda_mapping, unserved_reason
 from clipper.models.validation import Signature, validate_model
 from clipper.ports import Clock
 
@@ -137,6 +137,7 @@ class ModelView:
     history: VersionHistory = field(default_factory=lambda: VersionHistory(None))  # active and earlier versions
     canary: str | None = None  # the version of the model's running canary
     deleted: Seen | None = None  # DELETED#<v>: the upload a deleted version was registered from
+    batching: BatchingSettings | None = None  # the model's batching settings, when set_model_batching set them
 
 
 class UpdaterRegistry(Protocol):
@@ -233,7 +234,8 @@ class ModelUpdater:
             return self._reject(up, digest, sig, f"no input type suits the model's input ({sig.input.element_type})")
         if self._stacks is not None:  # Unavailable when it cannot be created: the event is retried
             artifact = ModelArtifact(f"s3://{up.bucket}/{up.key}", up.version_id, digest)
-            serving = self._stacks.create(up.model, up.version, artifact, view.replicas)
+            mapping = lambda_mapping(view.batching) if view.batching is not None else None
+            serving = self._stacks.create(up.model, up.version, artifact, view.replicas, mapping)
             queue_url, endpoint = serving.queue_url, serving.endpoint
         elif not view.exists:
             queue_url = self._defaults.queue_url.replace("{model}", up.model)
@@ -357,7 +359,8 @@ class DynamoDBUpdaterRegistry:
         replicas = int(head.get("replicas", {}).get("N", "1"))
         canary = head.get("canary", {}).get("M", {}).get("version", {}).get("S")
         registered = _seen(items.get(f"VERSION#{version}"))
-        return ModelView(True, auto, replicas, current, registered, rejected, history, canary, deleted)
+        batching = batching_of(head["batching"]) if "batching" in head else None
+        return ModelView(True, auto, replicas, current, registered, rejected, history, canary, deleted, batching)
 
     def apps_linked_to(self, model: str) -> list[Application]:
         names = self._registry.apps_linked_to(model)
