@@ -16,7 +16,7 @@ one is ``onnxruntime-gpu``), it serves on the CPU and writes ``"device": "cpu"``
 Needs: numpy, onnx (to build the CNN), onnxruntime or onnxruntime-gpu, uvicorn, starlette (the endpoint's
 requirements, ``model-images/onnx-runtime/requirements.txt``). Run from the repository root:
 
-    python bench/gpu_endpoint.py            # on the GPU machine: batch sizes 1..256, ~1-2 minutes
+    python bench/gpu_endpoint.py            # on the GPU machine: batch sizes 1..256, ~25 s on an H100
     python bench/gpu_endpoint.py --quick    # smoke test anywhere, under a minute on 2 CPU cores
 
 Writes bench/results/gpu_endpoint.json (``--out`` to change). ``--plot A.json [B.json ...]`` draws reports

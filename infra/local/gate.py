@@ -6,8 +6,8 @@ creates the stack in it again and then loads the last snapshot into its tables. 
 and are empty: a frontend whose registry copy refreshed then answered 404 "unknown application" for applications
 that exist, and the feedback worker acknowledged a feedback of such an application as ``unknown_app`` (dropped).
 
-Started with ``--gated`` (``infra.local.moto_server``), the server answers every request with a 503
-``ServiceUnavailable`` until the gate opens, except moto's own ``/moto-api/`` (the launcher's readiness check) and
+Started with ``--gated`` (``infra.local.moto_server``), the server answers every request with an empty 503
+until the gate opens, except moto's own ``/moto-api/`` (the launcher's readiness check) and
 requests that carry ``X-Clipper-Restore`` (the launcher's restoring thread, ``passing``). The stack's processes take
 the 503 as AWS being unavailable (``clipper.adapters.aws_errors``): the registry copy keeps answering what it
 held, the feedback worker leaves a feedback for later, nothing is taken for absent. The launcher opens the gate
@@ -18,7 +18,6 @@ moto server that exits again comes back closed.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
@@ -27,10 +26,6 @@ from typing import Any
 HEADER = "X-Clipper-Restore"
 OPEN_PATH = "/moto-api/clipper/gate"
 _ENVIRON_HEADER = "HTTP_" + HEADER.upper().replace("-", "_")
-_BODY = json.dumps(
-    {"__type": "ServiceUnavailable", "message": "the local stack's state is being restored in moto; try again"}
-).encode()
-
 StartResponse = Callable[..., Any]
 App = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
@@ -53,13 +48,10 @@ class Gate:
             return [b'{"open": true}\n']
         if self.opened.is_set() or path.startswith("/moto-api/") or _ENVIRON_HEADER in environ:
             return self.app(environ, start_response)
-        headers = [
-            ("Content-Type", "application/x-amz-json-1.0"),
-            ("x-amzn-ErrorType", "ServiceUnavailable"),
-            ("Content-Length", str(len(_BODY))),
-        ]
-        start_response("503 Service Unavailable", headers)
-        return [_BODY]
+        # no body: every protocol's parser (JSON, query XML, REST XML: CloudFormation failed to parse a JSON one)
+        # makes a ClientError of an empty 503, which the stack's adapters take as unavailable
+        start_response("503 Service Unavailable", [("Content-Length", "0")])
+        return [b""]
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in ("app", "opened"):

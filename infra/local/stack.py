@@ -340,7 +340,10 @@ class LocalStack:
     def _moto_restarted(self) -> None:
         """Create the stack in the restarted moto and put the last snapshot back; tried again (1 s, 2 s, ... 30 s
         apart) until it works, moto dies again (its next restart takes over) or the stack stops."""
-        if not self.ready.is_set() or self.stopping.is_set():
+        while not self.ready.wait(1.0):  # died while the stack was starting: restored once the start is done
+            if self.stopping.is_set():
+                return
+        if self.stopping.is_set():
             return
         generation = self._moto_generation
         attempt = 0
@@ -349,16 +352,29 @@ class LocalStack:
             try:
                 with gate.passing():
                     self._restore_moto()
-                if generation == self._moto_generation:  # not a moto started again meanwhile (closed, not restored)
-                    gate.open_gate(self.env["AWS_ENDPOINT_URL"])
             except Exception as e:  # moto died again, or a transient failure
                 logger.warning("moto not restored yet (try %d): %s", attempt, e)
                 self.stopping.wait(min(30.0, 2.0 ** (attempt - 1)))
                 continue
-            if generation == self._moto_generation:
+            if self._open_gate(generation):
                 self.state_ready.set()
                 logger.info("moto restored: the stack, the last snapshot and the uploaded versions' stacks")
             return
+
+    def _open_gate(self, generation: int) -> bool:
+        """Open the restored moto's gate, tried again on its own (the restore is not repeated: its stack exists
+        now) until it opens, moto dies again (a moto started since is closed and not restored: left closed for its
+        own restore) or the stack stops."""
+        attempt = 0
+        while generation == self._moto_generation and not self.stopping.is_set():
+            attempt += 1
+            try:
+                gate.open_gate(self.env["AWS_ENDPOINT_URL"])
+                return True
+            except OSError as e:
+                logger.warning("moto's gate not opened yet (try %d): %s", attempt, e)
+                self.stopping.wait(min(5.0, 0.25 * 2 ** (attempt - 1)))
+        return False
 
     def _restore_moto(self) -> None:
         from infra.local.uploads import connect_uploads

@@ -100,6 +100,23 @@ def test_closed_until_opened_and_only_the_restoring_thread_passes(gated_moto):
     assert plain.list_tables()["TableNames"] == ["restored"]
 
 
+@pytest.mark.parametrize(
+    "service, call",
+    [
+        ("cloudformation", lambda c: c.describe_stacks(StackName="clipper")),  # query protocol, XML errors
+        ("s3", lambda c: c.list_objects_v2(Bucket="models")),  # REST XML
+        ("sqs", lambda c: c.list_queues()),  # JSON
+        ("events", lambda c: c.list_rules()),
+    ],
+)
+def test_every_protocol_takes_a_closed_gate_for_unavailable(gated_moto, service, call):
+    s = session()
+    c = s.client(service, endpoint_url=gated_moto, config=Config(retries={"max_attempts": 1, "mode": "standard"}))
+    with pytest.raises(ClientError) as closed:  # not a parser error (a 500 where the admin API calls it)
+        call(c)
+    assert isinstance(translate(closed.value, service), Unavailable)
+
+
 def test_the_gate_opens_on_a_post_only(gated_moto):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(gated_moto + gate.OPEN_PATH, timeout=5)
