@@ -245,7 +245,9 @@ def deploy_stack(
     timeout_s: float = 600.0,
     poll_s: float = 0.2,
 ) -> dict[str, str]:
-    """Create a stack, wait for CREATE_COMPLETE and return its outputs as {OutputKey: OutputValue}."""
+    """Create a stack, wait for CREATE_COMPLETE and return its outputs as {OutputKey: OutputValue}. A stack of that
+    name created already (a restore into a restarted moto tried again after its deploy had worked) is taken as it
+    is: its outputs."""
     from botocore.exceptions import ClientError
 
     body = template_body if isinstance(template_body, str) else json.dumps(template_body, separators=(",", ":"))
@@ -257,7 +259,8 @@ def deploy_stack(
             Capabilities=_CAPABILITIES,
         )
     except ClientError as e:
-        raise StackDeployError(f"stack {name}: create_stack refused: {e}") from e
+        if e.response.get("Error", {}).get("Code") != "AlreadyExistsException":
+            raise StackDeployError(f"stack {name}: create_stack refused: {e}") from e
 
     deadline = time.monotonic() + timeout_s
     while True:

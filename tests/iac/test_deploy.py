@@ -203,9 +203,10 @@ def test_sagemaker_container_knows_its_model_version_queue_and_tables(session: A
     }
 
 
-def test_a_refused_stack_raises_with_the_reason(session: Any, model_stacks: dict[str, dict[str, str]]) -> None:
-    with pytest.raises(cfn.StackDeployError, match="already exists"):
-        cfn.deploy_model_stack(session.client("cloudformation"), STACK, "logreg")
+def test_a_refused_stack_raises_with_the_reason(session: Any) -> None:
+    template = {"Parameters": {"ModelName": {"Type": "String"}}, "Resources": {"Q": {"Type": "AWS::SQS::Queue"}}}
+    with pytest.raises(cfn.StackDeployError, match=r"create_stack refused: .*Missing parameter ModelName"):
+        cfn.deploy_stack(session.client("cloudformation"), "refused", template)
 
 
 # --- waiting on a stack (no moto: a scripted client) -----------------------------------------------------------
@@ -254,6 +255,15 @@ def test_deploy_stack_waits_for_completion_and_returns_outputs() -> None:
     assert outputs == {"QueueUrl": "https://queue"}
     assert client.created["Parameters"] == [{"ParameterKey": "ModelName", "ParameterValue": "m"}]
     assert json.loads(client.created["TemplateBody"]) == {"Resources": {}}
+
+
+def test_deploying_again_takes_the_stacks_as_they_are(
+    session: Any, service: dict[str, str], model_stacks: dict[str, dict[str, str]]
+) -> None:
+    """A restore into a restarted moto tried again after its deploy had worked finds the stacks there."""
+    again = cfn.deploy_service(session, STACK, REPO_ROOT, {"StageName": "prod", "LogLevel": "DEBUG"})
+    assert again == service
+    assert cfn.deploy_model_stack(session.client("cloudformation"), STACK, "logreg") == model_stacks["logreg"]
 
 
 def test_deploy_stack_failure_names_the_failed_resources() -> None:
