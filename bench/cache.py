@@ -100,7 +100,6 @@ def main() -> int:
         "CLIPPER_CONFIG_TTL_S": "3600",
         "REDIS_URL": f"redis://127.0.0.1:{rport}/0",
         "POWERTOOLS_LOG_LEVEL": "ERROR",
-        "CLIPPER_INLINE_PREDICT": "true",  # as template.yaml sets it for the Lambda function
     }
     os.environ.update(env)
     os.environ.pop("AWS_ENDPOINT_URL", None)

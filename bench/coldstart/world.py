@@ -84,7 +84,6 @@ class World:
             "CLIPPER_SELECTION_TABLE": "cs-selection",
             "CLIPPER_MODEL_BUCKET": "cs-models",
             "CLIPPER_FEEDBACK_QUEUE_URL": feedback_url,
-            "CLIPPER_INLINE_PREDICT": "true",  # as template.yaml sets it for the frontend function
             "CLIPPER_ADMIN_TOKEN": self.admin_token,
             "CS_MODEL_PATH": self.model_path,
         }

@@ -101,7 +101,6 @@ def test_functions_exist_wired_to_the_stack(session: Any, service: dict[str, str
         assert env["CLIPPER_REGISTRY_TABLE"] == service["RegistryTableName"]
         assert env["CLIPPER_REPLIES_TABLE"] == service["RepliesTableName"]
         assert env["CLIPPER_MODEL_BUCKET"] == service["ModelBucketName"]
-        assert env["CLIPPER_QUEUE_PREFIX"] == f"{STACK}-model-"
         assert env["LOG_LEVEL"] == env["POWERTOOLS_LOG_LEVEL"] == "DEBUG"
         assert env["REDIS_URL"] == ""
     assert lambda_client.get_function(FunctionName=service["BatcherFunctionName"])["Configuration"]["Timeout"] == 30
@@ -177,6 +176,7 @@ def test_sagemaker_container_knows_its_model_version_queue_and_tables(session: A
             "RegistryModelName": "cnn",
             "RegistryModelVersion": "3",
             "ModelSha256": "ab" * 32,
+            "ReplyTtlSeconds": "900",
         },
     )
     sagemaker = session.client("sagemaker")
@@ -195,6 +195,9 @@ def test_sagemaker_container_knows_its_model_version_queue_and_tables(session: A
         "CLIPPER_MODEL_SHA256": "ab" * 32,  # the validated file's: the server refuses another at load
         "CLIPPER_QUEUE_URL": outputs["QueueUrl"],
         "CLIPPER_CLOUDWATCH_METRICS": "true",
+        "CLIPPER_REPLY_TTL_S": "900",  # the service stack's ReplyTtlSeconds and ConfigTtlSeconds (default 2)
+        "CLIPPER_CONFIG_TTL_S": "2",
+        "AWS_DEFAULT_REGION": "us-east-1",  # SageMaker sets no region for the container's clients
         "CLIPPER_REGISTRY_TABLE": service["RegistryTableName"],
         "CLIPPER_REPLIES_TABLE": service["RepliesTableName"],
         "CLIPPER_CACHE_TABLE": service["CacheTableName"],
@@ -315,6 +318,7 @@ def test_service_stack_with_options_deploys(session: Any) -> None:
         shared = json.loads(variables["CLIPPER_MODEL_STACK_PARAMETERS"])
         assert shared["SageMakerEndpoint"] == "true" and shared["ImageUri"] == ECR_IMAGE
         assert shared["ExecutionRoleArn"].startswith("arn:aws:iam::")
+        assert (shared["ReplyTtlSeconds"], shared["ConfigTtlSeconds"]) == ("300", "2")  # reach the containers
 
     assert "RedisUrl" not in outputs
     concurrency = lam.get_function_concurrency(FunctionName=outputs["BatcherFunctionName"])

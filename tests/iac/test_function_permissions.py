@@ -478,8 +478,8 @@ def test_the_query_paths_roles_allow_every_call_of_queries_their_feedback_and_a_
         registry.link(name, name)
     monkeypatch.delenv("REDIS_URL", raising=False)  # the AWS path: DynamoDB cache and replies
 
-    env = {**stack_env(service), "CLIPPER_QUEUE_PREFIX": f"{STACK}-model-"}
-    frontend_env = {**env, "CLIPPER_INLINE_PREDICT": "true", "CLIPPER_FEEDBACK_QUEUE_URL": service["FeedbackQueueUrl"]}
+    env = stack_env(service)
+    frontend_env = {**env, "CLIPPER_FEEDBACK_QUEUE_URL": service["FeedbackQueueUrl"]}
     modules: dict[str, Any] = {}
     try:
         for name, function_env in (("frontend", frontend_env), ("batcher", env), ("feedback", env)):

@@ -17,7 +17,8 @@ def test_counters_are_summed_and_sent_once_per_interval(aws):
     counters.add("EndpointErrors", 2)
     assert cloudwatch.list_metrics(Namespace="Clipper")["Metrics"] == []  # not sent before the interval
     now[0] = 61.0
-    counters.add("EndpointErrors", 1)  # due: the three adds go in one call
+    counters.add("EndpointErrors", 1)  # due: the three adds go in one call, sent on a thread of its own
+    counters.join(10)
     (metric,) = cloudwatch.list_metrics(Namespace="Clipper")["Metrics"]
     assert metric["MetricName"] == "EndpointErrors"
     assert metric["Dimensions"] == [{"Name": "queue", "Value": "clipper-model-mlp"}]
@@ -45,7 +46,31 @@ def test_a_failed_send_is_logged_not_raised(caplog):
 
     counters = CloudWatchCounters(Down(), "Clipper", {"queue": "q"}, 0.0)
     counters.add("EndpointErrors", 1)
+    counters.join(10)
     assert "metrics not sent" in caplog.text
+
+
+def test_a_slow_send_does_not_hold_the_batch_that_made_it_due():
+    import threading
+    import time
+
+    release = threading.Event()
+    sent: list[list] = []
+
+    class Stalled:  # CloudWatch unreachable from a VPC: the send waits out its connect timeouts
+        def put_metric_data(self, MetricData, **_):
+            release.wait(10)
+            sent.append(MetricData)
+
+    counters = CloudWatchCounters(Stalled(), "Clipper", {"queue": "q"}, 0.0)
+    started = time.monotonic()
+    counters.add("EndpointErrors", 1)
+    counters.add("EndpointErrors", 2)  # while the first send waits: in it, or kept for the next
+    assert time.monotonic() - started < 1.0
+    release.set()
+    counters.join(10)
+    counters.flush()
+    assert sum(d["Value"] for batch in sent for d in batch) == 3  # nothing lost
 
 
 def test_the_batcher_process_counts_its_endpoint_errors_in_cloudwatch(aws, monkeypatch):

@@ -3,7 +3,9 @@ long-poll batcher inside a SageMaker endpoint container: its stdout reaches Clou
 embedded-metric-format header, so EMF lines there would stay text).
 
 Counts are summed in memory and sent at most once per ``flush_every_s`` (one call for every counter), so a busy
-batcher costs one request a minute, not one per batch; ``flush`` sends what is left (at stop)."""
+batcher costs one request a minute, not one per batch. The send runs on a thread of its own: the batch that made it
+due does not wait for CloudWatch (in a VPC without a route to it, a send waits out its connect timeouts, seconds).
+``flush`` sends what is left, on the caller's thread (at stop)."""
 
 from __future__ import annotations
 
@@ -36,14 +38,23 @@ class CloudWatchCounters:
         self._counts: dict[str, float] = {}
         self._flushed_at = clock()
         self._lock = threading.Lock()
+        self._sending: threading.Thread | None = None
 
     def add(self, name: str, value: float) -> None:
         """Count ``value`` more of ``name``; sends the counts when ``flush_every_s`` has passed."""
         with self._lock:
             self._counts[name] = self._counts.get(name, 0.0) + value
             due = self._clock() - self._flushed_at >= self._every
-        if due:
-            self.flush()
+            if due and (self._sending is None or not self._sending.is_alive()):
+                self._flushed_at = self._clock()  # one send at a time; the next is due an interval later
+                self._sending = threading.Thread(target=self.flush, name="clipper-cloudwatch-counters", daemon=True)
+                self._sending.start()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for a send in progress."""
+        sending = self._sending
+        if sending is not None:
+            sending.join(timeout_s)
 
     def flush(self) -> None:
         with self._lock:
