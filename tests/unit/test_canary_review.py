@@ -4,6 +4,7 @@ changes nothing."""
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from clipper.canary.decision import CanaryParams
 from clipper.canary.evidence import VersionEvidence
 from clipper.canary.review import CanaryReviewer
 from clipper.core.domain import Canary
+from clipper.errors import Unavailable
 from tests.fakes import FakeClock, InMemoryCanaryControl, InMemoryCanaryEvidence, InMemoryRegistry, model_version
 
 pytestmark = pytest.mark.unit
@@ -145,3 +147,27 @@ def test_the_loop_survives_failures_and_stops():
     reviewer._model_names = names
     reviewer.run(stop, every_s=0.001)
     assert len(rounds) == 3 and registry.canaries == {} and metrics.counted == [("mlp", "rollback")]
+
+
+def test_an_unavailable_registry_is_said_once_not_a_traceback_a_round(caplog):
+    reviewer, *_ = world()
+    rounds = []
+
+    def names():
+        rounds.append(1)
+        if len(rounds) <= 3:
+            raise Unavailable("dynamodb.Scan(registry): 503")
+        if len(rounds) >= 5:
+            stop.set()
+        return []
+
+    reviewer._model_names = names
+    stop = threading.Event()
+    with caplog.at_level(logging.WARNING, logger="clipper.canary.review"):
+        reviewer.run(stop, every_s=0.001)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "canary reviews wait for the registry: dynamodb.Scan(registry): 503",
+        "canary reviews go on: the registry answers again",
+    ]
+    assert not any(r.exc_info for r in caplog.records)

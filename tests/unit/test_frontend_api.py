@@ -262,6 +262,35 @@ def test_update_takes_the_clients_feedback_id_and_names_it_when_it_is_bad(world)
     assert "feedback_id" in update["properties"]
 
 
+def test_a_feedback_whose_send_timed_out_is_answered_with_the_key_that_applies_it_once(world):  # noqa: F811
+    """The queue timed out on the send (it may hold the feedback all the same): a 503 with the feedback's key; the
+    same feedback sent again with it is the same feedback (one id: the worker applies it once)."""
+    from clipper.errors import Unavailable
+    from clipper.feedback import FeedbackMessage, FeedbackReceiver
+    from tests.fakes import ListQueue
+
+    class TimesOutOnce(ListQueue):
+        def send(self, queue_url: str, body: str) -> None:
+            super().send(queue_url, body)  # SQS took it, its answer was lost
+            if len(self.sent) == 1:
+                raise Unavailable("sqs.SendMessage: ReadTimeoutError")
+
+    queue = TimesOutOnce()
+    feedback = FeedbackReceiver(world[1], queue, "https://sqs.local/feedback")
+    client = TestClient(create_app(world[0], max_body_bytes=64 * 1024, feedback=feedback))
+    body = {"input": one_hot(3), "label": 3}
+    first = client.post("/digits/update", json=body)
+    assert first.status_code == 503, first.text
+    key = first.json()["retry_feedback_id"]
+    assert f'send it again with "feedback_id": "{key}"' in first.json()["cause"]
+    again = client.post("/digits/update", json={**body, "feedback_id": key})
+    assert again.status_code == 200
+    ids = [FeedbackMessage.from_json(b).feedback_id for _, b in queue.sent]
+    assert ids[0] == ids[1] == again.json()["feedback_id"]  # one feedback, applied once
+    other = client.post("/digits/update", json=body)  # without the key: another feedback
+    assert other.json()["feedback_id"] != ids[0]
+
+
 def test_a_lone_surrogate_escape_is_a_400_not_a_500(world):  # noqa: F811
     """orjson refuses "\\ud800" alone and Python's json (the fallback that names NaN's field) takes it, but no
     queue message or DynamoDB item can carry it: feedback (a label, an input string) and queries answer 400."""

@@ -21,7 +21,7 @@ from typing import Any
 from clipper.canary.decision import Decision, decide
 from clipper.canary.evidence import CanaryEvidence, VersionEvidence
 from clipper.core.domain import Canary
-from clipper.errors import NotFound
+from clipper.errors import NotFound, Unavailable
 from clipper.ports import CanaryControl, CanaryDecisionMetrics, CanaryEvidenceStore, Clock, Registry
 
 logger = logging.getLogger(__name__)
@@ -110,6 +110,9 @@ class CanaryReviewer:
         for model in self._model_names():
             try:
                 decision = self.review(model)
+            except Unavailable as e:  # the registry or the evidence store: the next round tries again
+                logger.warning("canary review of %s waits: %s", model, e)
+                continue
             except Exception:
                 logger.exception("canary review failed", extra={"model": model})
                 continue
@@ -126,9 +129,20 @@ class CanaryReviewer:
                 logger.exception("canary review failed", extra={"model": model})
 
     def run(self, stop: threading.Event, every_s: float = 1.0) -> None:
-        """Review every model each ``every_s`` until ``stop``; no failure stops the loop."""
+        """Review every model each ``every_s`` until ``stop``; no failure stops the loop. The registry unavailable
+        (a throttle, the local emulator restarting) is one warning when it starts and one line when it ends, not
+        a traceback a second."""
+        down = False
         while not stop.wait(every_s):
             try:
                 self.review_all()
+            except Unavailable as e:
+                if not down:
+                    logger.warning("canary reviews wait for the registry: %s", e)
+                down = True
+                continue
             except Exception:
                 logger.exception("canary review round failed")
+            if down:
+                logger.warning("canary reviews go on: the registry answers again")
+                down = False

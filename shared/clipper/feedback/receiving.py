@@ -69,14 +69,33 @@ def feedback_id(app: str, user: str | None, body: dict[str, Any]) -> str:
     """The feedback's id: a new one, or, when the client gives its own ``feedback_id`` (an idempotency key), one
     derived from it, the application and the user, so that a client retrying a feedback whose answer it did not
     get (a timeout, a 503 after the send) sends the same feedback again and it is applied once."""
+    return feedback_key_and_id(app, user, body)[1]
+
+
+def feedback_key_and_id(app: str, user: str | None, body: dict[str, Any]) -> tuple[str, str]:
+    """The feedback's idempotency key (the client's ``feedback_id``, or a new one) and the id derived from it: a
+    feedback whose send failed ambiguously (a timeout: it may be queued all the same) is answered with its key,
+    and the same feedback sent again with that key is the same feedback, applied once."""
     key = body.get("feedback_id")
     if key is None:
-        return uuid.uuid4().hex
-    if not isinstance(key, str) or not _CLIENT_KEY.fullmatch(key):
+        key = uuid.uuid4().hex
+    elif not isinstance(key, str) or not _CLIENT_KEY.fullmatch(key):
         shown = type(key).__name__ if not isinstance(key, str) else f"{len(key)} characters"
         raise InvalidInput("feedback_id", "1 to 128 letters, digits, '_', '.', ':' or '-'", shown)
     scope = json.dumps([app, user, key])  # the same key of another app or user is another feedback
-    return "k" + hashlib.sha256(scope.encode()).hexdigest()[:31]
+    return key, "k" + hashlib.sha256(scope.encode()).hexdigest()[:31]
+
+
+class FeedbackNotQueued(Unavailable):
+    """The feedback queue did not confirm the send; it may hold the feedback all the same (a timeout). ``key``:
+    the feedback's idempotency key, to send it again with, so that it is applied once either way."""
+
+    def __init__(self, cause: str, key: str) -> None:
+        super().__init__(
+            f"{cause}; the feedback may have been queued all the same: send it again with "
+            f'"feedback_id": "{key}" to have it applied once'
+        )
+        self.key = key
 
 
 # A label travels in the feedback's queue message beside the input (at most MAX_INLINE_PAYLOAD): together they
@@ -123,14 +142,16 @@ class FeedbackReceiver:
         if blob is not None:
             raise InvalidInput("input", "an input small enough for a queue message")
         user = user_id(body)
-        message = FeedbackMessage(
-            feedback_id=feedback_id(app.name, user, body), app=app.name, user=user, payload=payload, label=label
-        )
+        key, fid = feedback_key_and_id(app.name, user, body)
+        message = FeedbackMessage(feedback_id=fid, app=app.name, user=user, payload=payload, label=label)
         body = sqs_text(message.to_json())
         size = len(body.encode("utf-8", "surrogatepass"))
         if size > MAX_MESSAGE_BYTES:  # the input's and the label's bounds keep it under; the queue would refuse it
             raise InvalidInput("input", "an input and a label that fit one queue message (256 KiB)", f"{size} bytes")
         if not self._url:
             raise Unavailable("no feedback queue is configured (CLIPPER_FEEDBACK_QUEUE_URL)")
-        self._queue.send(self._url, body)
+        try:
+            self._queue.send(self._url, body)
+        except Unavailable as e:
+            raise FeedbackNotQueued(str(e), key) from e
         return {"accepted": True, "feedback_id": message.feedback_id}

@@ -28,7 +28,7 @@ import orjson
 from clipper.core.media import has_lone_surrogate, json_content
 from clipper.core.validation import may_hold_booleans
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
-from clipper.feedback import FeedbackReceiver
+from clipper.feedback import FeedbackNotQueued, FeedbackReceiver
 from clipper.frontend.query import QueryProcessor
 from clipper.frontend.results import QueryResult, QueryTicket
 
@@ -172,6 +172,9 @@ class QueryHandling:
             return body
         try:
             accepted = await asyncio.wrap_future(self._workers.submit(self._feedback.accept, app_name, body))
+        except FeedbackNotQueued as e:  # maybe queued: the key to send it again with, applied once either way
+            cause = {"error": "service unavailable", "cause": str(e), "retry_feedback_id": e.key}
+            return HttpAnswer(503, orjson.dumps(cause))
         except ClipperError as e:
             return self._error_answer(e)
         except RecursionError:
