@@ -11,23 +11,28 @@ from __future__ import annotations
 import base64
 import json
 import math
+import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clipper.errors import ClipperError
 
+RETRY_PAUSE_S = 0.5  # before a feedback is sent again (update)
+
 
 class ApiError(ClipperError):
     """An API refused a call (``status``: the HTTP status, ``cause``: Clipper's cause, naming the problem), or
     nothing answered (``status`` 0)."""
 
-    def __init__(self, status: int, error: str, cause: str) -> None:
+    def __init__(self, status: int, error: str, cause: str, detail: dict[str, Any] | None = None) -> None:
         super().__init__(cause if status == 0 else f"{status} {error}: {cause}")
         self.status = status
         self.cause = cause
+        self.detail = detail or {}  # the whole error body (a feedback's 503 carries its retry_feedback_id)
 
 
 class QueryError(ApiError):
@@ -45,7 +50,9 @@ def json_answer(req: urllib.request.Request, timeout_s: float, error: type[ApiEr
             detail = json.loads(e.read())
         except ValueError:
             detail = {"error": e.reason, "cause": ""}
-        raise error(e.code, detail.get("error", ""), detail.get("cause", "")) from e
+        if not isinstance(detail, dict):
+            detail = {"error": e.reason, "cause": ""}
+        raise error(e.code, detail.get("error", ""), detail.get("cause", ""), detail) from e
     except urllib.error.URLError as e:
         raise error(0, "unreachable", f"no Clipper API answers at {where} ({e.reason})") from e
 
@@ -114,9 +121,17 @@ def predict(base: str, app: str, value: Any, uid: int | str | None, debug: bool,
 def update(
     base: str, app: str, value: Any, label: Any, uid: int | str | None, timeout_s: float, feedback_id: str | None = None
 ) -> Any:
-    body = {**query_body(value, uid), "label": label}
-    if feedback_id is not None:
-        body["feedback_id"] = feedback_id
+    """One feedback, with the caller's idempotency key or a new one, so that it is sent again once, safely, when
+    its answer does not come or is a 503 (the server may hold it all the same: with the same key it is the same
+    feedback, applied once)."""
+    body = {**query_body(value, uid), "label": label, "feedback_id": feedback_id or uuid.uuid4().hex}
     if "input_batch" in body:
         raise QueryError(0, "invalid input", "update: one input per feedback (not a batch)")
-    return post(f"{base}/{app}/update", body, timeout_s)
+    url = f"{base}/{app}/update"
+    try:
+        return post(url, body, timeout_s)
+    except QueryError as e:
+        if e.status not in (0, 503):
+            raise
+    time.sleep(RETRY_PAUSE_S)
+    return post(url, body, timeout_s)

@@ -304,7 +304,38 @@ def test_the_clients_update_sends_its_feedback_id(monkeypatch):
     monkeypatch.setattr(client_query, "post", lambda url, body, timeout_s: sent.append(body) or {"accepted": True})
     client_query.update("http://x", "a", [1.0], 1, None, 1.0, feedback_id="k1")
     client_query.update("http://x", "a", [1.0], 1, None, 1.0)
-    assert sent[0]["feedback_id"] == "k1" and "feedback_id" not in sent[1]
+    client_query.update("http://x", "a", [1.0], 1, None, 1.0)
+    assert sent[0]["feedback_id"] == "k1"
+    assert len({sent[1]["feedback_id"], sent[2]["feedback_id"]}) == 2  # a key of its own for each feedback
+
+
+@pytest.mark.parametrize("status", [503, 0])
+def test_the_clients_update_sends_a_feedback_again_once_with_the_same_key(monkeypatch, status):
+    """No answer, or a 503 (the feedback may be queued all the same): sent again once with the same key, which the
+    server makes the same feedback (applied once). A 4xx is not sent again."""
+    from clipper import client_query
+
+    sent: list[dict] = []
+
+    def post(url, body, timeout_s):
+        sent.append(dict(body))
+        if len(sent) == 1:
+            raise client_query.QueryError(status, "service unavailable", "sqs.SendMessage: ReadTimeoutError")
+        return {"accepted": True, "feedback_id": "k-derived"}
+
+    monkeypatch.setattr(client_query, "post", post)
+    monkeypatch.setattr(client_query, "RETRY_PAUSE_S", 0.0)
+    assert client_query.update("http://x", "a", [1.0], 1, None, 1.0)["accepted"]
+    assert len(sent) == 2 and sent[0] == sent[1]
+
+    def refused(url, body, timeout_s):
+        sent.append(body)
+        raise client_query.QueryError(400, "invalid input", "label: ...")
+
+    monkeypatch.setattr(client_query, "post", refused)
+    with pytest.raises(client_query.QueryError):
+        client_query.update("http://x", "a", [1.0], 1, None, 1.0)
+    assert len(sent) == 3
 
 
 def test_a_stale_registry_copy_does_not_reset_the_state_the_new_policy_learned(learning):
