@@ -94,3 +94,25 @@ def test_a_batch_over_invoke_endpoints_6_mb_goes_in_parts_under_it(runtime):
     stub.assert_no_pending_responses()
     with pytest.raises(EndpointError, match="over InvokeEndpoint"):
         SageMakerModelEndpoint(client, "e").predict(np.zeros((1, 1_600_000), np.float32))
+
+
+def test_npy_answers_of_output_dtypes_no_input_takes_are_read(runtime):
+    """A float16 model (a GPU model exported in half precision) or a classifier with string labels answers .npy in
+    its own dtype; numpy's reader takes them (without pickle), and their values travel as JSON does."""
+    from clipper.adapters.endpoints import decode_outputs
+
+    def npy(array: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        np.save(buf, array, allow_pickle=False)
+        return buf.getvalue()
+
+    assert decode_outputs(npy(np.array([0.5, 1.25], dtype=np.float16)), "application/x-npy", 2) == [0.5, 1.25]
+    assert decode_outputs(npy(np.array(["cat", "dog"])), "application/x-npy", 2) == ["cat", "dog"]
+    with pytest.raises(EndpointError, match="JSON cannot carry"):  # bytes: no JSON value for them
+        decode_outputs(npy(np.array([b"\xff"], dtype="S1")), "application/x-npy", 1)
+    pickled = io.BytesIO()
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(EndpointError, match="undecodable"):  # an object array needs pickle: refused
+        decode_outputs(pickled.getvalue(), "application/x-npy", 1)
+    with pytest.raises(EndpointError, match="undecodable"):
+        decode_outputs(b"\x93NUMPY\x01\x00" + b"v" * 40, "application/x-npy", 1)
