@@ -269,6 +269,13 @@ def test_worker_thread_mode_and_a_chosen_output(
 # --- errors -----------------------------------------------------------------------------------------------------
 
 
+def _npy_header(descr: str, shape: str) -> bytes:
+    """A version 1.0 .npy header of this dtype and shape (no data)."""
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode("latin1")
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "status", "message"),
     [
@@ -285,6 +292,12 @@ def test_worker_thread_mode_and_a_chosen_output(
         (b'{"instances": [[1, 2], [3]]}', JSON, 400, "expected shape [N, 64] float32, got rows of different lengths"),
         (b'{"instances": [[1, 2, 3]]}', JSON, 400, "expected shape [N, 64] float32, got shape [1, 3] int64"),
         (json.dumps({"instances": [["a"] * 64]}).encode(), JSON, 400, "got string values"),
+        # malformed bodies that answered 500 (and tripped the endpoint's 5xx alarm): a v2 header cut short, a shape
+        # numpy cannot make, a dtype with a shape of its own, JSON nested past the recursion limit
+        (b"\x93NUMPY\x02\x00\x10\x00", NPY, 400, "the body ends inside it"),
+        (_npy_header("<f4", "(1000000000000000000000000000000, 0)"), NPY, 400, "malformed .npy header: shape"),
+        (_npy_header("(64,)<f4", "(1,)") + bytes(256), NPY, 400, "a dtype of plain values is expected"),
+        (b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", JSON, 400, "nested too deeply"),
     ],
 )
 def test_a_wrong_request_gets_a_4xx_naming_the_expectation(

@@ -171,6 +171,8 @@ class EndpointApp:
                 content, media_type = await loop.run_in_executor(self.executor, work, body, answer)
         except InputError as e:
             return await self._send(send, 400, _error_body(str(e)), JSON)
+        except RecursionError:  # JSON nested past Python's recursion limit
+            return await self._send(send, 400, _error_body("input nested too deeply"), JSON)
         except PredictionError as e:
             logger.error("prediction failed: %s", e)
             return await self._send(send, 500, _error_body(str(e)), JSON)

@@ -37,6 +37,8 @@ def decode(body: bytes) -> np.ndarray:
         (header_len,) = struct.unpack_from("<H", body, 8)
         start = 10
     elif major in (2, 3):
+        if len(body) < 12:
+            raise InputError("malformed .npy header: the body ends inside it")
         (header_len,) = struct.unpack_from("<I", body, 8)
         start = 12
     else:
@@ -56,6 +58,8 @@ def decode(body: bytes) -> np.ndarray:
         raise InputError(f"malformed .npy header: unknown dtype {descr!r}") from e
     if dtype.hasobject:
         raise InputError("object arrays are not accepted (they need pickle); send numbers or fixed-width strings")
+    if dtype.shape or dtype.names:
+        raise InputError(f"malformed .npy header: a dtype of plain values is expected, got {descr!r}")
     shape = tuple(int(d) for d in shape_text.split(",") if d.strip())
     count = 1
     for d in shape:
@@ -65,8 +69,11 @@ def decode(body: bytes) -> np.ndarray:
             f".npy body holds {len(body) - offset} data bytes, its header says shape {list(shape)} "
             f"{dtype} ({count * dtype.itemsize} bytes)"
         )
-    array = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
-    return np.reshape(array, shape, order="F" if fortran == "True" else "C")
+    try:
+        array = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
+        return np.reshape(array, shape, order="F" if fortran == "True" else "C")
+    except ValueError as e:  # a shape numpy cannot make (a dimension past its limits)
+        raise InputError(f"malformed .npy header: shape {list(shape)}: {e}") from e
 
 
 def _load(body: bytes) -> np.ndarray:
