@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+import urllib3
 
 pytestmark = pytest.mark.integration
 
@@ -358,3 +359,33 @@ def test_the_batchers_client_against_the_server(
     with pytest.raises(EndpointError, match="endpoint answered 400"):
         endpoint.predict(np.zeros((2, 3), np.float32))
     assert endpoint.predict(holdout[0][:2]) == expected[:2].tolist()  # the connection survives a 400
+
+
+def test_the_client_sends_a_batch_the_server_refuses_as_too_large_in_parts(
+    models_dir: Path, holdout: tuple[np.ndarray, np.ndarray], tmp_path: Path
+) -> None:
+    """The server's --max-body-bytes (a batch of large rows, e.g. 3x224x224 images, over it): the batcher's HTTP
+    client sends the batch in halves until each fits (one batch's error, retried whole, before); a single row over
+    it is that row's error, which the batcher answers alone."""
+    from clipper.adapters.endpoints import HttpModelEndpoint
+    from clipper.errors import RowTooLarge
+
+    x, _ = holdout
+    server = _start(models_dir / "mlp" / "1", tmp_path / "small.log", "--max-body-bytes", "2200")  # ~8 rows
+    try:
+        _wait_ready(server)
+        endpoint = HttpModelEndpoint(f"http://127.0.0.1:{server.port}", urllib3.PoolManager())
+        rows = x[:40].astype(np.float32)
+        expected = _direct(models_dir / "mlp" / "1" / "model.onnx", rows).tolist()
+        assert endpoint.predict(rows) == expected
+        wide = _start(models_dir / "mlp" / "1", tmp_path / "tiny.log", "--max-body-bytes", "100")
+        try:
+            _wait_ready(wide)
+            tiny = HttpModelEndpoint(f"http://127.0.0.1:{wide.port}", urllib3.PoolManager())
+            with pytest.raises(RowTooLarge) as e:
+                tiny.predict(rows[:3])
+            assert e.value.index == 0
+        finally:
+            _stop(wide)
+    finally:
+        _stop(server)

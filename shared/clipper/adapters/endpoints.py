@@ -240,6 +240,11 @@ class HttpModelEndpoint:
             self._path = parts.path
 
     def predict(self, rows: Rows) -> list[Any]:
+        return self._predict(rows, 0)
+
+    def _predict(self, rows: Rows, first: int) -> list[Any]:
+        """``rows``, row ``first`` of the batch onwards. A batch the server refuses as too large (413: its
+        --max-body-bytes) is sent in halves until each part fits; a single row it refuses is that row's error."""
         body, content_type = encode_batch(rows)
         headers = {"Content-Type": content_type, "Accept": content_type}
         if self._direct is not None:
@@ -258,6 +263,11 @@ class HttpModelEndpoint:
             except urllib3.exceptions.HTTPError as e:
                 raise EndpointError(f"endpoint unreachable at {self._url}: {type(e).__name__}") from e
             status, data, response_type = resp.status, resp.data, resp.headers.get("Content-Type", JSON)
+        if status == 413:
+            if len(rows) == 1:
+                raise RowTooLarge(first, f"endpoint {self._url}: an input of {len(body)} bytes: {_error_text(data)}")
+            half = len(rows) // 2  # halves until each part fits: a few calls for the rare oversized batch
+            return self._predict(rows[:half], first) + self._predict(rows[half:], first + half)
         if status != 200:
             raise EndpointError(f"endpoint answered {status}: {_error_text(data)}")
         return decode_outputs(data, response_type, len(rows))
