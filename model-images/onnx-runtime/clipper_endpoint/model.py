@@ -1,6 +1,7 @@
 """One ONNX model in one ONNX Runtime session: load it, check a batch against its input, run it.
 
-The session is used by one caller at a time (the server runs every batch on one worker thread). A batch is
+The session is used by one caller at a time (the server runs every batch either on its event loop, ``inline``,
+or on one worker thread, ``thread``; ``auto`` picks inline on the CPU and the thread on a GPU). A batch is
 rows first: its first dimension is the number of rows, and :meth:`OnnxModel.predict` returns exactly one
 output row per input row or raises.
 
