@@ -62,17 +62,12 @@ class Gate:
 
 # -- the launcher's side ------------------------------------------------------------------------------------------
 _passing = threading.local()
-_installed = threading.Lock()
-_hooked: set[int] = set()
 
 
 def install(session: Any) -> None:
-    """Make ``passing`` work for the clients this boto3 session creates from now on (idempotent per session)."""
-    with _installed:
-        if id(session) in _hooked:
-            return
-        session.events.register("before-send", _mark)
-        _hooked.add(id(session))
+    """Make ``passing`` work for the clients this boto3 session creates from now on (idempotent: botocore keeps
+    one handler per ``unique_id``)."""
+    session.events.register("before-send", _mark, unique_id="clipper-gate-passing")
 
 
 def _mark(request: Any, **_: Any) -> None:

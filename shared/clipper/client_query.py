@@ -49,8 +49,8 @@ def json_answer(req: urllib.request.Request, timeout_s: float, error: type[ApiEr
         try:
             detail = json.loads(e.read())
         except ValueError:
-            detail = {"error": e.reason, "cause": ""}
-        if not isinstance(detail, dict):
+            detail = None
+        if not isinstance(detail, dict):  # not Clipper's error body
             detail = {"error": e.reason, "cause": ""}
         raise error(e.code, detail.get("error", ""), detail.get("cause", ""), detail) from e
     except urllib.error.URLError as e:

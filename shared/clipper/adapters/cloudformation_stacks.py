@@ -66,7 +66,7 @@ class CloudFormationModelStacks:
         name = self.stack_name(model, version)
         params = self._stack_parameters(model, version, artifact, replicas)
         if batching is not None:  # the model's settings, as set_model_batching maps them onto the earlier versions
-            params["BatchSize"], params["MaximumBatchingWindowInSeconds"] = (str(n) for n in batching)
+            params.update(_batching_parameters(*batching))
         for last in (False, True):
             try:
                 outputs = self._create(name, model, version, params)
@@ -177,7 +177,7 @@ class CloudFormationModelStacks:
         stack = self._describe(name)
         if _parameters(stack).get("LambdaBatcher") != "true":
             return False
-        self._update(name, stack, {"BatchSize": str(batch_size), "MaximumBatchingWindowInSeconds": str(window_s)})
+        self._update(name, stack, _batching_parameters(batch_size, window_s))
         return True
 
     def _update(self, name: str, stack: dict[str, Any], wanted: dict[str, str]) -> None:
@@ -216,6 +216,10 @@ class CloudFormationModelStacks:
 
 def _parameters(stack: dict[str, Any]) -> dict[str, str]:
     return {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+
+
+def _batching_parameters(batch_size: int, window_s: int) -> dict[str, str]:
+    return {"BatchSize": str(batch_size), "MaximumBatchingWindowInSeconds": str(window_s)}
 
 
 def _scale_parameters(replicas: int) -> dict[str, str]:

@@ -19,6 +19,7 @@ import json
 import select
 import socket
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
@@ -49,9 +50,10 @@ def encode_batch(rows: Rows) -> tuple[bytes, str]:
 
 
 def decode_outputs(body: bytes, content_type: str, expected: int) -> list[Any]:
-    checked = content_type.startswith(NPY)  # numbers of the dtypes inputs take: what the replies carry as they are
+    npy = content_type.startswith(NPY)
+    checked = npy  # numbers of the dtypes inputs take: what the replies carry as they are
     try:
-        if content_type.startswith(NPY):
+        if npy:
             try:
                 outputs: list[Any] = decode_npy(body).tolist()
             except MalformedMessage:  # an output dtype no input takes (float16, strings): numpy's reader, no pickle
@@ -225,6 +227,13 @@ def _read_exactly(reader: BinaryIO, size: int) -> bytes:
     return data
 
 
+def _in_halves(predict: Callable[[Rows, int], list[Any]], rows: Rows, first: int) -> list[Any]:
+    """A batch too large for one request, sent as two halves (``predict(rows, first)``: row ``first`` of the batch
+    onwards), each halved again until it fits: a few calls for the rare oversized batch."""
+    half = len(rows) // 2
+    return predict(rows[:half], first) + predict(rows[half:], first + half)
+
+
 class HttpModelEndpoint:
     """The model server over HTTP: ``KeepAliveHttp`` for ``http://`` addresses, ``pool`` (urllib3) for
     ``https://``."""
@@ -266,8 +275,7 @@ class HttpModelEndpoint:
         if status == 413:
             if len(rows) == 1:
                 raise RowTooLarge(first, f"endpoint {self._url}: an input of {len(body)} bytes: {_error_text(data)}")
-            half = len(rows) // 2  # halves until each part fits: a few calls for the rare oversized batch
-            return self._predict(rows[:half], first) + self._predict(rows[half:], first + half)
+            return _in_halves(self._predict, rows, first)
         if status != 200:
             raise EndpointError(f"endpoint answered {status}: {_error_text(data)}")
         return decode_outputs(data, response_type, len(rows))
@@ -297,8 +305,7 @@ class SageMakerModelEndpoint:
                     f"sagemaker endpoint {self._name}: an input of {len(body)} bytes encoded, over InvokeEndpoint's "
                     f"{self._max_bytes}",
                 )
-            half = len(rows) // 2  # halves until each part fits: a few calls for the rare oversized batch
-            return self._predict(rows[:half], first) + self._predict(rows[half:], first + half)
+            return _in_halves(self._predict, rows, first)
         try:
             resp = self._client.invoke_endpoint(
                 EndpointName=self._name, Body=body, ContentType=content_type, Accept=content_type
