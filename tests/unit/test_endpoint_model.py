@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from clipper_endpoint.model import (
     OnnxModel,
     PredictionError,
     default_providers,
+    gpu_present,
     resolve_model_file,
 )
 
@@ -369,3 +371,112 @@ def test_the_server_exits_2_before_listening_when_the_file_is_not_the_validated_
     monkeypatch.setenv("CLIPPER_MODEL_SHA256", "0" * 64)  # as the model stack's container environment sets it
     assert main(["--model-path", str(models_dir / "mlp" / "1"), "--port", "1"]) == 2
     assert "not the validated " + "0" * 64 in caplog.text
+
+
+# --- a GPU endpoint serves from the GPU, or not at all -------------------------------------------------------
+
+
+def test_a_gpu_is_seen_by_its_device_files(tmp_path: Path) -> None:
+    assert not gpu_present(tmp_path)
+    (tmp_path / "nvidiactl").touch()  # the driver's control device alone: no GPU given to this container
+    assert not gpu_present(tmp_path)
+    (tmp_path / "nvidia0").touch()
+    assert gpu_present(tmp_path)
+
+
+def test_a_session_off_the_gpu_is_refused_when_cuda_is_required(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ONNX Runtime falls back to the CPU, with a warning, when its CUDA provider cannot start: required, that is
+    a load error naming why, not a GPU endpoint quietly serving from its CPU."""
+    folder = models_dir / "mlp" / "1"
+    assert OnnxModel.load(folder, warmup=False).providers == [CPU]  # not required: served from the CPU
+    if CUDA not in ort.get_available_providers():
+        with pytest.raises(ModelLoadError, match=r"not on the GPU: this ONNX Runtime build has no CUDA"):
+            OnnxModel.load(folder, warmup=False, require_cuda=True)
+        # a GPU build whose CUDA libraries do not load: the session is made, on the CPU alone
+        real = ort.get_available_providers()
+        monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, *real])
+        with (
+            pytest.warns(UserWarning, match="CUDAExecutionProvider"),
+            pytest.raises(
+                ModelLoadError, match=r"would run on \['CPUExecutionProvider'\], not on the GPU: .*could not start"
+            ),
+        ):
+            OnnxModel.load(folder, warmup=False, require_cuda=True)
+    with pytest.raises(ModelLoadError, match=r"leave out CUDAExecutionProvider"):
+        OnnxModel.load(folder, warmup=False, providers=[CPU], require_cuda=True)
+
+
+@pytest.mark.parametrize(
+    ("setting", "providers", "gpu", "cuda_build", "required"),
+    [
+        ("auto", None, True, True, True),
+        ("auto", None, False, True, False),
+        ("auto", None, True, False, False),  # a checkout's CPU build of ONNX Runtime on a machine with a GPU
+        ("auto", [CUDA, CPU], True, True, True),
+        ("auto", [CPU], True, True, False),  # a deliberate CPU run on a GPU machine
+        ("yes", [CPU], False, False, True),
+        ("no", None, True, True, False),
+    ],
+)
+def test_cuda_is_required_where_a_gpu_is_present_unless_told(
+    setting: str, providers: list[str] | None, gpu: bool, cuda_build: bool, required: bool
+) -> None:
+    from clipper_endpoint.__main__ import requires_cuda
+
+    assert requires_cuda(setting, providers, gpu, cuda_build) is required
+
+
+def test_the_options_sagemaker_cannot_pass_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SageMaker runs ``serve`` with no arguments: the container's environment (the model stack's) sets them."""
+    from clipper_endpoint.__main__ import parse_args
+
+    args = parse_args([])
+    assert (args.threads, args.providers, args.inference, args.require_cuda) == (1, "", "auto", "auto")
+    monkeypatch.setenv("CLIPPER_THREADS", "4")
+    monkeypatch.setenv("CLIPPER_PROVIDERS", CPU)
+    monkeypatch.setenv("CLIPPER_INFERENCE", "Thread")
+    monkeypatch.setenv("CLIPPER_REQUIRE_CUDA", "no")
+    args = parse_args([])
+    assert (args.threads, args.providers, args.inference, args.require_cuda) == (4, CPU, "thread", "no")
+    assert parse_args(["--threads", "2", "--inference", "inline"]).threads == 2  # an argument wins
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("CLIPPER_THREADS", "0", r"--threads \(from \$CLIPPER_THREADS\) must be a whole number of at least 1"),
+        ("CLIPPER_THREADS", "two", r"--threads \(from \$CLIPPER_THREADS\) must be a whole number"),
+        ("CLIPPER_INFERENCE", "gpu", r"--inference \(from \$CLIPPER_INFERENCE\) must be one of auto, inline, thread"),
+        ("CLIPPER_REQUIRE_CUDA", "maybe", r"--require-cuda \(from \$CLIPPER_REQUIRE_CUDA\) must be one of auto"),
+    ],
+)
+def test_a_bad_setting_exits_2_naming_where_it_came_from(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], variable: str, value: str, message: str
+) -> None:
+    from clipper_endpoint.__main__ import parse_args
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as exited:
+        parse_args([])
+    assert exited.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_the_server_exits_2_before_listening_when_cuda_is_required_and_unused(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import uvicorn
+
+    import clipper_endpoint.model as model_module
+    from clipper_endpoint.__main__ import main
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)  # a model that loads is not served here
+    monkeypatch.setattr(model_module, "gpu_present", lambda devices="/dev": True)  # as on a GPU instance
+    real = ort.get_available_providers()
+    # the GPU build of ONNX Runtime (its CUDA libraries, here absent, fail to load: the session is on the CPU)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: real if CUDA in real else [CUDA, *real])
+    with pytest.warns(UserWarning, match=CUDA):  # ONNX Runtime's own, as the session falls back to the CPU
+        assert main(["--model-path", str(models_dir / "mlp" / "1"), "--port", "1"]) == 2
+    assert "not on the GPU" in caplog.text

@@ -1,7 +1,10 @@
 """Run the model endpoint: ``python -m clipper_endpoint [--model-path PATH] [--port PORT] ...``.
 
 The model is loaded before the server listens, so ``/ping`` answers 200 from its first request; a model that
-cannot be loaded ends the process with status 2 and a message naming the problem.
+cannot be loaded ends the process with status 2 and a message naming the problem. SageMaker starts the image
+with no arguments (``serve``), so every option that changes how the model runs also has an environment variable
+(``CLIPPER_THREADS``, ``CLIPPER_PROVIDERS``, ``CLIPPER_INFERENCE``, ``CLIPPER_REQUIRE_CUDA``,
+``CLIPPER_MODEL_SHA256``), read when the option is not given.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ import logging
 import os
 import sys
 
+from clipper_endpoint.model import CUDA
+
 DEFAULT_MODEL_PATH = "/opt/ml/model"
 DEFAULT_PORT = 8080
+INFERENCE_CHOICES = ("auto", "inline", "thread")
+REQUIRE_CUDA_CHOICES = ("auto", "yes", "no")
 
 
 def _default_port() -> int:
@@ -43,18 +50,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="refuse a model file with another sha256 (default: $CLIPPER_MODEL_SHA256; empty: not checked)",
     )
     parser.add_argument("--output-name", help="the model output to answer with (default: its first output)")
-    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default: 1)")
+    parser.add_argument(
+        "--threads",
+        default=os.environ.get("CLIPPER_THREADS", "1"),
+        help="ONNX Runtime intra-op threads (default: $CLIPPER_THREADS, else 1)",
+    )
     parser.add_argument(
         "--providers",
-        help="comma-separated ONNX Runtime execution providers, in order "
-        "(default: CUDAExecutionProvider when available, then CPUExecutionProvider)",
+        default=os.environ.get("CLIPPER_PROVIDERS", ""),
+        help="comma-separated ONNX Runtime execution providers, in order (default: $CLIPPER_PROVIDERS, else "
+        "CUDAExecutionProvider when available, then CPUExecutionProvider)",
     )
     parser.add_argument(
         "--inference",
-        choices=["auto", "inline", "thread"],
-        default="auto",
+        default=os.environ.get("CLIPPER_INFERENCE", "auto"),
         help="where batches run: on the event loop (inline, cheapest for small models), on one worker thread "
-        "(keeps /ping answering during long batches), or auto: the thread when on CUDA, else inline",
+        "(keeps /ping answering during long batches), or auto: the thread when on CUDA, else inline "
+        "(default: $CLIPPER_INFERENCE, else auto)",
+    )
+    parser.add_argument(
+        "--require-cuda",
+        default=os.environ.get("CLIPPER_REQUIRE_CUDA", "auto"),
+        help="yes: refuse to serve (exit 2) unless the model runs on the CUDA provider; no: serve wherever it "
+        "runs; auto: yes when this machine has an NVIDIA GPU (/dev/nvidia0...), ONNX Runtime is its GPU build "
+        "and --providers does not leave CUDA out (default: $CLIPPER_REQUIRE_CUDA, else auto)",
     )
     parser.add_argument(
         "--max-body-bytes",
@@ -65,9 +84,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--access-log", action="store_true", help="log every request (off: it costs throughput)")
     args = parser.parse_args(argv)
-    if args.threads < 1:
-        parser.error("--threads must be at least 1")
+    given = set(argv if argv is not None else sys.argv[1:])
+
+    def source(option: str, variable: str) -> str:  # where a bad value came from, for the message
+        return option if option in given or variable not in os.environ else f"{option} (from ${variable})"
+
+    threads = str(args.threads).strip()
+    if not threads.isdigit() or int(threads) < 1:
+        parser.error(f"{source('--threads', 'CLIPPER_THREADS')} must be a whole number of at least 1, not {threads!r}")
+    args.threads = int(threads)
+    args.inference = args.inference.strip().lower()
+    if args.inference not in INFERENCE_CHOICES:
+        parser.error(f"{source('--inference', 'CLIPPER_INFERENCE')} must be one of {', '.join(INFERENCE_CHOICES)}")
+    args.require_cuda = args.require_cuda.strip().lower()
+    if args.require_cuda not in REQUIRE_CUDA_CHOICES:
+        parser.error(
+            f"{source('--require-cuda', 'CLIPPER_REQUIRE_CUDA')} must be one of {', '.join(REQUIRE_CUDA_CHOICES)}"
+        )
     return args
+
+
+def requires_cuda(setting: str, providers: list[str] | None, gpu: bool, cuda_build: bool) -> bool:
+    """``--require-cuda``: ``auto`` requires it where a GPU is present and ONNX Runtime is its GPU build (the
+    image's), unless the providers asked for leave CUDA out (a deliberate CPU run); a checkout's CPU build on a
+    machine that happens to have a GPU serves from the CPU as asked."""
+    if setting == "auto":
+        return gpu and cuda_build and (providers is None or CUDA in providers)
+    return setting == "yes"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,15 +120,23 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    import onnxruntime as ort
     import uvicorn
 
     from clipper_endpoint.app import create_app
-    from clipper_endpoint.model import ModelLoadError, OnnxModel
+    from clipper_endpoint.model import ModelLoadError, OnnxModel, gpu_present
 
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()] if args.providers else None
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()] or None
     try:
         model = OnnxModel.load(
-            args.model_path, output_name=args.output_name, threads=args.threads, providers=providers, sha256=args.sha256
+            args.model_path,
+            output_name=args.output_name,
+            threads=args.threads,
+            providers=providers,
+            sha256=args.sha256,
+            require_cuda=requires_cuda(
+                args.require_cuda, providers, gpu_present(), CUDA in ort.get_available_providers()
+            ),
         )
     except ModelLoadError as e:
         logging.getLogger("clipper_endpoint").error("%s", e)

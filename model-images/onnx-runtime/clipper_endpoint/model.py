@@ -71,6 +71,12 @@ def default_providers() -> list[str]:
     return [CUDA, CPU] if CUDA in ort.get_available_providers() else [CPU]
 
 
+def gpu_present(devices: str | Path = "/dev") -> bool:
+    """Whether an NVIDIA GPU is visible to this process: the driver's device files (``/dev/nvidia0``...), which the
+    NVIDIA container runtime (SageMaker's GPU instances, ``docker run --gpus``) puts in the container."""
+    return any(Path(devices).glob("nvidia[0-9]*"))
+
+
 def resolve_model_file(model_path: str | Path) -> Path:
     """``model_path`` itself when it is a file; else ``model.onnx`` in that folder (or its only ``.onnx``)."""
     path = Path(model_path)
@@ -84,6 +90,20 @@ def resolve_model_file(model_path: str | Path) -> Path:
     if len(candidates) == 1:
         return candidates[0]
     raise ModelLoadError(f"no {MODEL_FILE} in folder {str(path)!r} (found {[c.name for c in candidates]})")
+
+
+def _why_not_cuda(wanted: Sequence[str]) -> str:
+    if CUDA not in ort.get_available_providers():
+        return (
+            f"this ONNX Runtime build has no {CUDA} (it has {ort.get_available_providers()}; the GPU build is the "
+            "onnxruntime-gpu package)"
+        )
+    if CUDA not in wanted:
+        return f"the providers asked for, {list(wanted)}, leave out {CUDA}"
+    return (
+        f"ONNX Runtime could not start its {CUDA} (its error above names the library: usually a CUDA or cuDNN "
+        "version other than the one this onnxruntime-gpu build was made for)"
+    )
 
 
 def _dim(d: Any) -> int | None:
@@ -136,13 +156,16 @@ class OnnxModel:
         providers: Sequence[str] | None = None,
         warmup: bool = True,
         sha256: str = "",
+        require_cuda: bool = False,
     ) -> OnnxModel:
         """Open ``model_path`` (a file, or a folder holding ``model.onnx``) in a new session.
 
         ``threads`` is ONNX Runtime's intra-op thread count; ``providers`` defaults to CUDA (when available)
         then CPU. With ``warmup`` one zero row is run, so the first request does not pay lazy initialisation.
         With ``sha256`` (the digest of the file the model updater validated), a file with another digest is
-        refused, and the session is made from exactly the bytes checked.
+        refused, and the session is made from exactly the bytes checked. With ``require_cuda``, a session that
+        does not run on the CUDA provider is refused (ONNX Runtime falls back to the CPU silently, with a log
+        line, when its CUDA or cuDNN libraries do not load: a GPU endpoint serving from its CPU).
         """
         path = resolve_model_file(model_path)
         source: str | bytes = str(path)
@@ -168,6 +191,10 @@ class OnnxModel:
         except Exception as e:  # ONNX Runtime raises its own exception classes, all plain Exceptions
             raise ModelLoadError(f"cannot load model {str(path)!r}: {e}") from e
         model = cls(session, path, output_name)
+        if require_cuda and CUDA not in model.providers:
+            raise ModelLoadError(
+                f"model {str(path)!r} would run on {model.providers}, not on the GPU: {_why_not_cuda(wanted)}"
+            )
         if CUDA in wanted and CUDA not in model.providers:
             logger.warning("CUDA provider requested but unavailable, running on %s", model.providers)
         logger.info(
