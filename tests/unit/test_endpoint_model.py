@@ -440,6 +440,9 @@ def test_the_options_sagemaker_cannot_pass_come_from_the_environment(monkeypatch
     monkeypatch.setenv("CLIPPER_REQUIRE_CUDA", "no")
     args = parse_args([])
     assert (args.threads, args.providers, args.inference, args.require_cuda) == (4, CPU, "thread", "no")
+    assert parse_args([]).unhealthy_after_s == 60.0
+    monkeypatch.setenv("CLIPPER_UNHEALTHY_AFTER_S", "0")
+    assert parse_args([]).unhealthy_after_s == 0.0
     assert parse_args(["--threads", "2", "--inference", "inline"]).threads == 2  # an argument wins
 
 
@@ -450,6 +453,12 @@ def test_the_options_sagemaker_cannot_pass_come_from_the_environment(monkeypatch
         ("CLIPPER_THREADS", "two", r"--threads \(from \$CLIPPER_THREADS\) must be a whole number"),
         ("CLIPPER_INFERENCE", "gpu", r"--inference \(from \$CLIPPER_INFERENCE\) must be one of auto, inline, thread"),
         ("CLIPPER_REQUIRE_CUDA", "maybe", r"--require-cuda \(from \$CLIPPER_REQUIRE_CUDA\) must be one of auto"),
+        (
+            "CLIPPER_UNHEALTHY_AFTER_S",
+            "-5",
+            r"--unhealthy-after-s \(from \$CLIPPER_UNHEALTHY_AFTER_S\) must be a number",
+        ),
+        ("CLIPPER_UNHEALTHY_AFTER_S", "soon", r"--unhealthy-after-s \(from \$CLIPPER_UNHEALTHY_AFTER_S\) must be a"),
     ],
 )
 def test_a_bad_setting_exits_2_naming_where_it_came_from(

@@ -4,7 +4,7 @@ The model is loaded before the server listens, so ``/ping`` answers 200 from its
 cannot be loaded ends the process with status 2 and a message naming the problem. SageMaker starts the image
 with no arguments (``serve``), so every option that changes how the model runs also has an environment variable
 (``CLIPPER_THREADS``, ``CLIPPER_PROVIDERS``, ``CLIPPER_INFERENCE``, ``CLIPPER_REQUIRE_CUDA``,
-``CLIPPER_MODEL_SHA256``), read when the option is not given.
+``CLIPPER_UNHEALTHY_AFTER_S``, ``CLIPPER_MODEL_SHA256``), read when the option is not given.
 """
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "and --providers does not leave CUDA out (default: $CLIPPER_REQUIRE_CUDA, else auto)",
     )
     parser.add_argument(
+        "--unhealthy-after-s",
+        default=os.environ.get("CLIPPER_UNHEALTHY_AFTER_S", "60"),
+        help="/ping answers 503 once every batch failed in the model for this long, at least 3 of them (a fault "
+        "that persists in the process, such as a CUDA error: SageMaker replaces the instance); 0: never "
+        "(default: $CLIPPER_UNHEALTHY_AFTER_S, else 60)",
+    )
+    parser.add_argument(
         "--max-body-bytes",
         type=int,
         default=64 * 1024 * 1024,
@@ -93,6 +100,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not threads.isdigit() or int(threads) < 1:
         parser.error(f"{source('--threads', 'CLIPPER_THREADS')} must be a whole number of at least 1, not {threads!r}")
     args.threads = int(threads)
+    try:
+        args.unhealthy_after_s = float(args.unhealthy_after_s)
+    except ValueError:
+        args.unhealthy_after_s = -1.0
+    if not 0 <= args.unhealthy_after_s < float("inf"):
+        parser.error(
+            f"{source('--unhealthy-after-s', 'CLIPPER_UNHEALTHY_AFTER_S')} must be a number of seconds, 0 or more"
+        )
     args.inference = args.inference.strip().lower()
     if args.inference not in INFERENCE_CHOICES:
         parser.error(f"{source('--inference', 'CLIPPER_INFERENCE')} must be one of {', '.join(INFERENCE_CHOICES)}")
@@ -141,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as e:
         logging.getLogger("clipper_endpoint").error("%s", e)
         return 2
-    app = create_app(model, max_body_bytes=args.max_body_bytes, inference=args.inference)
+    app = create_app(
+        model,
+        max_body_bytes=args.max_body_bytes,
+        inference=args.inference,
+        unhealthy_after_s=args.unhealthy_after_s,
+    )
     config = uvicorn.Config(
         app,
         host=args.host,

@@ -1,6 +1,8 @@
 """The HTTP app: the SageMaker inference contract over one :class:`~clipper_endpoint.model.OnnxModel`.
 
-- ``GET /ping``: 200 once the model is loaded (it is loaded before the app is built).
+- ``GET /ping``: 200 once the model is loaded (it is loaded before the app is built); 503 while the model has
+  failed every batch for ``unhealthy_after_s`` (a fault that persists in the process, such as a CUDA error that
+  leaves the session unusable: SageMaker replaces an instance whose ping fails, and a new process mends it).
 - ``POST /invocations``: ``application/x-npy`` (one ``.npy`` array, rows first) or ``application/json``
   (``{"instances": [...]}`` or ``{"inputs": [...]}``). The answer has the request's format unless ``Accept``
   names only the other one: ``.npy`` of the served output, or ``{"predictions": [...]}``. A wrong content type
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,6 +43,7 @@ NPY = "application/x-npy"
 JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"  # SageMaker's default content type; read as .npy
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_UNHEALTHY_AFTER_S = 60.0
 INFERENCE_MODES = ("auto", "inline", "thread")
 
 Scope = MutableMapping[str, Any]
@@ -69,6 +73,48 @@ def _error_body(message: str) -> bytes:
 
 class _BodyTooLarge(Exception):
     pass
+
+
+class Health:
+    """Whether the model still serves: unhealthy once every batch for ``unhealthy_after_s`` seconds, and at least
+    ``MIN_FAILURES`` batches, failed in the model (a 500) with none answered in between. A batch refused as not
+    fitting the model (a 400) says nothing of the model and changes nothing; ``unhealthy_after_s`` 0 is never.
+    Used on the event loop only."""
+
+    MIN_FAILURES = 3
+
+    def __init__(self, unhealthy_after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.unhealthy_after_s = unhealthy_after_s
+        self._clock = clock
+        self._since: float | None = None
+        self._failures = 0
+        self._last = ""
+        self._reported = False
+
+    def succeeded(self) -> None:
+        if self._reported:
+            logger.warning("the model answers again after %d failed batches: /ping answers 200", self._failures)
+        self._since, self._failures, self._reported = None, 0, False
+
+    def failed(self, error: str) -> None:
+        if self._since is None:
+            self._since = self._clock()
+        self._failures += 1
+        self._last = error
+
+    def problem(self) -> str | None:
+        """Why the model is unhealthy, or None."""
+        if not self.unhealthy_after_s or self._since is None or self._failures < self.MIN_FAILURES:
+            return None
+        failing_s = self._clock() - self._since
+        if failing_s < self.unhealthy_after_s:
+            return None
+        problem = f"every batch for {failing_s:.0f} s ({self._failures} batches) failed in the model; the last: "
+        problem += self._last
+        if not self._reported:
+            self._reported = True
+            logger.error("unhealthy, /ping answers 503: %s", problem)
+        return problem
 
 
 class Invoker:
@@ -117,12 +163,19 @@ class EndpointApp:
     """The ASGI app: ``POST /invocations`` served directly, every other request by ``fallback``."""
 
     def __init__(
-        self, invoker: Invoker, fallback: Starlette, *, max_body_bytes: int, executor: ThreadPoolExecutor | None
+        self,
+        invoker: Invoker,
+        fallback: Starlette,
+        *,
+        max_body_bytes: int,
+        executor: ThreadPoolExecutor | None,
+        health: Health | None = None,
     ) -> None:
         self.invoker = invoker
         self.fallback = fallback
         self.max_body_bytes = max_body_bytes
         self.executor = executor
+        self.health = health or Health(0)
 
     @property
     def model(self) -> OnnxModel:
@@ -175,10 +228,13 @@ class EndpointApp:
             return await self._send(send, 400, _error_body("input nested too deeply"), JSON)
         except PredictionError as e:
             logger.error("prediction failed: %s", e)
+            self.health.failed(str(e))
             return await self._send(send, 500, _error_body(str(e)), JSON)
         except Exception as e:
             logger.exception("unexpected error in /invocations")
+            self.health.failed(f"{type(e).__name__}: {e}")
             return await self._send(send, 500, _error_body(f"internal error: {type(e).__name__}: {e}"), JSON)
+        self.health.succeeded()
         await self._send(send, 200, content, media_type)
 
     async def _read_body(self, receive: Receive) -> bytes | None:
@@ -207,12 +263,18 @@ class EndpointApp:
 
 
 def create_app(
-    model: OnnxModel, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, inference: str = "auto"
+    model: OnnxModel,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    inference: str = "auto",
+    unhealthy_after_s: float = DEFAULT_UNHEALTHY_AFTER_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> EndpointApp:
     """The ASGI app serving ``model``.
 
     ``inference`` is where batches run: ``inline`` on the event loop, ``thread`` on one worker thread, or
-    ``auto``: the thread when the session runs on CUDA, else inline.
+    ``auto``: the thread when the session runs on CUDA, else inline. ``unhealthy_after_s``: ``/ping`` answers
+    503 once every batch failed in the model for that long (:class:`Health`; 0: never).
     """
     if inference not in INFERENCE_MODES:
         raise ValueError(f"inference must be one of {INFERENCE_MODES}, not {inference!r}")
@@ -220,8 +282,12 @@ def create_app(
         inference = "thread" if CUDA in model.providers else "inline"
     executor = ThreadPoolExecutor(1, thread_name_prefix="inference") if inference == "thread" else None
     metadata = json.dumps({**model.describe(), "inference": inference}).encode()
+    health = Health(unhealthy_after_s, clock)
 
     async def ping(request: Request) -> Response:
+        problem = health.problem()
+        if problem is not None:
+            return Response(_error_body(problem), status_code=503, media_type=JSON)
         return Response(b"", status_code=200)
 
     async def describe(request: Request) -> Response:
@@ -242,7 +308,7 @@ def create_app(
         lifespan=lifespan,
     )
     logger.info("serving batches %s", "on one worker thread" if executor else "on the event loop")
-    return EndpointApp(Invoker(model), fallback, max_body_bytes=max_body_bytes, executor=executor)
+    return EndpointApp(Invoker(model), fallback, max_body_bytes=max_body_bytes, executor=executor, health=health)
 
 
 async def _method_not_allowed(request: Request) -> Response:

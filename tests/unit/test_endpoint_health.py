@@ -1,0 +1,153 @@
+"""The model endpoint's health: ``/ping`` answers 503 once every batch has failed in the model for a while (a fault
+that persists in the process, such as a CUDA error that leaves the session unusable), so that SageMaker replaces
+the instance; a batch answered again makes it 200. The ASGI app is driven in process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from clipper_endpoint import npy
+from clipper_endpoint.app import Health, create_app
+from clipper_endpoint.model import OnnxModel
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class BrokenSession:
+    """The session after a sticky CUDA error: every run fails; the rest of it answers as before."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.broken = True
+
+    def run(self, outputs: Any, feeds: Any) -> Any:
+        if self.broken:
+            raise RuntimeError("CUDA failure 700: an illegal memory access was encountered")
+        return self.real.run(outputs, feeds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def call(
+    app: Any, method: str, path: str, body: bytes = b"", content_type: str = "application/x-npy"
+) -> tuple[int, bytes]:
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "server": ("127.0.0.1", 8080),
+        "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())],
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+@pytest.fixture
+def rows(demo_models: dict[str, Any]) -> bytes:
+    data = np.load(Path(demo_models["out_dir"]) / demo_models["dataset"]["holdout"])
+    return npy.encode(data["X"][:4].astype(np.float32))
+
+
+@pytest.fixture
+def broken(demo_models: dict[str, Any]) -> tuple[Any, BrokenSession, Clock]:
+    model = OnnxModel.load(Path(demo_models["out_dir"]) / "mlp" / "1")
+    clock = Clock()
+    app = create_app(model, unhealthy_after_s=60, clock=clock)
+    session = BrokenSession(model.session)
+    model.session = session  # type: ignore[assignment]
+    return app, session, clock
+
+
+def test_ping_fails_once_every_batch_failed_for_the_while_and_mends_with_an_answer(
+    broken: tuple[Any, BrokenSession, Clock], rows: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, session, clock = broken
+    assert call(app, "GET", "/ping")[0] == 200
+    for _ in range(5):
+        assert call(app, "POST", "/invocations", rows)[0] == 500
+        clock.now += 10
+    assert call(app, "GET", "/ping")[0] == 200  # failing for 50 s: not yet
+    clock.now += 25
+    assert call(app, "POST", "/invocations", rows)[0] == 500
+    status, body = call(app, "GET", "/ping")
+    assert status == 503
+    assert (
+        "every batch for 75 s (6 batches) failed in the model; the last: model failed on a batch"
+        in (json.loads(body)["error"])
+    )
+    assert "CUDA failure 700" in json.loads(body)["error"]
+    assert "unhealthy, /ping answers 503" in caplog.text
+
+    session.broken = False  # e.g. the fault was passing
+    assert call(app, "POST", "/invocations", rows)[0] == 200
+    assert call(app, "GET", "/ping")[0] == 200
+
+
+def test_a_batch_answered_in_between_starts_the_count_again(
+    broken: tuple[Any, BrokenSession, Clock], rows: bytes
+) -> None:
+    app, session, clock = broken
+    for _ in range(3):
+        call(app, "POST", "/invocations", rows)
+        clock.now += 30
+    session.broken = False
+    assert call(app, "POST", "/invocations", rows)[0] == 200
+    session.broken = True
+    for _ in range(3):
+        call(app, "POST", "/invocations", rows)
+        clock.now += 15
+    assert call(app, "GET", "/ping")[0] == 200  # 45 s of failures since the last answer
+
+
+def test_batches_refused_as_not_fitting_say_nothing_of_the_model(
+    broken: tuple[Any, BrokenSession, Clock],
+) -> None:
+    app, session, clock = broken
+    session.broken = False
+    wrong = npy.encode(np.zeros((2, 3), np.float32))
+    for _ in range(10):
+        assert call(app, "POST", "/invocations", wrong)[0] == 400
+        clock.now += 30
+    assert call(app, "GET", "/ping")[0] == 200
+
+
+def test_a_few_failures_or_zero_seconds_never_make_it_unhealthy() -> None:
+    clock = Clock()
+    health = Health(60, clock)
+    health.failed("one")
+    health.failed("two")
+    clock.now += 3600
+    assert health.problem() is None  # two batches in an hour: not enough to say
+    never = Health(0, clock)
+    for _ in range(100):
+        never.failed("x")
+        clock.now += 60
+    assert never.problem() is None
