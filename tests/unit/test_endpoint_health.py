@@ -151,3 +151,24 @@ def test_a_few_failures_or_zero_seconds_never_make_it_unhealthy() -> None:
         never.failed("x")
         clock.now += 60
     assert never.problem() is None
+
+
+def test_auto_runs_a_light_models_batches_on_the_loop_and_the_rest_on_the_thread(
+    demo_models: dict[str, Any],
+) -> None:
+    """A batch on the event loop holds ``/ping`` (SageMaker gives it 2 s): ``auto`` keeps the loop for models whose
+    warmed-up row takes under a millisecond on the CPU (the digits MLP: tens of microseconds)."""
+    mlp = OnnxModel.load(Path(demo_models["out_dir"]) / "mlp" / "1")
+    assert mlp.row_seconds is not None and mlp.row_seconds < 0.001
+    assert create_app(mlp).executor is None
+    assert create_app(mlp, inference="thread").executor is not None
+
+    heavy = OnnxModel.load(Path(demo_models["out_dir"]) / "mlp" / "1")
+    heavy.row_seconds = 0.004  # a CNN's row on a CPU core
+    assert create_app(heavy).executor is not None
+    assert create_app(heavy, inference="inline").executor is None
+    unknown = OnnxModel.load(Path(demo_models["out_dir"]) / "mlp" / "1", warmup=False)  # e.g. a free dimension
+    assert unknown.row_seconds is None and create_app(unknown).executor is not None
+    on_gpu = OnnxModel.load(Path(demo_models["out_dir"]) / "mlp" / "1")
+    on_gpu.providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert create_app(on_gpu).executor is not None

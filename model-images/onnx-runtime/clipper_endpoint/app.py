@@ -44,6 +44,7 @@ JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"  # SageMaker's default content type; read as .npy
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_UNHEALTHY_AFTER_S = 60.0
+INLINE_ROW_S = 0.001  # auto: batches of a model whose row takes less run on the event loop (1,000 rows: ~1 s)
 INFERENCE_MODES = ("auto", "inline", "thread")
 
 Scope = MutableMapping[str, Any]
@@ -262,6 +263,14 @@ class EndpointApp:
         await send({"type": "http.response.body", "body": content})
 
 
+def light(model: OnnxModel) -> bool:
+    """Whether ``auto`` runs the model's batches on the event loop: on the CPU, and a warmed-up row under
+    ``INLINE_ROW_S``. A batch on the loop holds everything else the server does (``/ping`` too, which SageMaker
+    gives 2 s); a heavier model's batches, or an unknown one's (not warmed up: a free inner dimension), go to the
+    worker thread, whose hand-off costs tens of microseconds a batch."""
+    return CUDA not in model.providers and model.row_seconds is not None and model.row_seconds < INLINE_ROW_S
+
+
 def create_app(
     model: OnnxModel,
     *,
@@ -273,13 +282,13 @@ def create_app(
     """The ASGI app serving ``model``.
 
     ``inference`` is where batches run: ``inline`` on the event loop, ``thread`` on one worker thread, or
-    ``auto``: the thread when the session runs on CUDA, else inline. ``unhealthy_after_s``: ``/ping`` answers
-    503 once every batch failed in the model for that long (:class:`Health`; 0: never).
+    ``auto``: inline for a light model on the CPU (:func:`light`), else the thread. ``unhealthy_after_s``:
+    ``/ping`` answers 503 once every batch failed in the model for that long (:class:`Health`; 0: never).
     """
     if inference not in INFERENCE_MODES:
         raise ValueError(f"inference must be one of {INFERENCE_MODES}, not {inference!r}")
     if inference == "auto":
-        inference = "thread" if CUDA in model.providers else "inline"
+        inference = "inline" if light(model) else "thread"
     executor = ThreadPoolExecutor(1, thread_name_prefix="inference") if inference == "thread" else None
     metadata = json.dumps({**model.describe(), "inference": inference}).encode()
     health = Health(unhealthy_after_s, clock)

@@ -1,7 +1,7 @@
 """One ONNX model in one ONNX Runtime session: load it, check a batch against its input, run it.
 
 The session is used by one caller at a time (the server runs every batch either on its event loop, ``inline``,
-or on one worker thread, ``thread``; ``auto`` picks inline on the CPU and the thread on a GPU). A batch is
+or on one worker thread, ``thread``; ``auto`` picks inline for a light model on the CPU, else the thread). A batch is
 rows first: its first dimension is the number of rows, and :meth:`OnnxModel.predict` returns exactly one
 output row per input row or raises.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,7 @@ class OnnxModel:
             raise ModelLoadError(f"model input {inp.name!r} is a scalar; this server feeds batches of rows")
         self._batch_dim = self.input_shape[0]
         self._row_shape = self.input_shape[1:]
+        self.row_seconds: float | None = None  # one row's time in the warm-up; None: not warmed up
 
     @classmethod
     def load(
@@ -161,7 +163,8 @@ class OnnxModel:
         """Open ``model_path`` (a file, or a folder holding ``model.onnx``) in a new session.
 
         ``threads`` is ONNX Runtime's intra-op thread count; ``providers`` defaults to CUDA (when available)
-        then CPU. With ``warmup`` one zero row is run, so the first request does not pay lazy initialisation.
+        then CPU. With ``warmup`` a zero row is run, so the first request does not pay lazy initialisation (and
+        ``row_seconds`` says how long a row takes).
         With ``sha256`` (the digest of the file the model updater validated), a file with another digest is
         refused, and the session is made from exactly the bytes checked. With ``require_cuda``, a session that
         does not run on the CUDA provider is refused (ONNX Runtime falls back to the CPU silently, with a log
@@ -300,6 +303,8 @@ class OnnxModel:
         return self.run(self.prepare(batch))
 
     def warmup(self) -> None:
+        """Run a batch of zeros twice (the first pays ONNX Runtime's lazy initialisation); the second's time is
+        ``row_seconds``. A model with a free inner dimension has no batch to make, and is not warmed up."""
         if any(d is None for d in self._row_shape):
             return
         rows = self._batch_dim or 1
@@ -307,5 +312,8 @@ class OnnxModel:
         batch = np.full(shape, "" if self.dtype.kind == "O" else 0, dtype=self.dtype)
         try:
             self.run(batch)
+            started = time.perf_counter()
+            self.run(batch)
+            self.row_seconds = (time.perf_counter() - started) / rows
         except PredictionError as e:
             logger.warning("warm-up batch of zeros failed (serving anyway): %s", e)
