@@ -56,6 +56,8 @@ def stack(redis_url):  # noqa: F811
     registry.apps["ens"] = digits_app(name="ens", latency_slo_micros=2_000_000, policy="exp4")
     registry.links["digits"] = ["a"]
     registry.links["ens"] = ["a", "b"]
+    registry.apps["shapeless"] = digits_app(name="shapeless", latency_slo_micros=2_000_000, input_shape=None)
+    registry.links["shapeless"] = ["a"]  # a has rows of [64]
     registry.apps["slow"] = digits_app(name="slow", latency_slo_micros=150_000)
     registry.links["slow"] = ["c"]  # no batcher reads c's queue: its queries time out
     for m in ("a", "b", "c"):
@@ -261,6 +263,24 @@ def test_the_lane_leaves_every_other_query_to_the_general_path(stack):
         assert bad.status_code == 400 and "input" in bad.json()["cause"]
         assert http.post("/nope/predict", json={"input": one_hot(1)}).status_code == 404
         assert lane.taken == taken
+
+
+def test_an_input_the_model_cannot_take_is_a_400_on_the_lane_too(stack):
+    """An application without an input shape (Clipper's kind) linked to a model of rows [64]: the lane leaves an
+    input of another size to the general path, which answers 400 naming the model's shape; nothing is sent."""
+    make, endpoint, _, _ = stack
+    with make(True, True) as http:
+        lane = http.processor.lane
+        http.post("/shapeless/predict", json={"input": one_hot(0)})
+        taken, calls = lane.taken, len(endpoint.calls)
+        bad = http.post("/shapeless/predict", json={"input": [0.5] * 60})
+        assert bad.status_code == 400
+        assert (
+            bad.json()["cause"] == "input: expected shape [64] (or 64 flat values): the rows of model a, got shape [60]"
+        )
+        assert lane.taken == taken and len(endpoint.calls) == calls
+        assert http.post("/shapeless/predict", json={"input": one_hot(9)}).json()["output"] == 9
+        assert lane.taken == taken + 1
 
 
 def test_a_query_of_the_lane_without_an_answer_gets_the_general_paths_default_and_releases_its_claim(stack):

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 
 from clipper.batching.core import Batcher, Inbound
-from clipper.core.messages import QueryMessage, Reply
+from clipper.core.messages import QueryMessage, Reply, decode_rows
 from clipper.errors import InvalidInput, NotFound
 from clipper.frontend.query import QueryProcessor
 from tests.fakes import (
@@ -256,3 +256,29 @@ def test_a_default_output_is_answered_as_the_json_value_it_spells(registered, an
     from clipper.frontend.query import default_value
 
     assert default_value(registered) == answered and type(default_value(registered)) is type(answered)
+
+
+def test_a_shapeless_apps_input_that_its_model_cannot_take_is_a_400_not_a_default(world):
+    """Clipper's applications have no input shape (``register_application``), so such an application takes flat
+    inputs of any length; the model linked to it declares its rows' shape: an input of another size is the
+    caller's error, named, and never reaches the model (its refusal was answered as the default, with a 200)."""
+    processor, registry, queue, endpoint, _ = world
+    registry.apps["shapeless"] = digits_app(name="shapeless", input_shape=None)
+    registry.links["shapeless"] = ["mlp"]
+    with pytest.raises(
+        InvalidInput, match=r"input: expected shape \[64\] \(or 64 flat values\): the rows of model mlp"
+    ):
+        processor.predict("shapeless", {"input": [0.5] * 60})
+    with pytest.raises(InvalidInput, match=r"input_batch: expected shape \[64\].*got shape \[65\]"):
+        processor.predict("shapeless", {"input_batch": [[0.5] * 65]})
+    assert queue.sent == [] and endpoint.calls == []
+    assert processor.predict("shapeless", {"input": one_hot(3)}).as_dict()["output"] == 3
+
+
+def test_a_shapeless_apps_flat_input_is_shaped_as_its_models_rows(world):
+    processor, registry, queue, _, _ = world
+    registry.apps["grid"] = digits_app(name="grid", input_shape=None)
+    registry.links["grid"] = ["mlp"]
+    registry.versions[("mlp", "1")] = model_version(input_shape=(8, 8))
+    processor.predict("grid", {"input": one_hot(3)})
+    assert decode_rows(QueryMessage.from_json(queue.sent[-1][1]).payload).shape == (1, 8, 8)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from clipper.core.domain import Application, InputType
+from clipper.core.domain import Application, InputType, ModelVersion
 from clipper.errors import InvalidInput
 
 Rows = np.ndarray | list[str] | list[bytes]
@@ -158,3 +159,31 @@ def validate_query(
         return QueryInput(rows=np.stack(arrays), batch=not has_one)
     rows = [_text_row(app, v, f) for v, f in zip(values, fields, strict=True)]
     return QueryInput(rows=rows, batch=not has_one)  # type: ignore[arg-type]
+
+
+def fit_models(app: Application, query: QueryInput, models: Sequence[ModelVersion]) -> QueryInput:
+    """``query`` for the selected ``models``. An application without an input shape takes flat inputs of any
+    length, but a model that declares the shape of its rows takes no other: an input that does not fit it is the
+    caller's error (a 400 naming the field and the model's shape), not a default explained by the model's
+    refusal. Flat inputs of the size of a model's rows are shaped as them, as an application's own shape shapes
+    them (when the selected models declare one shape). An application with a shape, text inputs, and models
+    that declare none: ``query`` as it is."""
+    rows = query.rows
+    if app.input_shape is not None or not isinstance(rows, np.ndarray):
+        return query
+    shapes = {m.input_shape: m for m in models if m.input_shape}
+    if not shapes:
+        return query
+    got = rows.shape[1:]
+    for shape, model in shapes.items():
+        if got != shape and not (len(got) == 1 and got[0] == math.prod(shape)):
+            raise InvalidInput(
+                "input_batch" if query.batch else "input",
+                f"shape {_shape_text(shape)} (or {math.prod(shape)} flat values): the rows of model {model.name}",
+                f"shape {_shape_text(got)}",
+            )
+    if len(shapes) == 1:
+        (shape,) = shapes
+        if got != shape:
+            return QueryInput(rows=rows.reshape((len(rows), *shape)), batch=query.batch)
+    return query

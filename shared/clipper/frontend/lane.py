@@ -28,7 +28,7 @@ from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, no_answer, output_value
-from clipper.core.validation import QueryInput, validate_query
+from clipper.core.validation import QueryInput, fit_models, validate_query
 from clipper.errors import ClipperError, Unavailable
 from clipper.frontend import steps
 from clipper.frontend.fanout import Gatherer, split_model_time
@@ -95,7 +95,7 @@ class SingleModelLane:
         app, linked, model = found
         selected = clock.now()
         try:
-            query = validate_query(app, body, self._max_batch, booleans=booleans)
+            query = fit_models(app, validate_query(app, body, self._max_batch, booleans=booleans), [model])
         except ClipperError:
             return None  # the general path answers the same 4xx
         rows = query.rows

@@ -33,7 +33,7 @@ import orjson
 from clipper.core.cache_keys import record_keys
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, output_value
-from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, validate_query
+from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, fit_models, validate_query
 from clipper.errors import ClipperError, InvalidInput, Unavailable
 from clipper.frontend import steps
 from clipper.frontend.canary_tally import CanaryTally
@@ -271,6 +271,7 @@ class QueryProcessor:
             return self._fallback(ticket, timings, f"no model to serve the query: {e}")
         if choice is None:
             return self._fallback(ticket, timings, f"no model is linked to application '{app.name}'")
+        query = ticket.query = fit_models(app, query, choice.models)  # InvalidInput: a 400, nothing sent
         timings["select"] = (self._clock.now() - start) * 1000
         ticket.models = choice.models
         if self._listener is not None:
