@@ -282,3 +282,23 @@ def test_a_shapeless_apps_flat_input_is_shaped_as_its_models_rows(world):
     registry.versions[("mlp", "1")] = model_version(input_shape=(8, 8))
     processor.predict("grid", {"input": one_hot(3)})
     assert decode_rows(QueryMessage.from_json(queue.sent[-1][1]).payload).shape == (1, 8, 8)
+
+
+def test_the_feedback_record_of_a_shaped_input_keeps_the_applications_view(world):
+    """Feedback validates its input as the application does (flat, for a shapeless one) and joins the query's
+    record by it: the record is keyed by the input as the application took it, not as the model's rows."""
+    import numpy as np
+
+    from clipper.core.cache_keys import record_keys
+    from tests.fakes import InMemoryCache
+
+    _, registry, _, endpoint, clock = world
+    registry.apps["grid"] = digits_app(name="grid", input_shape=None, policy="exp3")
+    registry.links["grid"] = ["mlp"]
+    registry.versions[("mlp", "1")] = model_version(input_shape=(8, 8))
+    cache, replies = InMemoryCache(), InMemoryReplies()
+    queue = InlineQueue(batcher=Batcher(FakeResolver(endpoint), replies, clock), clock=clock)
+    processor = QueryProcessor(registry, queue, replies, clock, lambda: 7, cache=cache)
+    assert processor.predict("grid", {"input": one_hot(3)}).as_dict()["default"] is False
+    (flat,) = record_keys("grid", None, np.asarray([one_hot(3)], dtype=np.float32))
+    assert flat in cache.entries

@@ -271,12 +271,14 @@ class QueryProcessor:
             return self._fallback(ticket, timings, f"no model to serve the query: {e}")
         if choice is None:
             return self._fallback(ticket, timings, f"no model is linked to application '{app.name}'")
-        query = ticket.query = fit_models(app, query, choice.models)  # InvalidInput: a 400, nothing sent
+        # as the selected models take it (InvalidInput: a 400, nothing sent); the query's record for feedback keeps
+        # the application's view of the input, which feedback's own validation gives
+        sent = fit_models(app, query, choice.models)
         timings["select"] = (self._clock.now() - start) * 1000
         ticket.models = choice.models
         if self._listener is not None:
             self._listener.selected(app.name, choice.models)
-        fan = yield from self._gatherer.send_steps(app, choice.models, query, ids[0], ticket.deadline, timings, ticket)
+        fan = yield from self._gatherer.send_steps(app, choice.models, sent, ids[0], ticket.deadline, timings, ticket)
         ticket.stage = fan.stage()
         return Started(ticket, choice, fan, timings, self._clock.now())
 
