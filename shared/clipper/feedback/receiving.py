@@ -11,9 +11,10 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from clipper.core.messages import Payload, encode_rows, sqs_text
+from clipper.core.messages import MAX_INLINE_PAYLOAD, Payload, encode_rows, sqs_text
 from clipper.core.validation import validate_query
 from clipper.errors import InvalidInput, MalformedMessage, Unavailable
 from clipper.ports import Registry, RequestQueue
@@ -72,6 +73,16 @@ def feedback_id(app: str, user: str | None, body: dict[str, Any]) -> str:
     return feedback_key_and_id(app, user, body)[1]
 
 
+def _shown_key(key: object) -> str:
+    """What is wrong with a client's feedback id: its type, its length, or its first character out of the set."""
+    if not isinstance(key, str):
+        return type(key).__name__
+    if not 1 <= len(key) <= 128:
+        return f"{len(key)} characters"
+    bad = next(i for i, c in enumerate(key) if not _CLIENT_KEY.fullmatch(c))
+    return f"{key[bad]!r} at position {bad}"
+
+
 def feedback_key_and_id(app: str, user: str | None, body: dict[str, Any]) -> tuple[str, str]:
     """The feedback's idempotency key (the client's ``feedback_id``, or a new one) and the id derived from it: a
     feedback whose send failed ambiguously (a timeout: it may be queued all the same) is answered with its key,
@@ -80,8 +91,7 @@ def feedback_key_and_id(app: str, user: str | None, body: dict[str, Any]) -> tup
     if key is None:
         key = uuid.uuid4().hex
     elif not isinstance(key, str) or not _CLIENT_KEY.fullmatch(key):
-        shown = type(key).__name__ if not isinstance(key, str) else f"{len(key)} characters"
-        raise InvalidInput("feedback_id", "1 to 128 letters, digits, '_', '.', ':' or '-'", shown)
+        raise InvalidInput("feedback_id", "1 to 128 letters, digits, '_', '.', ':' or '-'", _shown_key(key))
     scope = json.dumps([app, user, key])  # the same key of another app or user is another feedback
     return key, "k" + hashlib.sha256(scope.encode()).hexdigest()[:31]
 
@@ -136,11 +146,15 @@ class FeedbackReceiver:
             raise InvalidInput("body", 'a JSON object with "input" and "label"', type(body).__name__)
         if "input_batch" in body:
             raise InvalidInput("input_batch", 'one "input" per feedback')
-        query = validate_query(app, {"input": body.get("input")} if "input" in body else {})
+        if "input" not in body:
+            raise InvalidInput("input", 'the input the label is for (a feedback is {"input": ..., "label": ...})')
+        query = validate_query(app, {"input": body["input"]})
         label = validate_label(body)
         payload, blob = encode_rows(query.rows)
-        if blob is not None:
-            raise InvalidInput("input", "an input small enough for a queue message")
+        if blob is not None:  # its size as sent: .npy in base64, or the strings' JSON
+            sent = 4 * ((len(blob) + 2) // 3) if isinstance(query.rows, np.ndarray) else len(blob)
+            limit = f"at most {MAX_INLINE_PAYLOAD // 1024} KiB as a queue message carries it"
+            raise InvalidInput("input", f"an input of {limit}", f"{sent:,} bytes")
         user = user_id(body)
         key, fid = feedback_key_and_id(app.name, user, body)
         message = FeedbackMessage(feedback_id=fid, app=app.name, user=user, payload=payload, label=label)

@@ -73,7 +73,7 @@ class PredictFastPath:
                 break
             chunk = message.get("body", b"")
             size += len(chunk)
-            too_large = self._handling.too_large(size)
+            too_large = self._handling.too_large(size, partial=message.get("more_body", False))
             if too_large is not None:
                 return too_large
             chunks.append(chunk)

@@ -80,10 +80,12 @@ class QueryHandling:
         self._observe = observe
         self._workers = ThreadPoolExecutor(max_workers=query_threads, thread_name_prefix="clipper-query")
 
-    def too_large(self, size: int) -> HttpAnswer | None:
+    def too_large(self, size: int, partial: bool = False) -> HttpAnswer | None:
+        """The 413 for a body of ``size`` bytes over the limit (``partial``: the body was read only so far)."""
         if size <= self.max_body_bytes:
             return None
-        e = PayloadTooLarge("body", f"at most {self.max_body_bytes} bytes", f"{size} bytes")
+        got = f"more than {self.max_body_bytes} bytes" if partial else f"{size} bytes"
+        e = PayloadTooLarge("body", f"at most {self.max_body_bytes} bytes", got)
         return error(413, "payload too large", str(e))
 
     @staticmethod

@@ -63,7 +63,10 @@ def user_id(body: Any) -> str | None:
     if uid is None:
         return None
     if isinstance(uid, bool) or not isinstance(uid, int | str) or uid == "":
-        raise InvalidInput("uid", "an integer or a non-empty string", type(uid).__name__)
+        got = type(uid).__name__
+        if isinstance(uid, float) and uid.is_integer() and abs(uid) >= 2.0**63:
+            got = "an integer past 64 bits"  # the JSON parser read it as a float
+        raise InvalidInput("uid", "an integer (within 64 bits) or a non-empty string", got)
     text = str(uid)
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_UID_BYTES:  # it keys the user's selection state: percent-encoded, DynamoDB takes 2,048 bytes
