@@ -99,6 +99,8 @@ def test_predict_takes_json_a_file_or_npy_rows_and_says_when_the_answer_is_a_def
     # the app's declared type is honoured: text for a numeric app is refused before any request
     assert clipper(api, "predict", "digits", "--input", "not json") == 2  # refused, as the API's 400 is
     assert "a JSON list of floats expected" in capsys.readouterr().err
+    assert clipper(api, "predict", "digits", "--file", str(tmp_path / "q.json")) == 2  # a file's bytes: not floats
+    assert "--file: a file's bytes are an input of a bytes (or strings) application" in capsys.readouterr().err
     # the model fails: the app's default answers, and the command says so (with the query id and the cause)
     api["endpoint"].fail_with = "model server down"
     assert clipper(api, "predict", "digits", "--input", json.dumps(one_hot(4))) == 0

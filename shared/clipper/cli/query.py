@@ -62,6 +62,11 @@ def read_input(args: argparse.Namespace, app: Declared) -> Any:
     """The input the command line names, as the application wants it: text for a strings app, base64 text or a
     file's bytes for a bytes app, numbers as one input or a batch by the declared shape."""
     if args.file:
+        if app.input_type not in (None, "bytes", "strings"):
+            raise SystemExit(
+                f"clipper: --file: a file's bytes are an input of a bytes (or strings) application, and "
+                f"{args.app} takes {app.input_type}: give its numbers with --input @file.json or --npy"
+            )
         data = Path(args.file).read_bytes()
         return data if app.input_type in (None, "bytes") else data.decode()
     if args.npy:
