@@ -100,8 +100,8 @@ def test_ping_fails_once_every_batch_failed_for_the_while_and_mends_with_an_answ
     status, body = call(app, "GET", "/ping")
     assert status == 503
     assert (
-        "every batch for 75 s (6 batches) failed in the model; the last: model failed on a batch"
-        in (json.loads(body)["error"])
+        "every batch for 75 s (6 batches) failed in the model, and a batch of zeros fails too; the last: model "
+        "failed on a batch" in json.loads(body)["error"]
     )
     assert "CUDA failure 700" in json.loads(body)["error"]
     assert "unhealthy, /ping answers 503" in caplog.text
@@ -139,18 +139,47 @@ def test_batches_refused_as_not_fitting_say_nothing_of_the_model(
     assert call(app, "GET", "/ping")[0] == 200
 
 
-def test_a_few_failures_or_zero_seconds_never_make_it_unhealthy() -> None:
-    clock = Clock()
+def test_inputs_the_model_fails_on_leave_it_healthy(
+    broken: tuple[Any, BrokenSession, Clock], rows: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The batches fail on their inputs (say, a token id past an embedding's table, retried by the queue): a batch
+    of zeros still runs, so the process is fine and SageMaker must not replace it."""
+    app, session, clock = broken
+
+    class OnInputs(BrokenSession):
+        def run(self, outputs: Any, feeds: Any) -> Any:
+            if any(np.any(v) for v in feeds.values()):
+                raise RuntimeError("Gather: indices out of range")
+            return self.real.run(outputs, feeds)
+
+    app.model.session = OnInputs(session.real)
+    for _ in range(6):
+        assert call(app, "POST", "/invocations", rows)[0] == 500
+        clock.now += 15
+    assert call(app, "GET", "/ping")[0] == 200
+    assert "but a batch of zeros runs: the inputs', not the process's" in caplog.text
+    assert call(app, "GET", "/ping")[0] == 200  # and the count starts again
+
+
+def test_failures_long_past_or_few_never_make_it_unhealthy(
+    broken: tuple[Any, BrokenSession, Clock], rows: bytes
+) -> None:
+    app, _, clock = broken
+    for _ in range(4):
+        call(app, "POST", "/invocations", rows)
+        clock.now += 20
+    clock.now += 60  # then no batch for a minute: nothing says the model is failing now
+    assert call(app, "GET", "/ping")[0] == 200
     health = Health(60, clock)
     health.failed("one")
     health.failed("two")
-    clock.now += 3600
-    assert health.problem() is None  # two batches in an hour: not enough to say
+    clock.now += 61
+    assert not health.due() and health.problem(False) is None  # two batches: not enough to say
     never = Health(0, clock)
     for _ in range(100):
         never.failed("x")
-        clock.now += 60
-    assert never.problem() is None
+        clock.now += 1
+    assert never.problem(False) is None
 
 
 def test_auto_runs_a_light_models_batches_on_the_loop_and_the_rest_on_the_thread(

@@ -489,3 +489,27 @@ def test_the_server_exits_2_before_listening_when_cuda_is_required_and_unused(
     with pytest.warns(UserWarning, match=CUDA):  # ONNX Runtime's own, as the session falls back to the CPU
         assert main(["--model-path", str(models_dir / "mlp" / "1"), "--port", "1"]) == 2
     assert "not on the GPU" in caplog.text
+
+
+def test_an_empty_variable_is_unset_and_a_bad_argument_is_named_as_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stack parameter left empty reaches the container as an empty variable: the default, not an exit 2."""
+    from clipper_endpoint.__main__ import parse_args
+
+    for variable in ("CLIPPER_THREADS", "CLIPPER_INFERENCE", "CLIPPER_REQUIRE_CUDA", "CLIPPER_UNHEALTHY_AFTER_S"):
+        monkeypatch.setenv(variable, "")
+    args = parse_args([])
+    assert (args.threads, args.inference, args.require_cuda, args.unhealthy_after_s) == (1, "auto", "auto", 60.0)
+    monkeypatch.setenv("CLIPPER_THREADS", "4")
+    for argv in (["--threads=0"], ["--threads", "²"]):  # the option's own value; a digit int() cannot read
+        with pytest.raises(SystemExit) as exited:
+            parse_args(argv)
+        assert exited.value.code == 2
+        assert "error: --threads must be a whole number" in capsys.readouterr().err
+
+
+def test_a_gpu_hidden_by_cuda_visible_devices_is_not_there(tmp_path: Path) -> None:
+    (tmp_path / "nvidia0").touch()
+    assert gpu_present(tmp_path, visible="0") and gpu_present(tmp_path, visible="GPU-1a2b")
+    assert not any(gpu_present(tmp_path, visible=v) for v in ("", "-1", "none"))

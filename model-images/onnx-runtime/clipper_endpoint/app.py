@@ -44,7 +44,7 @@ JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"  # SageMaker's default content type; read as .npy
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_UNHEALTHY_AFTER_S = 60.0
-INLINE_ROW_S = 0.001  # auto: batches of a model whose row takes less run on the event loop (1,000 rows: ~1 s)
+INLINE_ROW_S = 0.0002  # auto: batches of a model whose row takes less run on the event loop (2,048 rows: ~0.4 s)
 INFERENCE_MODES = ("auto", "inline", "thread")
 
 Scope = MutableMapping[str, Any]
@@ -77,10 +77,14 @@ class _BodyTooLarge(Exception):
 
 
 class Health:
-    """Whether the model still serves: unhealthy once every batch for ``unhealthy_after_s`` seconds, and at least
-    ``MIN_FAILURES`` batches, failed in the model (a 500) with none answered in between. A batch refused as not
-    fitting the model (a 400) says nothing of the model and changes nothing; ``unhealthy_after_s`` 0 is never.
-    Used on the event loop only."""
+    """Whether the model still serves: unhealthy when every batch for ``unhealthy_after_s`` seconds, at least
+    ``MIN_FAILURES`` of them and the last within that time, failed in the model (a 500) with none answered in
+    between, *and* the model then fails a batch of zeros too (:meth:`OnnxModel.probe`): failures that come from
+    the inputs (an input the model rejects at run time, retried by the queue) leave it healthy, a fault of the
+    process (a CUDA error that leaves the session unusable) does not. A batch refused as not fitting the model (a
+    400) says nothing of the model and changes nothing; a model with no batch of zeros to run (a free inner
+    dimension) cannot be told apart and stays healthy; ``unhealthy_after_s`` 0 is never. Used on the event loop
+    only."""
 
     MIN_FAILURES = 3
 
@@ -88,6 +92,7 @@ class Health:
         self.unhealthy_after_s = unhealthy_after_s
         self._clock = clock
         self._since: float | None = None
+        self._last_at = 0.0
         self._failures = 0
         self._last = ""
         self._reported = False
@@ -98,20 +103,37 @@ class Health:
         self._since, self._failures, self._reported = None, 0, False
 
     def failed(self, error: str) -> None:
+        now = self._clock()
         if self._since is None:
-            self._since = self._clock()
+            self._since = now
         self._failures += 1
-        self._last = error
+        self._last, self._last_at = error, now
 
-    def problem(self) -> str | None:
-        """Why the model is unhealthy, or None."""
+    def due(self) -> bool:
+        """Whether the failures so far would make the model unhealthy (the probe decides)."""
         if not self.unhealthy_after_s or self._since is None or self._failures < self.MIN_FAILURES:
+            return False
+        now = self._clock()
+        return now - self._since >= self.unhealthy_after_s and now - self._last_at < self.unhealthy_after_s
+
+    def problem(self, model_works: bool | None) -> str | None:
+        """Why the model is unhealthy, or None. ``model_works``: whether a batch of zeros just ran (None: the model
+        has none to run)."""
+        if not self.due():
             return None
-        failing_s = self._clock() - self._since
-        if failing_s < self.unhealthy_after_s:
+        if model_works is not False:
+            if model_works:  # the model runs: the failed batches failed on their inputs
+                logger.warning(
+                    "%d batches failed in the model (the last: %s), but a batch of zeros runs: the inputs', not the "
+                    "process's",
+                    self._failures,
+                    self._last,
+                )
+                self.succeeded()
             return None
-        problem = f"every batch for {failing_s:.0f} s ({self._failures} batches) failed in the model; the last: "
-        problem += self._last
+        failing_s = self._clock() - self._since  # type: ignore[operator]  # due(): set
+        problem = f"every batch for {failing_s:.0f} s ({self._failures} batches) failed in the model, and a batch "
+        problem += f"of zeros fails too; the last: {self._last}"
         if not self._reported:
             self._reported = True
             logger.error("unhealthy, /ping answers 503: %s", problem)
@@ -294,7 +316,11 @@ def create_app(
     health = Health(unhealthy_after_s, clock)
 
     async def ping(request: Request) -> Response:
-        problem = health.problem()
+        works = None
+        if health.due():  # a batch of zeros, where batches run (the worker thread waits for the batch in hand)
+            loop = asyncio.get_running_loop()
+            works = model.probe() if executor is None else await loop.run_in_executor(executor, model.probe)
+        problem = health.problem(works)
         if problem is not None:
             return Response(_error_body(problem), status_code=503, media_type=JSON)
         return Response(b"", status_code=200)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,9 +73,14 @@ def default_providers() -> list[str]:
     return [CUDA, CPU] if CUDA in ort.get_available_providers() else [CPU]
 
 
-def gpu_present(devices: str | Path = "/dev") -> bool:
+def gpu_present(devices: str | Path = "/dev", visible: str | None = None) -> bool:
     """Whether an NVIDIA GPU is visible to this process: the driver's device files (``/dev/nvidia0``...), which the
-    NVIDIA container runtime (SageMaker's GPU instances, ``docker run --gpus``) puts in the container."""
+    NVIDIA container runtime (SageMaker's GPU instances, ``docker run --gpus``) puts in the container, unless
+    ``CUDA_VISIBLE_DEVICES`` (``visible``; default: the environment's) hides every one ("", "-1", "none")."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip().lower() in ("", "-1", "none", "void"):
+        return False
     return any(Path(devices).glob("nvidia[0-9]*"))
 
 
@@ -302,18 +308,40 @@ class OnnxModel:
         """Check, cast and run ``batch``; one output row per input row (an ndarray for tensor outputs)."""
         return self.run(self.prepare(batch))
 
-    def warmup(self) -> None:
-        """Run a batch of zeros twice (the first pays ONNX Runtime's lazy initialisation); the second's time is
-        ``row_seconds``. A model with a free inner dimension has no batch to make, and is not warmed up."""
+    def _zeros(self) -> np.ndarray | None:
+        """A batch of zero rows of the model's input (None when an inner dimension is free)."""
         if any(d is None for d in self._row_shape):
-            return
+            return None
         rows = self._batch_dim or 1
         shape = (rows, *(d for d in self._row_shape if d is not None))
-        batch = np.full(shape, "" if self.dtype.kind == "O" else 0, dtype=self.dtype)
+        return np.full(shape, "" if self.dtype.kind == "O" else 0, dtype=self.dtype)
+
+    def warmup(self) -> None:
+        """Run a batch of zeros (the first run pays ONNX Runtime's lazy initialisation), then time three more:
+        their median is ``row_seconds``. A model with a free inner dimension has no batch to make, and is not
+        warmed up."""
+        batch = self._zeros()
+        if batch is None:
+            return
         try:
             self.run(batch)
-            started = time.perf_counter()
-            self.run(batch)
-            self.row_seconds = (time.perf_counter() - started) / rows
+            times = []
+            for _ in range(3):
+                started = time.perf_counter()
+                self.run(batch)
+                times.append(time.perf_counter() - started)
+            self.row_seconds = sorted(times)[1] / len(batch)
         except PredictionError as e:
             logger.warning("warm-up batch of zeros failed (serving anyway): %s", e)
+
+    def probe(self) -> bool | None:
+        """Whether the model still runs a batch of zeros (None: it has none to run); for the health check."""
+        batch = self._zeros()
+        if batch is None:
+            return None
+        try:
+            self.run(batch)
+        except PredictionError as e:
+            logger.error("a batch of zeros fails too: %s", e)
+            return False
+        return True
