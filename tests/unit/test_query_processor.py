@@ -302,3 +302,29 @@ def test_the_feedback_record_of_a_shaped_input_keeps_the_applications_view(world
     assert processor.predict("grid", {"input": one_hot(3)}).as_dict()["default"] is False
     (flat,) = record_keys("grid", None, np.asarray([one_hot(3)], dtype=np.float32))
     assert flat in cache.entries
+
+
+def test_a_bandit_app_refuses_an_input_only_when_no_linked_model_takes_it(world):
+    """Exp3 draws one model a query: whether an input is refused must not depend on the draw, so it is checked
+    against every linked model; and a model registered without a shape gets the input as the app took it."""
+    processor, registry, queue, _, _ = world
+    registry.versions[("m32", "1")] = model_version("m32", input_shape=(32,))
+    registry.versions[("free", "1")] = model_version("free", input_shape=None)
+    registry.active.update({"m32": "1", "free": "1"})
+    registry.apps["bandit"] = digits_app(name="bandit", input_shape=None, policy="exp3")
+    registry.links["bandit"] = ["mlp", "m32"]
+    for _ in range(12):  # whichever model is drawn
+        processor.predict("bandit", {"input": one_hot(5)})
+    with pytest.raises(
+        InvalidInput,
+        match=r"input: expected shape \[32\] \(or 32 flat values\) or shape \[64\] \(or 64 flat values\): the rows "
+        r"of models m32, mlp, got shape \[50\]",
+    ):
+        processor.predict("bandit", {"input": [0.5] * 50})
+    registry.apps["ens"] = digits_app(name="ens", input_shape=None, policy="exp4")
+    registry.links["ens"] = ["free", "m32"]
+    registry.versions[("m32", "1")] = model_version("m32", input_shape=(8, 8))
+    sent = len(queue.sent)
+    processor.predict("ens", {"input": one_hot(5)})  # free takes anything: no refusal, and no shaping for it
+    shapes = {decode_rows(QueryMessage.from_json(body).payload).shape for _, body in queue.sent[sent:]}
+    assert shapes == {(1, 64)}

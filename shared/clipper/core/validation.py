@@ -161,29 +161,41 @@ def validate_query(
     return QueryInput(rows=rows, batch=not has_one)  # type: ignore[arg-type]
 
 
-def fit_models(app: Application, query: QueryInput, models: Sequence[ModelVersion]) -> QueryInput:
+def _fits(got: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return got == shape or (len(got) == 1 and got[0] == math.prod(shape))
+
+
+def fit_models(
+    app: Application,
+    query: QueryInput,
+    models: Sequence[ModelVersion],
+    candidates: Sequence[ModelVersion] | None = None,
+) -> QueryInput:
     """``query`` for the selected ``models``. An application without an input shape takes flat inputs of any
-    length, but a model that declares the shape of its rows takes no other: an input that does not fit it is the
-    caller's error (a 400 naming the field and the model's shape), not a default explained by the model's
-    refusal. Flat inputs of the size of a model's rows are shaped as them, as an application's own shape shapes
-    them (when the selected models declare one shape). An application with a shape, text inputs, and models
-    that declare none: ``query`` as it is."""
+    length, but a model registered with the shape of its rows takes no other. ``candidates``: the versions the
+    application's policy chooses among (default: ``models``); when each is registered with a shape and the input
+    fits none, that is the caller's error (a 400 naming the field and the shapes), the same whichever model a
+    bandit draws, not a default explained by the endpoint's refusal. When every selected model is registered with
+    one shape, flat inputs of its size are shaped as its rows (as an application's own shape shapes them); a
+    model registered without a shape gets the input as the application took it. An application with a shape, and
+    text inputs: ``query`` as it is."""
     rows = query.rows
     if app.input_shape is not None or not isinstance(rows, np.ndarray):
         return query
-    shapes = {m.input_shape: m for m in models if m.input_shape}
-    if not shapes:
-        return query
     got = rows.shape[1:]
-    for shape, model in shapes.items():
-        if got != shape and not (len(got) == 1 and got[0] == math.prod(shape)):
-            raise InvalidInput(
-                "input_batch" if query.batch else "input",
-                f"shape {_shape_text(shape)} (or {math.prod(shape)} flat values): the rows of model {model.name}",
-                f"shape {_shape_text(got)}",
-            )
-    if len(shapes) == 1:
-        (shape,) = shapes
-        if got != shape:
+    pool = list(candidates) if candidates is not None else list(models)
+    declared = [(m.name, m.input_shape) for m in pool if m.input_shape]
+    if declared and len(declared) == len(pool) and not any(_fits(got, s) for _, s in declared):
+        shapes = sorted({s for _, s in declared})
+        names = sorted({n for n, _ in declared})
+        expected = " or ".join(f"shape {_shape_text(s)} (or {math.prod(s)} flat values)" for s in shapes)
+        whose = f"model {names[0]}" if len(names) == 1 else "models " + ", ".join(names)
+        raise InvalidInput(
+            "input_batch" if query.batch else "input", f"{expected}: the rows of {whose}", f"shape {_shape_text(got)}"
+        )
+    shapes_selected = {m.input_shape for m in models}
+    if len(shapes_selected) == 1:
+        (shape,) = shapes_selected
+        if shape and got != shape and _fits(got, shape):
             return QueryInput(rows=rows.reshape((len(rows), *shape)), batch=query.batch)
     return query

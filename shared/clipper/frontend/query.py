@@ -276,7 +276,7 @@ class QueryProcessor:
             return self._fallback(ticket, timings, f"no model is linked to application '{app.name}'")
         # as the selected models take it (InvalidInput: a 400, nothing sent); the query's record for feedback keeps
         # the application's view of the input, which feedback's own validation gives
-        sent = fit_models(app, query, choice.models)
+        sent = fit_models(app, query, choice.models, self._candidates(app, choice))
         timings["select"] = (self._clock.now() - start) * 1000
         ticket.models = choice.models
         if self._listener is not None:
@@ -284,6 +284,17 @@ class QueryProcessor:
         fan = yield from self._gatherer.send_steps(app, choice.models, sent, ids[0], ticket.deadline, timings, ticket)
         ticket.stage = fan.stage()
         return Started(ticket, choice, fan, timings, self._clock.now())
+
+    def _candidates(self, app: Application, choice: Choice) -> list[ModelVersion]:
+        """The versions ``app``'s policy chooses among, for ``fit_models``: the selected ones for an application
+        with a shape (not used) or on the "single" policy (its first model answers); else every linked model's
+        active version (the registry copy's; the selected ones when it cannot say)."""
+        if app.input_shape is not None or app.policy == "single":
+            return choice.models
+        try:
+            return [self._registry.active_version(m) for m in self._registry.linked_models(app.name)]
+        except ClipperError:
+            return choice.models
 
     def finish(
         self, started: Started, replies: list[Reply] | Unavailable | None, blocking: bool = True
