@@ -440,6 +440,10 @@ def test_the_options_sagemaker_cannot_pass_come_from_the_environment(monkeypatch
     monkeypatch.setenv("CLIPPER_REQUIRE_CUDA", "no")
     args = parse_args([])
     assert (args.threads, args.providers, args.inference, args.require_cuda) == (4, CPU, "thread", "no")
+    assert (parse_args([]).output_name, parse_args([]).max_body_bytes) == (None, 64 * 1024 * 1024)
+    monkeypatch.setenv("CLIPPER_OUTPUT_NAME", "probabilities")
+    monkeypatch.setenv("CLIPPER_MAX_BODY_BYTES", "1048576")
+    assert (parse_args([]).output_name, parse_args([]).max_body_bytes) == ("probabilities", 1048576)
     assert parse_args([]).unhealthy_after_s == 60.0
     monkeypatch.setenv("CLIPPER_UNHEALTHY_AFTER_S", "0")
     assert parse_args([]).unhealthy_after_s == 0.0
@@ -458,6 +462,7 @@ def test_the_options_sagemaker_cannot_pass_come_from_the_environment(monkeypatch
             "-5",
             r"--unhealthy-after-s \(from \$CLIPPER_UNHEALTHY_AFTER_S\) must be a number",
         ),
+        ("CLIPPER_MAX_BODY_BYTES", "64M", r"--max-body-bytes \(from \$CLIPPER_MAX_BODY_BYTES\) must be a whole number"),
         ("CLIPPER_UNHEALTHY_AFTER_S", "soon", r"--unhealthy-after-s \(from \$CLIPPER_UNHEALTHY_AFTER_S\) must be a"),
     ],
 )

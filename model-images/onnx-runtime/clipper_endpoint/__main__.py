@@ -4,7 +4,8 @@ The model is loaded before the server listens, so ``/ping`` answers 200 from its
 cannot be loaded ends the process with status 2 and a message naming the problem. SageMaker starts the image
 with no arguments (``serve``), so these options also have an environment variable, read when the option is not
 given (an empty one is unset): ``CLIPPER_THREADS``, ``CLIPPER_PROVIDERS``, ``CLIPPER_INFERENCE``,
-``CLIPPER_REQUIRE_CUDA``, ``CLIPPER_UNHEALTHY_AFTER_S``, ``CLIPPER_MODEL_SHA256``.
+``CLIPPER_REQUIRE_CUDA``, ``CLIPPER_UNHEALTHY_AFTER_S``, ``CLIPPER_MODEL_SHA256``, ``CLIPPER_OUTPUT_NAME``,
+``CLIPPER_MAX_BODY_BYTES``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("CLIPPER_MODEL_SHA256") or "",
         help="refuse a model file with another sha256 (default: $CLIPPER_MODEL_SHA256; empty: not checked)",
     )
-    parser.add_argument("--output-name", help="the model output to answer with (default: its first output)")
+    parser.add_argument(
+        "--output-name",
+        default=os.environ.get("CLIPPER_OUTPUT_NAME") or None,
+        help="the model output to answer with (default: $CLIPPER_OUTPUT_NAME, else its first output)",
+    )
     parser.add_argument(
         "--threads",
         default=os.environ.get("CLIPPER_THREADS") or "1",
@@ -85,9 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--max-body-bytes",
-        type=int,
-        default=64 * 1024 * 1024,
-        help="largest request body accepted (default: 64 MiB)",
+        default=os.environ.get("CLIPPER_MAX_BODY_BYTES") or str(64 * 1024 * 1024),
+        help="largest request body accepted (default: $CLIPPER_MAX_BODY_BYTES, else 64 MiB)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--access-log", action="store_true", help="log every request (off: it costs throughput)")
@@ -102,6 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not threads.isdecimal() or not threads.isascii() or int(threads) < 1:
         parser.error(f"{source('--threads', 'CLIPPER_THREADS')} must be a whole number of at least 1, not {threads!r}")
     args.threads = int(threads)
+    size = str(args.max_body_bytes).strip()
+    if not size.isdecimal() or not size.isascii() or int(size) < 1:
+        parser.error(
+            f"{source('--max-body-bytes', 'CLIPPER_MAX_BODY_BYTES')} must be a whole number of bytes, not {size!r}"
+        )
+    args.max_body_bytes = int(size)
     try:
         args.unhealthy_after_s = float(args.unhealthy_after_s)
     except ValueError:
