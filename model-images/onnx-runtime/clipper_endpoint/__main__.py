@@ -15,11 +15,11 @@ import logging
 import os
 import sys
 
+from clipper_endpoint.app import INFERENCE_MODES as INFERENCE_CHOICES
 from clipper_endpoint.model import CUDA
 
 DEFAULT_MODEL_PATH = "/opt/ml/model"
 DEFAULT_PORT = 8080
-INFERENCE_CHOICES = ("auto", "inline", "thread")
 REQUIRE_CUDA_CHOICES = ("auto", "yes", "no")
 
 
@@ -102,16 +102,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         on_line = any(a == option or a.startswith(option + "=") for a in given)
         return option if on_line or not os.environ.get(variable) else f"{option} (from ${variable})"
 
-    threads = str(args.threads).strip()
-    if not threads.isdecimal() or not threads.isascii() or int(threads) < 1:
-        parser.error(f"{source('--threads', 'CLIPPER_THREADS')} must be a whole number of at least 1, not {threads!r}")
-    args.threads = int(threads)
-    size = str(args.max_body_bytes).strip()
-    if not size.isdecimal() or not size.isascii() or int(size) < 1:
-        parser.error(
-            f"{source('--max-body-bytes', 'CLIPPER_MAX_BODY_BYTES')} must be a whole number of bytes, not {size!r}"
-        )
-    args.max_body_bytes = int(size)
+    def whole(value: str, option: str, variable: str, what: str) -> int:
+        text = value.strip()
+        if not text.isdecimal() or not text.isascii() or int(text) < 1:
+            parser.error(f"{source(option, variable)} must be a whole number {what}, not {text!r}")
+        return int(text)
+
+    args.threads = whole(args.threads, "--threads", "CLIPPER_THREADS", "of at least 1")
+    args.max_body_bytes = whole(args.max_body_bytes, "--max-body-bytes", "CLIPPER_MAX_BODY_BYTES", "of bytes")
     try:
         args.unhealthy_after_s = float(args.unhealthy_after_s)
     except ValueError:
