@@ -219,6 +219,8 @@ def test_the_fast_path_and_the_documented_route_answer_alike(client, world):  # 
         ("/digits/predict", b'{"input": [1]}', "text/plain"),
         ("/digits/predict", b'{"input": [1.0, 2.0]}', "application/json; charset=utf-8"),
         ("/digits/predict", b'{"input": [' + b"0.0," * 20_000 + b"0.0]}", "text/plain"),  # 415 before 413
+        ("/digits/predict?debug=banana", b'{"input": [1]}', "application/json"),
+        ("/digits/predict?debug&x=1", b'{"input_batch": [' + str(one_hot(2)).encode() + b"]}", None),
     ]
     for path, body, content_type in requests:
         headers = {"content-type": content_type} if content_type else {}
@@ -229,6 +231,32 @@ def test_the_fast_path_and_the_documented_route_answer_alike(client, world):  # 
             for p in answer.get("batch_predictions", []):
                 p.pop("query_id")
         assert (fast.status_code, a) == (slow.status_code, b), path
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_debug_switch_that_is_neither_yes_nor_no_is_a_400_naming_it(world, fast_path):  # noqa: F811
+    """?debug=banana was read as "no": a typo silently dropped the timings the caller asked for."""
+    client = TestClient(create_app(world[0], max_body_bytes=64 * 1024, fast_path=fast_path))
+    row = {"input": one_hot(5)}
+    for query, header in [("debug=banana", None), ("debug=tru", None), ("", "please"), ("debug=1", "2")]:
+        headers = {} if header is None else {"X-Clipper-Debug": header}
+        r = client.post(f"/digits/predict?{query}", json=row, headers=headers)
+        named = "debug" if header is None else "X-Clipper-Debug"
+        assert r.status_code == 400, (query, header, r.text)
+        assert r.json()["cause"].startswith(f"{named}: expected true or false"), r.json()
+    for query, header, on in [
+        ("debug=TRUE", None, True),
+        ("debug", None, True),  # a bare switch is on
+        ("debug=off", None, False),
+        ("debug=no&other=1", None, False),
+        ("", "yes", True),
+        ("", "0", False),
+        ("debug=%74rue", None, True),  # percent-encoded
+    ]:
+        headers = {} if header is None else {"X-Clipper-Debug": header}
+        r = client.post(f"/digits/predict?{query}", json=row, headers=headers)
+        assert r.status_code == 200 and r.json()["output"] == 5, (query, r.text)
+        assert ("debug" in r.json()) is on, (query, header)
 
 
 def test_the_fast_path_answers_before_the_framework_and_its_middleware(world):  # noqa: F811

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 
 from clipper.feedback import FeedbackReceiver
 from clipper.frontend.fastpath import PredictFastPath, predicted_app
-from clipper.frontend.handling import WATCHDOG_GRACE_S, HttpAnswer, QueryHandling, truthy
+from clipper.frontend.handling import WATCHDOG_GRACE_S, HttpAnswer, QueryHandling, debug_requested
 from clipper.frontend.metrics import InProcessMetrics
 from clipper.frontend.query import QueryProcessor
 from clipper.frontend.results import QueryResult
@@ -187,7 +187,9 @@ def create_app(
         ``{"input_batch": [[...], ...]}`` (at most the frontend's batch limit, 1,000 by default) answers
         ``{"batch_predictions": [...]}`` in order. Add ``?debug=true`` (or the header ``X-Clipper-Debug: 1``)
         for the model and per-stage timings."""
-        debug = truthy(request.query_params.get("debug")) or truthy(request.headers.get("x-clipper-debug"))
+        debug = debug_requested(request.url.query, request.headers.get("x-clipper-debug"))
+        if isinstance(debug, HttpAnswer):
+            return _response(debug)
         raw = await request.body()
         return _response(await handling.predict(app_name, raw, request.headers.get("content-type"), debug))
 

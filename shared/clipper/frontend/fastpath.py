@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from clipper.frontend.handling import HttpAnswer, QueryHandling, error, truthy
+from clipper.frontend.handling import HttpAnswer, QueryHandling, debug_requested, error
 
 Scope = dict[str, Any]
 logger = logging.getLogger(__name__)
@@ -36,21 +36,22 @@ class PredictFastPath:
 
     async def answer(self, app_name: str, scope: Scope, receive: Any, send: Any) -> None:
         content_type: str | None = None
-        debug = False
+        debug_header: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"content-type":
                 content_type = value.decode("latin-1")
             elif name == b"x-clipper-debug":
-                debug = truthy(value)
+                debug_header = value
         query = scope.get("query_string", b"")
-        if query and not debug:
-            debug = any(truthy(v) for k, _, v in (p.partition(b"=") for p in query.split(b"&")) if k == b"debug")
+        debug = debug_requested(query, debug_header) if query or debug_header is not None else False
         try:
-            body = self._handling.unsupported(content_type) or await self._body(receive)
+            # a bad debug switch or Content-Type is answered before the body is read, as its size would be
+            refused = debug if isinstance(debug, HttpAnswer) else self._handling.unsupported(content_type)
+            body = refused or await self._body(receive)
             if isinstance(body, HttpAnswer):
                 answer = body
             else:
-                answer = await self._handling.predict(app_name, body, content_type, debug)
+                answer = await self._handling.predict(app_name, body, content_type, debug is True)
         except Exception:
             logger.exception("query not answered", extra={"app": app_name})
             answer = error(500, "internal error", "the frontend failed while answering this query (see its log)")

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -50,10 +51,43 @@ def error(status: int, kind: str, cause: str) -> HttpAnswer:
     return HttpAnswer(status, orjson.dumps({"error": kind, "cause": cause}))
 
 
-def truthy(value: str | bytes | None) -> bool:
+FLAG_ON = frozenset({"1", "true", "yes", "on"})
+FLAG_OFF = frozenset({"0", "false", "no", "off"})
+
+
+def flag(value: str | bytes | None, name: str, bare: bool = False) -> bool:
+    """A yes/no switch of the request (``?debug=``, ``X-Clipper-Debug``): 1/true/yes/on or 0/false/no/off in any
+    case; absent is off, present without a value is ``bare``. Anything else is an ``InvalidInput`` naming ``name``
+    (a typo must not silently leave it off)."""
+    if value is None:
+        return False
     if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    return (value or "").lower() in {"1", "true", "yes"}
+        value = value.decode("latin-1")
+    word = value.strip().lower()
+    if not word:
+        return bare
+    if word in FLAG_ON:
+        return True
+    if word in FLAG_OFF:
+        return False
+    shown = value if len(value) <= 40 else value[:40] + "..."
+    raise InvalidInput(name, "true or false (1/0, yes/no, on/off)", repr(shown))
+
+
+def debug_requested(query: str | bytes, header: str | bytes | None) -> bool | HttpAnswer:
+    """Whether a query asks for its timings (``?debug=true`` or ``X-Clipper-Debug: 1``; a bare ``?debug`` too), or
+    the 400 naming the parameter whose value is neither yes nor no."""
+    if isinstance(query, bytes):
+        query = query.decode("latin-1")
+    try:
+        on = flag(header, "X-Clipper-Debug")
+        if query:
+            for key, value in parse_qsl(query, keep_blank_values=True):
+                if key == "debug":
+                    on = flag(value, "debug", bare=True) or on
+        return on
+    except InvalidInput as e:
+        return error(400, "invalid input", str(e))
 
 
 def check_fields(body: Any, allowed: frozenset[str]) -> None:
