@@ -120,6 +120,16 @@ def test_bad_text_and_shapes_in_any_operation_name_the_field(admin, operation, b
     assert ok(admin.post("/admin/get_all_models", json={})) == []
 
 
+@pytest.mark.parametrize("value", ["1e30", "-1e30"])
+def test_a_number_far_out_of_an_integer_fields_range_is_named_without_pydantics_input_string(admin, value):
+    raw = '{"name": "a", "input_type": "doubles", "default_output": "-1", "latency_slo_micros": ' + value + "}"
+    resp = admin.post("/admin/add_app", content=raw, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    cause = resp.json()["cause"]
+    assert cause.startswith("latency_slo_micros: Input should be a valid integer, got ") and "out of range" in cause
+    assert "string" not in cause
+
+
 def test_an_empty_content_type_is_a_415_not_a_body_error(admin):
     resp = admin.post("/admin/get_application", content=b'{"name": "x"}', headers={"Content-Type": ""})
     assert resp.status_code == 415 and "empty Content-Type" in resp.json()["cause"]

@@ -94,7 +94,10 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
             detail = (first.get("ctx") or {}).get("error", "")
             return _error(400, "invalid input", f"body: not valid JSON ({detail} at character {first['loc'][-1]})")
         field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return _error(400, "invalid input", f"{field}: {first['msg'].removeprefix('Value error, ')}")
+        message = first["msg"].removeprefix("Value error, ")
+        if first.get("type") == "int_parsing_size":  # pydantic's words for 1e30 speak of an "input string"
+            message = f"Input should be a valid integer, got {first.get('input')!r}, far out of range"
+        return _error(400, "invalid input", f"{field}: {message}")
 
     @app.exception_handler(ClipperError)
     async def clipper_error(_: Request, e: ClipperError) -> JSONResponse:
