@@ -52,6 +52,11 @@ class Conflict(ClipperError):
     """A conditional write did not apply (a concurrent writer won, or the item already exists)."""
 
 
+class ChangedMeanwhile(Conflict):
+    """The item was changed by another writer between this change's read and its write: read it again and redo
+    the change."""
+
+
 class Unavailable(ClipperError):
     """A dependency could not be reached or failed."""
 

@@ -4,6 +4,8 @@ meanwhile. Each race is placed exactly: the competing write runs inside the oper
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
@@ -185,3 +187,61 @@ def test_a_version_registered_meanwhile_is_not_overwritten(registry, aws):
         add(service, "2", False)
     item = aws.dynamodb.get_item(TableName=aws.registry_table, Key=key)["Item"]
     assert item["queue_url"]["S"] == "q-up" and item["sha256"]["S"] == "ab12"
+
+
+def test_two_changes_of_an_application_at_once_both_land(registry):
+    """set_app_policy and set_policy_params each read the application and write it whole: a second change that
+    landed between the first's read and its write was overwritten (last write won). Now the first is redone
+    from a fresh read, so both land."""
+    service = AdminService(registry)
+    digits(service)
+    service.set_app_policy(schemas.SetPolicy(name="a", policy="exp3"))
+    gamma = lambda: service.set_policy_params(schemas.SetPolicyParams(name="a", gamma=0.2))  # noqa: E731
+    after_first_read(registry, "app_and_links", gamma)
+    service.set_policy_params(schemas.SetPolicyParams(name="a", eta=0.3))
+    app = registry.get_app("a")
+    assert (app.policy_params.eta, app.policy_params.gamma) == (0.3, 0.2)
+    # a policy change lands inside a parameter change's read: the parameter change is redone over it
+    exp4 = lambda: service.set_app_policy(schemas.SetPolicy(name="a", policy="exp4"))  # noqa: E731
+    after_first_read(registry, "app_and_links", exp4)
+    service.set_policy_params(schemas.SetPolicyParams(name="a", eta=0.4))
+    app = registry.get_app("a")
+    assert (app.policy, app.policy_params.eta, app.policy_params.gamma) == ("exp4", 0.4, 0.2)
+
+
+def test_a_change_that_no_longer_fits_what_landed_meanwhile_is_refused_not_forced(registry):
+    service = AdminService(registry)
+    digits(service)
+    service.set_app_policy(schemas.SetPolicy(name="a", policy="exp4"))
+    exp3 = lambda: service.set_app_policy(schemas.SetPolicy(name="a", policy="exp3"))  # noqa: E731
+    after_first_read(registry, "app_and_links", exp3)
+    with pytest.raises(InvalidInput, match="k"):  # read as exp4's parameter; exp3 takes no k
+        service.set_policy_params(schemas.SetPolicyParams(name="a", k=2))
+    app = registry.get_app("a")
+    assert (app.policy, app.policy_params.k) == ("exp3", None)
+
+
+def test_an_application_changed_on_every_attempt_answers_409(registry):
+    from clipper.admin.service import CHANGE_ATTEMPTS
+    from clipper.errors import ChangedMeanwhile
+
+    service = AdminService(registry)
+    digits(service)
+    real_read, real_put = registry.app_and_links, registry.put_app
+    tries = []
+
+    def always_changed(name):  # another writer changes the application right after every read
+        got = real_read(name)
+        app = real_read(name)[0]
+        real_put(replace(app, confidence_threshold=app.confidence_threshold + 0.01), overwrite=True)
+        return got
+
+    def put(app, overwrite=False):
+        tries.append(app.policy)
+        return real_put(app, overwrite)
+
+    registry.app_and_links, registry.put_app = always_changed, put
+    with pytest.raises(ChangedMeanwhile, match="changed meanwhile"):
+        service.set_app_policy(schemas.SetPolicy(name="a", policy="exp3"))
+    registry.app_and_links, registry.put_app = real_read, real_put
+    assert tries == ["exp3"] * CHANGE_ATTEMPTS and registry.get_app("a").policy == "single"

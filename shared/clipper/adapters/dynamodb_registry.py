@@ -45,7 +45,7 @@ from clipper.core.domain import (
     ModelRecord,
     ModelVersion,
 )
-from clipper.errors import Conflict, NotFound
+from clipper.errors import ChangedMeanwhile, Conflict, NotFound
 from clipper.models.history import VersionHistory
 from clipper.selection.params import PolicyParams
 
@@ -157,6 +157,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
                 {k: v["N"] for k, v in app_item.get("policy_params", {}).get("M", {}).items()}
             ),
             incarnation=int(app_item.get("incarnation", {}).get("N", "0")),
+            revision=int(app_item.get("revision", {}).get("N", "0")),
         )
         return app, links
 
@@ -259,7 +260,9 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
         """Add the application (``Conflict`` when it exists), or with ``overwrite`` replace it: only while it still
         exists as the same incarnation (``NotFound`` when it was deleted meanwhile, ``Conflict`` when it was deleted
         and added again), so a change made from a read never brings back a deleted application or rewrites a new
-        one of the same name."""
+        one of the same name; and only over the revision it was read at (``ChangedMeanwhile`` when another change
+        landed since: read again and redo it), so of two changes made at once neither is lost. The stored
+        revision is ``app.revision + 1``."""
         item = {
             "pk": {"S": f"APP#{app.name}"},
             "sk": {"S": "APP"},
@@ -272,24 +275,28 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
             "default_when_unsure": {"BOOL": app.default_when_unsure},
             "policy_params": {"M": {k: {"N": repr(v)} for k, v in app.policy_params.to_dict().items()}},
             "incarnation": {"N": str(app.incarnation)},
+            "revision": {"N": str(app.revision + 1 if overwrite else app.revision)},
             "updated_at": {"N": str(int(time.time()))},
         }
         if not overwrite:
             self._put(item, "attribute_not_exists(pk)")
             return
         same = "incarnation = :i" if app.incarnation else "(attribute_not_exists(incarnation) OR incarnation = :i)"
+        read = "revision = :r" if app.revision else "(attribute_not_exists(revision) OR revision = :r)"
         kwargs: dict[str, Any] = {
             "TableName": self._table,
             "Item": item,
-            "ConditionExpression": f"attribute_exists(pk) AND {same}",
-            "ExpressionAttributeValues": {":i": {"N": str(app.incarnation)}},
+            "ConditionExpression": f"attribute_exists(pk) AND {same} AND {read}",
+            "ExpressionAttributeValues": {":i": {"N": str(app.incarnation)}, ":r": {"N": str(app.revision)}},
         }
         try:
             self._client.put_item(**kwargs)
         except ClientError as e:
             if error_code(e) != "ConditionalCheckFailedException":
                 raise translate(e, "dynamodb.PutItem(registry)") from e
-            self.app_and_links(app.name)  # NotFound: deleted meanwhile
+            now = self.get_app(app.name)  # NotFound: deleted meanwhile
+            if now.incarnation == app.incarnation:
+                raise ChangedMeanwhile(f"application {app.name} was changed meanwhile: look at it again") from e
             raise Conflict(f"application {app.name} was deleted and added again meanwhile: look at it again") from e
         except BotoCoreError as e:
             raise translate(e, "dynamodb.PutItem(registry)") from e

@@ -5,9 +5,9 @@ anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from clipper.admin import schemas
 from clipper.admin.batching import set_model_batching
@@ -17,13 +17,31 @@ from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
 from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
 from clipper.core.domain import Application, BatchingSettings, Canary, InputType, ModelVersion, new_incarnation
-from clipper.errors import ClipperError, Conflict, InvalidInput, NotFound, Unavailable
+from clipper.errors import ChangedMeanwhile, ClipperError, Conflict, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks, check_idle, unserved_reason
 from clipper.ports import CanaryEvidenceStore, Clock
 
 # a version's serving stack is deleted after its registry item: tried again after these waits before the operation
 # answers 503 (a retry of it finds no version, so a transient failure left the stack serving nothing, billed)
 RETIRE_BACKOFF_S = (0.25, 1.0, 2.0)
+# a change of an application made from a read is redone this many times when another change lands between its
+# read and its write (``ChangedMeanwhile``) before the operation answers 409
+CHANGE_ATTEMPTS = 5
+
+T = TypeVar("T")
+
+
+def redone_on_change(change: Callable[[], T], attempts: int = CHANGE_ATTEMPTS) -> T:
+    """``change()`` (a read, then a write over the revision read), read and made again while another change
+    landed in between, at most ``attempts`` times (then its ``ChangedMeanwhile``, a 409, stands). Each attempt
+    checks its request against what it read, so a change that no longer fits is refused, not forced."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return change()
+        except ChangedMeanwhile:
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
 
 
 class AdminService:
@@ -73,6 +91,9 @@ class AdminService:
 
     def set_app_policy(self, req: schemas.SetPolicy) -> dict[str, Any]:
         """Change how an application selects models; its bandit state starts afresh for the new policy."""
+        return redone_on_change(lambda: self._set_app_policy(req))
+
+    def _set_app_policy(self, req: schemas.SetPolicy) -> dict[str, Any]:
         app, links = self._registry.app_and_links(req.name)
         updated = replace(
             app,
@@ -86,7 +107,7 @@ class AdminService:
         return app_info(updated, links)
 
     def set_policy_params(self, req: schemas.SetPolicyParams) -> dict[str, Any]:
-        return set_policy_params(self._registry, req)
+        return redone_on_change(lambda: set_policy_params(self._registry, req))
 
     def delete_app(self, name: str) -> dict[str, Any]:
         self._registry.app_and_links(name)  # NotFound

@@ -59,6 +59,9 @@ class Application:
     # before it existed): an application deleted and added again under the same name is a new one, so bandit
     # states learned for the old one (the application's and its users') are not used for it.
     incarnation: int = 0
+    # How many times the stored application was changed (0 as added): a change made from a read is written only
+    # over the revision it read, so two changes made at once never lose one of them.
+    revision: int = 0
 
     @property
     def slo_seconds(self) -> float:
