@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,13 @@ class BrokenSession:
 def call(
     app: Any, method: str, path: str, body: bytes = b"", content_type: str = "application/x-npy"
 ) -> tuple[int, bytes]:
+    return asyncio.run(acall(app, method, path, body, content_type))
+
+
+async def acall(
+    app: Any, method: str, path: str, body: bytes = b"", content_type: str = "application/x-npy"
+) -> tuple[int, bytes]:
+    """One request to the ASGI app, on the running event loop (so requests can overlap)."""
     scope = {
         "type": "http",
         "method": method,
@@ -65,7 +73,7 @@ def call(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    asyncio.run(app(scope, receive, send))
+    await app(scope, receive, send)
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
@@ -201,3 +209,60 @@ def test_auto_runs_a_light_models_batches_on_the_loop_and_the_rest_on_the_thread
     on_gpu = OnnxModel.load(Path(demo_models["out_dir"]) / "mlp" / "1")
     on_gpu.providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert create_app(on_gpu).executor is not None
+
+
+class HangingSession:
+    """A session whose run never returns until released (a hung GPU kernel)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def run(self, outputs: Any, feeds: Any) -> Any:
+        self.entered.set()
+        self.release.wait(30)
+        return self.real.run(outputs, feeds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_ping_fails_while_the_batch_on_the_worker_thread_hangs_and_mends_when_it_returns(
+    demo_models: dict[str, Any], rows: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch that never returns holds the one worker thread: no batch is answered again, yet nothing failed, so
+    /ping answered 200 and SageMaker kept the instance. Now a batch running for ``unhealthy_after_s`` (no
+    SageMaker invocation waits as long) makes /ping a 503, answered at once (not behind the hung batch)."""
+    model = OnnxModel.load(Path(demo_models["out_dir"]) / "mlp" / "1")
+    clock = Clock()
+    app = create_app(model, unhealthy_after_s=60, clock=clock, inference="thread")
+    session = HangingSession(model.session)
+    model.session = session  # type: ignore[assignment]
+
+    async def scenario() -> tuple[list[int], bytes]:
+        invocation = asyncio.ensure_future(acall(app, "POST", "/invocations", rows))
+        await asyncio.get_running_loop().run_in_executor(None, session.entered.wait, 10)
+        statuses = [(await acall(app, "GET", "/ping"))[0]]  # just started: healthy
+        clock.now += 59
+        statuses.append((await acall(app, "GET", "/ping"))[0])
+        clock.now += 2
+        status, body = await asyncio.wait_for(acall(app, "GET", "/ping"), 5)
+        statuses.append(status)
+        session.release.set()
+        statuses.append((await invocation)[0])
+        statuses.append((await acall(app, "GET", "/ping"))[0])
+        return statuses, body
+
+    statuses, body = asyncio.run(scenario())
+    assert statuses == [200, 200, 503, 200, 200]
+    assert "has run for 61 s" in json.loads(body)["error"] and "hung" in caplog.text
+
+
+def test_a_batch_waiting_behind_a_slow_one_is_not_counted_as_running(demo_models: dict[str, Any]) -> None:
+    health = Health(60, Clock())
+    assert health.running_since is None
+    seen = []
+    health.run(lambda body, answer: (seen.append(health.running_since), (b"", ""))[1], b"", "")
+    assert seen == [1000.0] and health.running_since is None and health.hung() is None
+    assert Health(0, Clock()).hung() is None

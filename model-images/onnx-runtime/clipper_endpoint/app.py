@@ -2,7 +2,8 @@
 
 - ``GET /ping``: 200 once the model is loaded (it is loaded before the app is built); 503 while the model has
   failed every batch for ``unhealthy_after_s`` (a fault that persists in the process, such as a CUDA error that
-  leaves the session unusable: SageMaker replaces an instance whose ping fails, and a new process mends it).
+  leaves the session unusable: SageMaker replaces an instance whose ping fails, and a new process mends it), or
+  while the batch on the worker thread has run that long (a hung kernel: no batch would ever be answered again).
 - ``POST /invocations``: ``application/x-npy`` (one ``.npy`` array, rows first) or ``application/json``
   (``{"instances": [...]}`` or ``{"inputs": [...]}``). The answer has the request's format unless ``Accept``
   names only the other one: ``.npy`` of the served output, or ``{"predictions": [...]}``. A wrong content type
@@ -96,6 +97,35 @@ class Health:
         self._failures = 0
         self._last = ""
         self._reported = False
+        # when the batch now on the worker thread started running there (None: none runs); set by that thread
+        self.running_since: float | None = None
+        self._hung_reported = False
+
+    def run(self, work: Callable[[bytes, str], tuple[bytes, str]], body: bytes, answer: str) -> tuple[bytes, str]:
+        """``work(body, answer)`` on the worker thread, its start time in ``running_since`` while it runs (from
+        when it leaves the queue: a batch waiting behind a hung one is not the one that hangs)."""
+        self.running_since = self._clock()
+        try:
+            return work(body, answer)
+        finally:
+            self.running_since = None
+
+    def hung(self) -> str | None:
+        """Why the model is unhealthy when the batch on the worker thread has run for ``unhealthy_after_s`` (a
+        kernel that never returns: every later batch waits behind it), or None. No SageMaker request waits that
+        long (its invocations time out at 60 s), so no batch that will still be answered is taken for hung."""
+        started = self.running_since
+        if not self.unhealthy_after_s or started is None:
+            self._hung_reported = False
+            return None
+        running_s = self._clock() - started
+        if running_s < self.unhealthy_after_s:
+            return None
+        problem = f"the batch on the worker thread has run for {running_s:.0f} s without an answer: hung"
+        if not self._hung_reported:
+            self._hung_reported = True
+            logger.error("unhealthy, /ping answers 503: %s", problem)
+        return problem
 
     def succeeded(self) -> None:
         if self._reported:
@@ -244,7 +274,7 @@ class EndpointApp:
                 content, media_type = work(body, answer)
             else:
                 loop = asyncio.get_running_loop()
-                content, media_type = await loop.run_in_executor(self.executor, work, body, answer)
+                content, media_type = await loop.run_in_executor(self.executor, self.health.run, work, body, answer)
         except InputError as e:
             return await self._send(send, 400, _error_body(str(e)), JSON)
         except RecursionError:  # JSON nested past Python's recursion limit
@@ -316,11 +346,13 @@ def create_app(
     health = Health(unhealthy_after_s, clock)
 
     async def ping(request: Request) -> Response:
-        works = None
-        if health.due():  # a batch of zeros, where batches run (the worker thread waits for the batch in hand)
-            loop = asyncio.get_running_loop()
-            works = model.probe() if executor is None else await loop.run_in_executor(executor, model.probe)
-        problem = health.problem(works)
+        problem = health.hung()  # first: a probe would wait behind the hung batch
+        if problem is None:
+            works = None
+            if health.due():  # a batch of zeros, where batches run (the worker thread waits for the batch in hand)
+                loop = asyncio.get_running_loop()
+                works = model.probe() if executor is None else await loop.run_in_executor(executor, model.probe)
+            problem = health.problem(works)
         if problem is not None:
             return Response(_error_body(problem), status_code=503, media_type=JSON)
         return Response(b"", status_code=200)
