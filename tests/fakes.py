@@ -253,8 +253,11 @@ class InMemoryServingStacks:
     mappings: dict[tuple[str, str], tuple[int, int] | None] = field(default_factory=dict)  # create's batching
 
     def create(self, model: str, version: str, artifact: Any, replicas: int, batching: Any = None) -> Any:
-        from clipper.models.serving import Serving
+        from clipper.models.serving import Serving, StackServesAnotherFile
 
+        have = self.served.get((model, version))
+        if have is not None and getattr(have[0], "sha256", "") and have[0].sha256 != getattr(artifact, "sha256", ""):
+            raise StackServesAnotherFile(f"the stack of {model}:{version} serves another file")
         self.served.setdefault((model, version), (artifact, replicas))
         self.mappings.setdefault((model, version), batching)
         return Serving(f"https://sqs.local/queue-{model}-v{version}", f"http://endpoint.local/{model}/{version}")

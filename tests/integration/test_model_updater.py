@@ -16,10 +16,11 @@ import pytest
 
 from clipper.adapters.clock import SystemClock
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
-from clipper.errors import NotFound, Unavailable
+from clipper.errors import Conflict, NotFound, Unavailable
 from clipper.models.updater import (
     Artifact,
     DynamoDBUpdaterRegistry,
+    ModelArtifact,
     ModelUpdater,
     ModelView,
     S3ArtifactStore,
@@ -540,6 +541,8 @@ def test_a_deleted_version_is_not_registered_again_from_the_upload_it_came_from(
     event = world.upload("models/mlp/2/model.onnx", good)
     assert world.handle(event)[0]["status"] == "registered"
     assert world.registry.delete_version("mlp", "2") is None
+    if world.stacks is not None:  # as delete_versioned_model does after the registry's delete
+        world.stacks.delete("mlp", "2")
     assert world.item("DELETED#2") is not None
 
     again = world.handle(event)[0]  # the event delivered again
@@ -579,3 +582,39 @@ def test_a_model_of_free_row_size_linked_to_apps_of_two_shapes_is_recorded_witho
     (outcome,) = world.handle(world.upload(KEY, _free_rows_model()))
     assert outcome["status"] == "registered", outcome
     assert world.registry.get_version("mlp", "2").input_shape is None
+
+
+def test_of_two_uploads_of_one_version_at_once_the_one_whose_stack_serves_registers(world: World) -> None:
+    """Two PUTs of one key are two events, handled at once. The second's stack create found the first's stack and
+    took it over, then registered first: the registry described the second file while the stack served the first
+    (on SageMaker the endpoint refused the other bytes, or queries shaped for one model went to the other). Now
+    the second waits for the stack's own upload: deferred (its event retried), then refused as other bytes."""
+    from clipper.models.serving import StackServesAnotherFile
+
+    stacks = InMemoryServingStacks()
+    world.serve_with(stacks)
+    versioning = {"Status": "Enabled"}  # as the template's model bucket: each PUT an object version of its own
+    world.aws.s3.put_bucket_versioning(Bucket=world.aws.bucket, VersioningConfiguration=versioning)
+    first = world.upload("models/mlp/2/model.onnx", world.model_bytes("mlp"))
+    second = world.upload("models/mlp/2/model.onnx", world.model_bytes("logreg"))
+    real_create, seen = stacks.create, []
+
+    def create(*args: Any, **kwargs: Any) -> Any:  # the second upload's whole delivery lands after the first's
+        serving = real_create(*args, **kwargs)
+        if not seen:
+            with pytest.raises(Conflict, match="kept changing") as deferred:  # raised: Lambda delivers it again
+                world.handle(second)
+            seen.append(deferred.value)
+        return serving
+
+    stacks.create = create  # type: ignore[method-assign]
+    assert world.handle(first)[0]["status"] == "registered" and seen
+    again = world.handle(second)[0]
+    assert again["status"] == "rejected" and "already registered with other bytes" in again["reasons"][0], again
+    served, _ = stacks.served[("mlp", "2")]
+    version = world.item("VERSION#2")
+    assert version is not None
+    assert (served.version_id, served.sha256) == (version["artifact_version_id"]["S"], version["sha256"]["S"])
+    assert served.sha256 == hashlib.sha256(world.model_bytes("mlp")).hexdigest()
+    with pytest.raises(StackServesAnotherFile):
+        real_create("mlp", "2", ModelArtifact("s3://x", "y", "0" * 64), 1)

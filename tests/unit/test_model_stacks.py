@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.errors import Unavailable
-from clipper.models.serving import ModelArtifact, stack_model_name
+from clipper.models.serving import ModelArtifact, StackServesAnotherFile, stack_model_name
 
 pytestmark = pytest.mark.unit
 
@@ -21,8 +21,9 @@ pytestmark = pytest.mark.unit
 class DeadStackCloudFormation:
     """A CloudFormation whose stack of the name exists, in the status given; what was deleted is recorded."""
 
-    def __init__(self, status: str) -> None:
+    def __init__(self, status: str, sha256: str | None = None) -> None:
         self.status = status
+        self.tags = [] if sha256 is None else [{"Key": "clipper:sha256", "Value": sha256}]
         self.deleted: list[str] = []
 
     def create_stack(self, **request: Any) -> None:
@@ -32,7 +33,8 @@ class DeadStackCloudFormation:
     def describe_stacks(self, StackName: str) -> dict[str, Any]:
         outputs = [{"OutputKey": "QueueUrl", "OutputValue": "https://queue"}]
         reason = "Resource creation cancelled"
-        return {"Stacks": [{"StackStatus": self.status, "StackStatusReason": reason, "Outputs": outputs}]}
+        stack = {"StackStatus": self.status, "StackStatusReason": reason, "Outputs": outputs, "Tags": self.tags}
+        return {"Stacks": [stack]}
 
     def delete_stack(self, StackName: str) -> None:
         self.deleted.append(StackName)
@@ -55,6 +57,29 @@ def test_an_existing_healthy_stack_is_reused():
     serving = stacks.create("mlp", "2", ModelArtifact("s3://b/models/mlp/2/model.onnx"), replicas=1)
 
     assert serving.queue_url == "https://queue" and serving.endpoint == "http://m/mlp/2" and cfn.deleted == []
+
+
+def test_an_existing_stack_made_for_another_file_is_not_taken_over():
+    """Two uploads of one version at once: the second's create found the first's stack and took it over, so the
+    registry could describe one file while the stack served the other. Now only a stack of the same file (its
+    sha256 tag), or one made before stacks carried the tag, is taken over."""
+    artifact = ModelArtifact("s3://b/models/mlp/2/model.onnx", "v2", "b" * 64)
+    for tagged, taken in [("a" * 64, False), ("b" * 64, True), (None, True)]:
+        cfn = DeadStackCloudFormation("CREATE_COMPLETE", tagged)
+        stacks = CloudFormationModelStacks(cfn, "svc", "{}", endpoint="http://m/{model}/{version}")  # type: ignore[arg-type]
+        if taken:
+            assert stacks.create("mlp", "2", artifact, replicas=1).queue_url == "https://queue"
+        else:
+            with pytest.raises(StackServesAnotherFile, match=r"serves another file \(sha256 aaaaaaaaaaaa"):
+                stacks.create("mlp", "2", artifact, replicas=1)
+        assert cfn.deleted == []
+
+
+def test_a_new_stack_is_tagged_with_the_file_it_serves():
+    cfn = RecordingCloudFormation()
+    stacks = CloudFormationModelStacks(cfn, "svc", "{}", endpoint="http://m/{model}/{version}")  # type: ignore[arg-type]
+    stacks.create("mlp", "2", ModelArtifact("s3://b/models/mlp/2/model.onnx", "v2", "c" * 64), replicas=1)
+    assert {"Key": "clipper:sha256", "Value": "c" * 64} in cfn.requests[0]["Tags"]
 
 
 class DeletingCloudFormation:

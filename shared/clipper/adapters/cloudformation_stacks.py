@@ -19,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, error_code, translate
 from clipper.errors import Conflict, NotFound, Unavailable
-from clipper.models.serving import ModelArtifact, Serving, stack_model_name
+from clipper.models.serving import SHA256_TAG, ModelArtifact, Serving, StackServesAnotherFile, stack_model_name
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudformation import CloudFormationClient
@@ -69,7 +69,7 @@ class CloudFormationModelStacks:
             params.update(_batching_parameters(*batching))
         for last in (False, True):
             try:
-                outputs = self._create(name, model, version, params)
+                outputs = self._create(name, model, version, params, artifact.sha256)
                 break
             except NotFound as e:
                 # the name's stack was being deleted (DeleteStack is asynchronous: a version deleted and uploaded
@@ -82,25 +82,46 @@ class CloudFormationModelStacks:
         address = f"sagemaker:{endpoint}" if endpoint else self._endpoint.format(model=model, version=version)
         return Serving(outputs["QueueUrl"], address)
 
-    def _create(self, name: str, model: str, version: str, params: dict[str, str]) -> dict[str, str]:
+    def _create(self, name: str, model: str, version: str, params: dict[str, str], sha256: str) -> dict[str, str]:
         """Create the stack, or find it when it exists, and wait for it: its outputs; NotFound when the stack of
-        that name was found being deleted and is gone."""
+        that name was found being deleted and is gone. A stack that exists for another file (its sha256 tag) is
+        not taken over: ``StackServesAnotherFile``."""
+        tags = [{"Key": "clipper:model", "Value": model}, {"Key": "clipper:version", "Value": version}]
+        if sha256:
+            tags.append({"Key": SHA256_TAG, "Value": sha256})
         try:
             self._client.create_stack(
                 StackName=name,
                 Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()],
                 Capabilities=_CAPABILITIES,
-                Tags=[{"Key": "clipper:model", "Value": model}, {"Key": "clipper:version", "Value": version}],
+                Tags=tags,
                 **self._template,
                 **self._role,
             )
         except ClientError as e:
             if error_code(e) != "AlreadyExistsException":
                 raise translate(e, "cloudformation.CreateStack(model)") from e
-            self._clear_failed(name)
+            stack = self._describe(name)
+            self._clear_failed(name, stack)
+            self._check_file(name, stack, sha256)
         except BotoCoreError as e:
             raise translate(e, "cloudformation.CreateStack(model)") from e
         return self._wait(name)
+
+    @staticmethod
+    def _check_file(name: str, stack: dict[str, Any], sha256: str) -> None:
+        """Refuse to take over a stack made for another file: two uploads of one version at once (the one that
+        made the stack registers; the other is looked at again, and refused as other bytes once it has), or a
+        deleted version's stack still there. A stack being deleted is waited out instead (``_wait``); one made
+        before stacks carried the tag is taken over as before."""
+        if not sha256 or str(stack.get("StackStatus", "")).startswith("DELETE"):
+            return
+        theirs = next((t.get("Value", "") for t in stack.get("Tags", []) if t.get("Key") == SHA256_TAG), "")
+        if theirs and theirs != sha256:
+            raise StackServesAnotherFile(
+                f"stack {name} serves another file (sha256 {theirs[:12]}..., not {sha256[:12]}...): another upload "
+                "of the version made it, or the version's deleted stack is still there; looked at again later"
+            )
 
     def _stack_parameters(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> dict[str, str]:
         params = {
@@ -120,11 +141,10 @@ class CloudFormationModelStacks:
             params["ModelSha256"] = artifact.sha256
         return params
 
-    def _clear_failed(self, name: str) -> None:
+    def _clear_failed(self, name: str, stack: dict[str, Any]) -> None:
         """A stack whose creation failed stays in ROLLBACK_COMPLETE, where it can only be deleted: delete it
         and fail this try, so the next one (the upload event's retry) creates it afresh instead of finding
         the dead stack again and again."""
-        stack = self._describe(name)
         if stack["StackStatus"] == "ROLLBACK_COMPLETE":
             with aws_call("cloudformation.DeleteStack(model)"):
                 self._client.delete_stack(StackName=name)

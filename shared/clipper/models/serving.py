@@ -42,6 +42,15 @@ class ModelArtifact:
     sha256: str = ""
 
 
+class StackServesAnotherFile(Conflict):
+    """A version's serving stack exists and serves another file than the one asked for: another upload of the
+    version made it (two uploads at once: the one that made it registers), or the stack of a deleted version is
+    still there. The upload is looked at again later, never served from a stack made for other bytes."""
+
+
+SHA256_TAG = "clipper:sha256"  # the file a version's stack serves, as a tag of the stack
+
+
 # An uploaded model file's S3 metadata key: "false" registers it inactive, "true" activates it (get_upload_url's
 # promote), over the model's auto_promote.
 PROMOTE_METADATA = "clipper-promote"

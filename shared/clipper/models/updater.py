@@ -54,7 +54,14 @@ from clipper.adapters.dynamodb_registry import DynamoDBRegistry, batching_of
 from clipper.core.domain import Application, BatchingSettings, ModelVersion
 from clipper.errors import Conflict, NotFound, Throttled, Unavailable
 from clipper.models.history import VersionHistory
-from clipper.models.serving import PROMOTE_METADATA, ModelArtifact, ServingStacks, lambda_mapping, unserved_reason
+from clipper.models.serving import (
+    PROMOTE_METADATA,
+    ModelArtifact,
+    ServingStacks,
+    StackServesAnotherFile,
+    lambda_mapping,
+    unserved_reason,
+)
 from clipper.models.validation import Signature, validate_model
 from clipper.ports import Clock
 
@@ -235,7 +242,11 @@ class ModelUpdater:
         if self._stacks is not None:  # Unavailable when it cannot be created: the event is retried
             artifact = ModelArtifact(f"s3://{up.bucket}/{up.key}", up.version_id, digest)
             mapping = lambda_mapping(view.batching) if view.batching is not None else None
-            serving = self._stacks.create(up.model, up.version, artifact, view.replicas, mapping)
+            try:
+                serving = self._stacks.create(up.model, up.version, artifact, view.replicas, mapping)
+            except StackServesAnotherFile as e:  # another upload's stack: looked at again (it may have registered)
+                logger.info("%s:%s not registered from %s yet: %s", up.model, up.version, up.upload_id, e)
+                return None
             queue_url, endpoint = serving.queue_url, serving.endpoint
         elif not view.exists:
             queue_url = self._defaults.queue_url.replace("{model}", up.model)
