@@ -115,6 +115,30 @@ def test_a_version_uploaded_again_while_its_old_stack_is_being_deleted_gets_a_ne
     assert serving.queue_url == "q" and cfn.created == 1
 
 
+class CreatingCloudFormation(DeadStackCloudFormation):
+    """Another upload's stack, still being created: complete after a few looks."""
+
+    def __init__(self, sha256: str) -> None:
+        super().__init__("CREATE_IN_PROGRESS", sha256)
+        self.looks = 0
+
+    def describe_stacks(self, StackName: str) -> dict[str, Any]:
+        self.looks += 1
+        if self.looks >= 3:
+            self.status = "CREATE_COMPLETE"
+        return super().describe_stacks(StackName)
+
+
+def test_another_uploads_stack_still_being_created_is_waited_for_before_the_upload_is_looked_at_again():
+    """Its own upload registers once it is up (minutes, on SageMaker): looked at again sooner, the other upload
+    would run out of its event's retries before it could be refused as other bytes."""
+    cfn = CreatingCloudFormation("a" * 64)
+    stacks = CloudFormationModelStacks(cfn, "svc", "{}", endpoint="http://m/{model}/{version}", poll_s=0.01)  # type: ignore[arg-type]
+    with pytest.raises(StackServesAnotherFile):
+        stacks.create("mlp", "2", ModelArtifact("s3://b/models/mlp/2/model.onnx", "v2", "b" * 64), replicas=1)
+    assert cfn.status == "CREATE_COMPLETE" and cfn.looks >= 3
+
+
 class RecordingCloudFormation(DeadStackCloudFormation):
     """A CloudFormation that creates every stack at once, recording the requests."""
 

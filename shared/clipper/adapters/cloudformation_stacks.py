@@ -103,25 +103,17 @@ class CloudFormationModelStacks:
                 raise translate(e, "cloudformation.CreateStack(model)") from e
             stack = self._describe(name)
             self._clear_failed(name, stack)
-            self._check_file(name, stack, sha256)
+            theirs = _another_file(stack, sha256)
+            if theirs:
+                if str(stack.get("StackStatus", "")).endswith("_IN_PROGRESS"):
+                    self._wait(name)  # the upload that made it registers once it is up: then this one is looked at
+                raise StackServesAnotherFile(
+                    f"stack {name} serves another file (sha256 {theirs[:12]}..., not {sha256[:12]}...): another "
+                    "upload of the version made it, or the version's deleted stack is still there; looked at again"
+                ) from e
         except BotoCoreError as e:
             raise translate(e, "cloudformation.CreateStack(model)") from e
         return self._wait(name)
-
-    @staticmethod
-    def _check_file(name: str, stack: dict[str, Any], sha256: str) -> None:
-        """Refuse to take over a stack made for another file: two uploads of one version at once (the one that
-        made the stack registers; the other is looked at again, and refused as other bytes once it has), or a
-        deleted version's stack still there. A stack being deleted is waited out instead (``_wait``); one made
-        before stacks carried the tag is taken over as before."""
-        if not sha256 or str(stack.get("StackStatus", "")).startswith("DELETE"):
-            return
-        theirs = next((t.get("Value", "") for t in stack.get("Tags", []) if t.get("Key") == SHA256_TAG), "")
-        if theirs and theirs != sha256:
-            raise StackServesAnotherFile(
-                f"stack {name} serves another file (sha256 {theirs[:12]}..., not {sha256[:12]}...): another upload "
-                "of the version made it, or the version's deleted stack is still there; looked at again later"
-            )
 
     def _stack_parameters(self, model: str, version: str, artifact: ModelArtifact, replicas: int) -> dict[str, str]:
         params = {
@@ -236,6 +228,17 @@ class CloudFormationModelStacks:
 
 def _parameters(stack: dict[str, Any]) -> dict[str, str]:
     return {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+
+
+def _another_file(stack: Mapping[str, Any], sha256: str) -> str:
+    """The sha256 of the file an existing stack was made for when it is not ``sha256`` ('' when it is, when the
+    stack is being deleted (waited out), or when it was made before stacks carried the tag: taken over as
+    before). Such a stack is not taken over: two uploads of one version at once (the one that made it registers,
+    the other is then refused as other bytes), or a deleted version's stack still there."""
+    if not sha256 or str(stack.get("StackStatus", "")).startswith("DELETE"):
+        return ""
+    theirs = next((t.get("Value", "") for t in stack.get("Tags", []) if t.get("Key") == SHA256_TAG), "")
+    return str(theirs) if theirs and theirs != sha256 else ""
 
 
 def _batching_parameters(batch_size: int, window_s: int) -> dict[str, str]:
