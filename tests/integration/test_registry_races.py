@@ -245,3 +245,22 @@ def test_an_application_changed_on_every_attempt_answers_409(registry):
         service.set_app_policy(schemas.SetPolicy(name="a", policy="exp3"))
     registry.app_and_links, registry.put_app = real_read, real_put
     assert tries == ["exp3"] * CHANGE_ATTEMPTS and registry.get_app("a").policy == "single"
+
+
+def test_a_canary_on_a_version_registered_again_right_after_its_delete_is_left_running(registry):
+    """After its guarded delete, delete_version looked for a canary on the version once more and ended it: since
+    the guard refuses a canary on the version in the delete's own transaction, the only canary it could find was
+    one on the version registered again and canaried meanwhile, which it aborted (its event said the version was
+    deleted). Found by a review helper."""
+    service = AdminService(registry)
+    add(service, "1", True)
+    add(service, "2", False)
+
+    def again():  # the version is registered again and canaried right after the delete's own write
+        add(service, "2", False)
+        service.start_canary(schemas.StartCanary(model_name="m", model_version="2", share_percent=10))
+
+    after_first_read(registry, "_delete_inactive", again)
+    service.delete_versioned_model("m", "2")
+    record = registry.model_record("m")
+    assert "2" in record.versions and record.head.canary is not None and record.head.canary.version == "2"

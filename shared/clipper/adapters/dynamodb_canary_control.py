@@ -246,16 +246,15 @@ class DynamoDBCanaryControl:
     def delete_version(self, model: str, version: str) -> Canary | None:
         """Delete a version; when it is the running canary's, the canary ends with it (one transaction), and
         that canary is answered (None otherwise). A canary started on the version between the read and the delete
-        is ended right after it (the frontend serves the active version for a canary whose version is gone)."""
+        makes the delete's guard fail (``_delete_inactive``): read again, it ends with the delete. Once the delete
+        is written no canary can start on the version (a start needs its item), but one registered again can be
+        canaried at once: nothing after the delete may end that canary, which is the new version's."""
         tombstone = self._tombstone(model, version)
         for _ in range(_RETRIES):
             running = self.running_canary(model)
             if running is None or running.version != version:
                 if not self._delete_inactive(model, version, tombstone):
                     continue  # a canary started on it meanwhile: end it with the delete
-                late = self.running_canary(model)
-                if late is not None and late.version == version and self.end_canary(model, late.trial, False):
-                    return late
                 return None
             values = {":v": {"S": version}, ":s": {"N": repr(float(running.started_at))}}
             ending = {
