@@ -264,3 +264,24 @@ def test_a_canary_on_a_version_registered_again_right_after_its_delete_is_left_r
     service.delete_versioned_model("m", "2")
     record = registry.model_record("m")
     assert "2" in record.versions and record.head.canary is not None and record.head.canary.version == "2"
+
+
+def test_adding_an_active_version_refused_by_a_canary_started_meanwhile_registers_nothing(registry):
+    """add_model(activate=True) registered the version, then found the canary (started inside its read) when it
+    switched: a 409 "promote or abort it first" with the version registered anyway, its batch_size and
+    auto_promote dropped, and the same request, made again after the canary, a 400 "3 exists". The version and
+    its switch are now one transaction. Found by a review helper."""
+    from clipper.errors import Conflict
+
+    service = AdminService(registry)
+    add(service, "1", True)
+    add(service, "2", False)
+    canary = lambda: service.start_canary(schemas.StartCanary(model_name="m", model_version="2", share_percent=10))  # noqa: E731
+    after_first_read(registry, "model_and_versions", canary)
+    with pytest.raises(Conflict, match="canary"):
+        add(service, "3", True)
+    record = registry.model_record("m")
+    assert "3" not in record.versions and record.head.active_version == "1" and record.head.canary.version == "2"
+    service.end_canary("m", promote=False)  # what the 409 says to do (abort it)
+    add(service, "3", True)  # the same request again
+    assert registry.model_record("m").head.active_version == "3"

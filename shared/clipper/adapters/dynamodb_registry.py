@@ -324,22 +324,44 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
 
     def put_version(self, mv: ModelVersion, activate: bool = False) -> None:
         """Register a new version (``Conflict`` when it exists: a version is immutable, and a second write would
-        drop the attributes its registration recorded, such as its file's sha256)."""
-        self._put(
-            {
-                "pk": {"S": f"MODEL#{mv.name}"},
-                "sk": {"S": f"VERSION#{mv.version}"},
-                "input_type": {"S": mv.input_type.value},
-                "input_shape": _shape_attr(mv.input_shape),
-                "queue_url": {"S": mv.queue_url},
-                "endpoint": {"S": mv.endpoint},
-                "labels": {"L": [{"S": x} for x in mv.labels]},
-                "created_at": {"N": str(int(time.time()))},
-            },
-            "attribute_not_exists(pk)",
-        )
-        if activate:
-            self.set_active_version(mv.name, mv.version)
+        drop the attributes its registration recorded, such as its file's sha256). With ``activate`` it is made
+        active in the same transaction, so a refusal (``CanaryRunning``: a canary started meanwhile) registers
+        nothing either: the operation can be made again once the canary ended."""
+        item = {
+            "pk": {"S": f"MODEL#{mv.name}"},
+            "sk": {"S": f"VERSION#{mv.version}"},
+            "input_type": {"S": mv.input_type.value},
+            "input_shape": _shape_attr(mv.input_shape),
+            "queue_url": {"S": mv.queue_url},
+            "endpoint": {"S": mv.endpoint},
+            "labels": {"L": [{"S": x} for x in mv.labels]},
+            "created_at": {"N": str(int(time.time()))},
+        }
+        if not activate:
+            self._put(item, "attribute_not_exists(pk)")
+            return
+        put = {"Put": {"TableName": self._table, "Item": item, "ConditionExpression": "attribute_not_exists(pk)"}}
+        for _ in range(5):
+            before = self.version_history(mv.name, missing_ok=True)
+            switch = {
+                "Update": unless_canary(switch_update(self._table, mv.name, before, before.switched_to(mv.version)))
+            }
+            try:
+                self._client.transact_write_items(TransactItems=[put, switch])
+                return
+            except ClientError as e:
+                codes = cancellation_codes(e)
+                if not codes:
+                    raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
+                if codes[0] == "ConditionalCheckFailed":
+                    raise Conflict(_describe(item) + " already exists") from e
+                running = self.running_canary(mv.name) if codes[1:2] == ["ConditionalCheckFailed"] else None
+                if running is not None:
+                    raise CanaryRunning(mv.name, running) from e
+                # the active version changed since the read (or a concurrent write on the items): read again
+            except BotoCoreError as e:
+                raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
+        raise Conflict(f"model {mv.name}: its active version kept changing; {mv.version} was not registered - retry")
 
     def set_active_version(self, model: str, version: str) -> str | None:
         """Make ``version`` active (creating the model item for a first version); the one it replaces joins the
