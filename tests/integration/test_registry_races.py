@@ -285,3 +285,18 @@ def test_adding_an_active_version_refused_by_a_canary_started_meanwhile_register
     service.end_canary("m", promote=False)  # what the 409 says to do (abort it)
     add(service, "3", True)  # the same request again
     assert registry.model_record("m").head.active_version == "3"
+
+
+def test_a_canary_start_tells_the_active_version_it_really_runs_beside(registry):
+    """A version made active inside start_canary's read: the canary ran beside the new active version while the
+    answer and the start event named the one read (the operator was told the wrong comparison). The start is now
+    conditional on the active version read, and made again from a fresh read. Found by a review helper."""
+    service = AdminService(registry)
+    add(service, "1", True)
+    add(service, "2", False)
+    after_first_read(registry, "model_record", lambda: add(service, "3", True))
+    out = service.start_canary(schemas.StartCanary(model_name="m", model_version="2", share_percent=10))
+    head = registry.model_record("m").head
+    start = registry.canary_events("m", 1)[0]
+    assert (head.active_version, head.canary.version) == ("3", "2")
+    assert out["active_version"] == "3" and start["active_version"] == "3" and start["reason"].endswith("beside 3")

@@ -40,7 +40,7 @@ from clipper.adapters.aws_errors import aws_call, cancellation_codes, error_code
 from clipper.adapters.dynamodb_history import forgetting, history_of, switch_update
 from clipper.canary import CanaryParams
 from clipper.core.domain import Canary
-from clipper.errors import Conflict, InvalidInput, NotFound
+from clipper.errors import ChangedMeanwhile, Conflict, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -143,11 +143,19 @@ class DynamoDBCanaryControl:
 
     # -- start -----------------------------------------------------------------------------------------
     def start_canary(
-        self, model: str, version: str, share: float, now: float, params: CanaryParams | None = None
+        self,
+        model: str,
+        version: str,
+        share: float,
+        now: float,
+        params: CanaryParams | None = None,
+        beside: str | None = None,
     ) -> Canary:
         """Give ``version`` (registered, not active) ``share`` of the model's queries from ``now``. ``NotFound``
         for an unknown model or version, ``InvalidInput`` for a share outside (0, 1) or the active version,
-        ``Conflict`` while another canary runs; nothing is written then."""
+        ``Conflict`` while another canary runs; nothing is written then. ``beside``: the active version the
+        caller read (and tells the operator the canary runs beside): ``ChangedMeanwhile`` when another is active
+        now."""
         if not (math.isfinite(share) and 0.0 < share < 1.0):
             raise InvalidInput("share", "a fraction of the model's queries in (0, 1)", repr(share))
         canary = Canary(version, share, now, params or CanaryParams())
@@ -172,11 +180,15 @@ class DynamoDBCanaryControl:
                 }
             },
         ]
+        if beside is not None:
+            head = actions[1]["Update"]
+            head["ConditionExpression"] += " AND active_version = :a"
+            head["ExpressionAttributeValues"][":a"] = {"S": beside}
         try:
             self._client.transact_write_items(TransactItems=actions)
         except ClientError as e:
             if "ConditionalCheckFailed" in cancellation_codes(e):
-                raise self._why_not_started(model, version) from e
+                raise self._why_not_started(model, version, beside) from e
             if "TransactionConflict" in cancellation_codes(e):
                 raise Conflict(f"model {model} was being changed meanwhile; no canary started - retry") from e
             raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
@@ -184,7 +196,7 @@ class DynamoDBCanaryControl:
             raise translate(e, "dynamodb.TransactWriteItems(registry)") from e
         return canary
 
-    def _why_not_started(self, model: str, version: str) -> Exception:
+    def _why_not_started(self, model: str, version: str, beside: str | None = None) -> Exception:
         item = self._model_item(model)
         if item is None:
             return NotFound("model", model)
@@ -200,6 +212,9 @@ class DynamoDBCanaryControl:
                 f"model {model} has a canary running already ({model}:{running.version}, trial {running.trial}): "
                 "promote or abort it first"
             )
+        active = item.get("active_version", {}).get("S")
+        if beside is not None and active != beside and active != version:
+            return ChangedMeanwhile(f"model {model}: its active version changed meanwhile (now {active}); look again")
         return InvalidInput("model_version", f"a version other than the active one ({version} is active)", version)
 
     # -- end -------------------------------------------------------------------------------------------

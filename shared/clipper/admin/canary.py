@@ -27,7 +27,13 @@ class CanaryRegistry(Protocol):
     def app_and_links(self, name: str) -> tuple[Application, list[str]]: ...
 
     def start_canary(
-        self, model: str, version: str, share: float, now: float, params: CanaryParams | None = None
+        self,
+        model: str,
+        version: str,
+        share: float,
+        now: float,
+        params: CanaryParams | None = None,
+        beside: str | None = None,
     ) -> Canary: ...
 
     def end_canary(self, model: str, trial: str, promote: bool) -> bool: ...
@@ -63,7 +69,8 @@ def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float)
     if candidate is not None:  # an unknown version: the registry's 404 below
         # it answers a share of the queries, then all of them if promoted
         check_serves_linked_apps(registry, candidate, "model_version", record.linked_apps)
-    canary = registry.start_canary(req.model_name, req.model_version, req.share_percent / 100, now, params)
+    # beside the active version read: what the answer and the start event say (ChangedMeanwhile: read again)
+    canary = registry.start_canary(req.model_name, req.model_version, req.share_percent / 100, now, params, active)
     registry.add_canary_event(
         req.model_name,
         {

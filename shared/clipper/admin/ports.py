@@ -42,7 +42,13 @@ class AdminRegistry(Protocol):
         ...
 
     def start_canary(
-        self, model: str, version: str, share: float, now: float, params: CanaryParams | None = None
+        self,
+        model: str,
+        version: str,
+        share: float,
+        now: float,
+        params: CanaryParams | None = None,
+        beside: str | None = None,
     ) -> Canary: ...
     def end_canary(self, model: str, trial: str, promote: bool) -> bool: ...
     def add_canary_event(self, model: str, event: dict[str, Any]) -> None: ...

@@ -331,7 +331,7 @@ class AdminService:
 
     # -- canary ----------------------------------------------------------------------------------------
     def start_canary(self, req: schemas.StartCanary) -> dict[str, Any]:
-        return start_canary(self._registry, req, self._now())
+        return redone_on_change(lambda: start_canary(self._registry, req, self._now()))
 
     def get_canary(self, model: str, events: int = 10) -> dict[str, Any]:
         return get_canary(self._registry, self._evidence, model, events)
