@@ -128,6 +128,27 @@ def test_receiver_accepts_feedback_of_an_application_its_copy_holds_while_the_re
         receiver.accept("never-held", {"input": one_hot(2), "label": 2})  # never held: read, and unavailable
 
 
+def test_feedback_after_a_quiet_while_is_checked_against_the_application_as_it_is_now():
+    """The receiver validated against the copy's application however old: 15 s after delete_app a feedback was
+    accepted (200) and dropped by the worker as "unknown_app" (found by a review helper). Held past its staleness
+    bound, the application is read first: deleted is a 404, changed is checked as it is now."""
+    inner, clock = InMemoryRegistry(), FakeClock()
+    inner.apps["digits"] = digits_app()
+    copy = CachedRegistry(inner, clock, ttl_s=2.0, refresh=lambda reload: None, max_stale_s=5.0)
+    queue = ListQueue()
+    receiver = FeedbackReceiver(copy, queue, "https://sqs.local/feedback")
+    assert receiver.accept("digits", {"input": one_hot(1), "label": 1})["accepted"]
+    inner.apps["digits"] = digits_app(input_shape=(32,))  # deleted and added again with rows of 32
+    clock.advance(60)
+    with pytest.raises(InvalidInput, match="shape"):
+        receiver.accept("digits", {"input": one_hot(1), "label": 1})  # 64 values: the old application's
+    del inner.apps["digits"]
+    clock.advance(60)
+    with pytest.raises(NotFound):
+        receiver.accept("digits", {"input": one_hot(2), "label": 2})
+    assert len(queue.sent) == 1
+
+
 def test_receiver_validates_before_queueing(learning):
     _, registry, *_ = learning
     queue = ListQueue()

@@ -156,7 +156,7 @@ def test_a_hung_dependency_gets_the_default_at_the_deadline_naming_the_stage():
     assert elapsed < 2.0  # answered by the watchdog, not after the 10 s hang
 
 
-def _processor(inline: bool, policy: str = "single"):
+def _processor(inline: bool, policy: str = "single", registry_clock=None, refresh=None):
     from clipper.adapters.clock import SystemClock
     from clipper.batching.core import Batcher
     from clipper.core.registry_cache import CachedRegistry
@@ -180,9 +180,41 @@ def _processor(inline: bool, policy: str = "single"):
     registry.active["mlp"] = "1"
     clock, replies = SystemClock(), InMemoryReplies()
     queue = InlineQueue(batcher=Batcher(FakeResolver(FakeEndpoint()), replies, clock))
-    cached = CachedRegistry(registry, clock, ttl_s=60)
+    if registry_clock is None:
+        cached = CachedRegistry(registry, clock, ttl_s=60)
+    else:  # a registry copy whose age the test moves: 2 s fresh, 2 s more while reloaded
+        cached = CachedRegistry(registry, registry_clock, ttl_s=2, refresh=refresh, max_stale_s=2)
     selector = Selector(cached, InMemorySelectionStore(), clock, __import__("random").Random(1), ttl_s=60)
     return QueryProcessor(cached, queue, replies, clock, lambda: 1 << 16, selector=selector, inline=inline)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_the_first_query_after_a_quiet_while_reads_an_application_changed_or_deleted_meanwhile(inline):
+    """The registry copy answers a query's application however old (its deadline and default are needed while
+    the registry cannot be read), and the query went on with it: the first queries after a quiet while were
+    answered by an application changed (its policy, default, a new incarnation) or deleted meanwhile. Now the
+    application is read again first (found by a review helper: an Exp4 answer 12 s after set_app_policy exp3)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.fakes import FakeClock, digits_app
+
+    registry_clock, runner = FakeClock(), ThreadPoolExecutor(1)
+    processor = _processor(inline, registry_clock=registry_clock, refresh=runner.submit)
+    registry = processor.registry.uncached
+    client = TestClient(create_app(processor, max_body_bytes=64 * 1024))
+    try:
+        assert client.post("/digits/predict", json={"input": one_hot(5)}).json()["output"] == 5
+        registry.apps["digits"] = digits_app(latency_slo_micros=1_000_000, default_output="7")
+        registry.links["digits"] = []  # changed: answered with its new default, no model linked
+        registry_clock.advance(60)  # no query for a minute: past ttl + max_stale
+        r = client.post("/digits/predict", json={"input": one_hot(5)}).json()
+        assert (r["output"], r["default"]) == (7, True), r
+        del registry.apps["digits"]  # deleted
+        registry_clock.advance(60)
+        r = client.post("/digits/predict", json={"input": one_hot(5)})
+        assert r.status_code == 404 and "digits" in r.json()["cause"], r.text
+    finally:
+        runner.shutdown(wait=False)
 
 
 @pytest.mark.parametrize("inline", [True, False])

@@ -267,6 +267,14 @@ class CachedRegistry:
             raise value
         return value  # type: ignore[return-value]
 
+    def app_is_current(self, name: str) -> bool:
+        """Whether the application this copy holds may be acted on without a read: fresh, or stale within
+        ``max_stale_s`` while reloaded (``get_app_nowait`` answers older entries too, for the deadline and
+        default output of a query while the registry cannot be read; a query or a feedback acting on such an
+        entry reads the application first, or a policy change, a delete or a new incarnation made while no
+        query came would be missed by the first ones after it)."""
+        return self._cached(("app", name), self._clock.now()) is not None
+
     def ready_for(self, app: str) -> bool:
         """Whether choosing the models of ``app`` reads nothing from the registry now: its links and each linked
         model's active version and canary (and the canary's version) are held (fresh, or stale within

@@ -4,6 +4,7 @@ checked, the feedback message built and measured as it travels, and put on the f
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -137,11 +138,16 @@ class FeedbackReceiver:
         from clipper.frontend.query import user_id
 
         # the application as the frontend's registry copy holds it, as a query would be answered, even while the
-        # registry cannot be read (the worker reads it again to apply the feedback); a read only when never held
+        # registry cannot be read (the worker reads it again to apply the feedback); read when never held, or held
+        # past its staleness bound (deleted or changed while no query came: a 404, or the new policy's checks)
         nowait = getattr(self._registry, "get_app_nowait", None)
+        current = getattr(self._registry, "app_is_current", lambda _: True)(app_name)  # asked before it reloads
         app = nowait(app_name) if nowait is not None else None
         if app is None:
             app = self._registry.get_app(app_name)
+        elif not current:
+            with contextlib.suppress(Unavailable):  # else the held one stands: checked again when applied
+                app = self._registry.get_app(app_name)
         if not isinstance(body, dict):
             raise InvalidInput("body", 'a JSON object with "input" and "label"', type(body).__name__)
         if "input_batch" in body:

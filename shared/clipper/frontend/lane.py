@@ -68,6 +68,8 @@ class SingleModelLane:
         """The application, its linked models and the version that answers it when the lane may: from the
         registry copy, without a read; None for anything the general path must decide."""
         registry = self._registry
+        if not registry.app_is_current(app_name):
+            return None  # not held, or held past its staleness bound: the general path reads it first
         try:
             app = registry.get_app_nowait(app_name)
         except ClipperError:

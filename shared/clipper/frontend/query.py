@@ -167,9 +167,13 @@ class QueryProcessor:
         registry copy, validate the body and fill ``ticket`` (ids, deadline), so a watchdog knows the deadline
         even before a worker takes the query up. Raises ``NotFound`` / ``InvalidInput`` like ``predict``."""
         nowait = getattr(self._registry, "get_app_nowait", None)
+        current = getattr(self._registry, "app_is_current", None)
+        # asked first: answering a held entry past its bound starts its reload, which may land before the answer
+        stale = current is not None and not current(app_name)
         app = nowait(app_name) if nowait is not None else None
         if app is not None:
             self._begin(app, body, ticket, self._clock.now())
+            ticket.recheck = stale
 
     def _begin(self, app: Application, body: Any, ticket: QueryTicket, start: float) -> None:
         query = validate_query(app, body, self._max_batch, booleans=ticket.booleans)
@@ -181,10 +185,25 @@ class QueryProcessor:
         if self._listener is not None:
             self._listener.started(app.name, first_id)
 
+    def _recheck(self, app_name: str, body: Any, ticket: QueryTicket) -> None:
+        """An admitted query whose application the registry copy held past its staleness bound: the application
+        read again (``NotFound``: deleted meanwhile, a 404) and, when it changed (its policy, SLO, shape, a new
+        incarnation...), the query begun again with it. While the registry cannot be read the held one stands,
+        so the query is still answered in time."""
+        ticket.recheck = False
+        ticket.stage = "reading the application"
+        try:
+            app = self._registry.get_app(app_name)
+        except Unavailable as e:
+            logger.warning("application %s answered as last held: the registry cannot be read (%s)", app_name, e)
+            return
+        if app != ticket.app:
+            self._begin(app, body, ticket, ticket.started)
+
     def can_inline(self, ticket: QueryTicket) -> bool:
         """Whether this admitted query may run on the event loop: the dependencies are fast and bounded, its
         bandit state is in memory, and its input needs no claim check."""
-        if not self._inline or ticket.app is None or ticket.query is None:
+        if not self._inline or ticket.app is None or ticket.query is None or ticket.recheck:
             return False
         rows = ticket.query.rows
         small = not hasattr(rows, "nbytes") or rows.nbytes < MAX_INLINE_PAYLOAD // 2
@@ -261,6 +280,8 @@ class QueryProcessor:
             self._begin(self._registry.get_app(app_name), body, ticket, taken)
         elif on_worker:  # admitted on the event loop: how long it waited for this thread
             timings["worker"] = (taken - ticket.started) * 1000 - ticket.validate_ms
+            if ticket.recheck:
+                self._recheck(app_name, body, ticket)
         assert ticket.app is not None and ticket.query is not None and ticket.deadline is not None
         if ticket.abandoned:  # answered by the watchdog while it waited for a worker: nothing to do
             return self.late(ticket)

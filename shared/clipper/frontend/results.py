@@ -106,6 +106,9 @@ class QueryTicket:
     models: list[ModelVersion] = field(default_factory=list)  # the models it asked, once selected
     # whether its body may hold JSON booleans in an array (False: its handler saw the raw text hold none)
     booleans: bool = True
+    # admitted with the registry copy's application past its staleness bound (no query came for a while): read
+    # again on the worker thread before the query goes on (it changed, or was deleted, meanwhile)
+    recheck: bool = False
 
     def begin(self, app: Application, ids: list[int], batch: bool, deadline: float) -> None:
         self.app, self.ids, self.batch, self.deadline = app, ids, batch, deadline
