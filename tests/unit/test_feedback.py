@@ -318,6 +318,28 @@ def test_a_feedback_sent_again_with_the_clients_feedback_id_is_applied_once(lear
         assert e.value.field == "feedback_id"
 
 
+def test_a_feedback_id_of_an_application_added_again_under_its_name_is_the_new_applications_own(learning):
+    """The id derived from a client's feedback_id did not name the application's incarnation: after delete_app and
+    add_app under the name, a client numbering its feedbacks 1, 2, 3... had them dropped as duplicates of the
+    deleted application's (found by a review helper)."""
+    from dataclasses import replace
+
+    p, registry, cache, store = learning
+    queue = ListQueue()
+    receiver = FeedbackReceiver(registry, queue, "https://sqs.local/feedback")
+    feedback = FeedbackProcessor(registry, store, cache)
+    body = {"input": one_hot(6), "label": 6, "feedback_id": "1"}
+    outcomes = []
+    for incarnation in (11, 12):  # 12: deleted and added again
+        registry.apps["ens"] = replace(registry.apps["ens"], incarnation=incarnation)
+        p.predict("ens", {"input": one_hot(6)})
+        receiver.accept("ens", body)
+        outcomes.append(feedback.process(FeedbackMessage.from_json(queue.sent[-1][1])))
+    assert outcomes == ["applied", "applied"]
+    receiver.accept("ens", body)  # the new one's own key sent again: still applied once
+    assert feedback.process(FeedbackMessage.from_json(queue.sent[-1][1])) == "duplicate"
+
+
 def test_the_clients_update_sends_its_feedback_id(monkeypatch):
     from clipper import client_query
 
