@@ -116,6 +116,10 @@ def test_update_sends_feedback_and_the_client_has_predict_and_update(api, capsys
     (sent,) = api["feedback"].sent
     body = json.loads(sent[1])
     assert body["user"] == "7" and body["label"] == 2 and body["app"] == "digits"
+    # a uid is sent as typed: "007" is the API's user "007", not 7 (the CLI made an integer of digits)
+    assert clipper(api, "update", "digits", "--uid", "007", "--input", json.dumps(one_hot(2)), "--label", "2") == 0
+    assert json.loads(api["feedback"].sent[-1][1])["user"] == "007"
+    capsys.readouterr()
     conn = ClipperConnection(api["url"], TOKEN)
     assert conn.predict("digits", one_hot(6), uid="u1")["output"] == 6
     assert conn.update("digits", one_hot(6), 6, uid="u1")["accepted"] is True
@@ -393,3 +397,11 @@ def test_output_to_a_reader_that_has_gone_ends_quietly(api, monkeypatch, capsys)
     finally:
         monkeypatch.undo()
     assert "Broken pipe" not in capsys.readouterr().err
+
+
+def test_update_of_an_npy_of_several_rows_is_refused_before_any_request(api, tmp_path, capsys):
+    """It exited 1 ("no API at the URL") for what is a refused argument (2)."""
+    np.save(tmp_path / "rows.npy", np.array([one_hot(1), one_hot(2), one_hot(3)], dtype=np.float32))
+    assert clipper(api, "update", "digits", "--npy", str(tmp_path / "rows.npy"), "--label", "1") == 2
+    assert "one input per feedback; --npy holds 3 inputs" in capsys.readouterr().err
+    assert api["feedback"].sent == []

@@ -32,9 +32,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         q.add_argument("app")
         given = q.add_mutually_exclusive_group(required=True)
         given.add_argument("--input", help="a JSON list, @file.json, text (strings app) or base64 (bytes app)")
-        given.add_argument("--npy", help="a .npy: one input of the app's shape, or several (an input_batch)")
+        several = ", or several (an input_batch)" if name == "predict" else " (one feedback, one input)"
+        given.add_argument("--npy", help=f"a .npy: one input of the app's shape{several}")
         given.add_argument("--file", help="a file's bytes (for a bytes app)")
-        q.add_argument("--uid", help="Clipper's user id (bandit state per user)")
+        q.add_argument("--uid", help="Clipper's user id (bandit state per user); sent as typed: 007 is not 7")
         if name == "predict":
             q.add_argument("--debug", action="store_true", help="the models, timings and cache hits too")
         else:
@@ -86,15 +87,17 @@ def read_input(args: argparse.Namespace, app: Declared) -> Any:
     return shaped(value, app.input_shape)
 
 
-def _uid(raw: str | None) -> int | str | None:
-    if raw is None:
-        return None
-    return int(raw) if raw.lstrip("-").isdigit() else raw
+def _uid(raw: str | None) -> str | None:
+    """The user id as typed: the API takes 7 and "7" as one user, so the text is always that user, while an
+    integer made of it was another ("007" became 7) or refused (past 64 bits)."""
+    return raw
 
 
 def run(args: argparse.Namespace, conn: ClipperConnection) -> int:
     value = read_input(args, declared(conn, args.app))
     if args.command == "update":
+        if isinstance(value, batch):  # refused before any request, as the API would (an exit of 2)
+            raise SystemExit(f"clipper: update: one input per feedback; --npy holds {len(value.inputs)} inputs")
         label: Any = args.label
         with contextlib.suppress(ValueError):  # else a text label
             label = json.loads(label)
