@@ -149,6 +149,14 @@ def test_feedback_after_a_quiet_while_is_checked_against_the_application_as_it_i
     assert len(queue.sent) == 1
 
 
+@pytest.mark.parametrize(("label", "named"), [(None, "got null"), ({}, "got an object"), ([1], "got a list")])
+def test_a_label_that_is_neither_number_nor_string_is_named_in_jsons_words(label, named):
+    from clipper.feedback.receiving import validate_label
+
+    with pytest.raises(InvalidInput, match=f"label: expected a number or a string, {named}$"):
+        validate_label({"label": label})
+
+
 def test_receiver_validates_before_queueing(learning):
     _, registry, *_ = learning
     queue = ListQueue()

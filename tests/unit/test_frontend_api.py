@@ -35,6 +35,17 @@ def test_predict_and_health(client):
         ("/digits/predict", {"input": [0.0] * 64, "input_batch": []}, 400, "exactly one of"),
         ("/digits/predict", {"input": [0.0] * 64, "extra": 1}, 400, "extra: expected no such field"),
         ("/digits/update", {"input": [0.0] * 64, "label": 1, "labels": 2}, 503, "feedback is not configured"),
+        # what was sent is named in JSON's words, not Python's ("got NoneType", "got dict")
+        ("/digits/predict", {"input": None}, 400, "input: expected a list of finite floats, got null"),
+        ("/digits/predict", {"input": {"a": 1}}, 400, "got an object"),
+        ("/digits/predict", {"input_batch": "x"}, 400, "input_batch: expected a list of inputs, got a string"),
+        ("/digits/predict", [1], 400, "body: expected a JSON object with"),
+        (
+            "/digits/predict",
+            {"input": [0.0] * 64, "uid": [1]},
+            400,
+            "uid: expected an integer (within 64 bits) or a non-empty string, got a list",
+        ),
     ],
 )
 def test_errors_use_clippers_body_and_name_the_field(client, path, body, status, cause):

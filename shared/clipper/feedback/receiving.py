@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Payload, encode_rows, sqs_text
-from clipper.core.validation import validate_query
+from clipper.core.validation import json_kind, validate_query
 from clipper.errors import InvalidInput, MalformedMessage, Unavailable
 from clipper.ports import Registry, RequestQueue
 
@@ -50,7 +50,7 @@ def validate_label(body: dict[str, Any]) -> float | int | str:
         raise InvalidInput("label", "the true output for the input (a number or a string)")
     label = body["label"]
     if isinstance(label, bool) or not isinstance(label, int | float | str):
-        raise InvalidInput("label", "a number or a string", type(label).__name__)
+        raise InvalidInput("label", "a number or a string", json_kind(label))
     if isinstance(label, float) and not math.isfinite(label):
         raise InvalidInput("label", "a finite number", str(label))
     if isinstance(label, int) and not _fits_a_double(label):  # JSON has no bound; the loss compares as floats
@@ -78,7 +78,7 @@ def feedback_id(app: str, user: str | None, body: dict[str, Any], incarnation: i
 def _shown_key(key: object) -> str:
     """What is wrong with a client's feedback id: its type, its length, or its first character out of the set."""
     if not isinstance(key, str):
-        return type(key).__name__
+        return json_kind(key)
     if not 1 <= len(key) <= 128:
         return f"{len(key)} characters"
     bad = next(i for i, c in enumerate(key) if not _CLIENT_KEY.fullmatch(c))
@@ -154,7 +154,7 @@ class FeedbackReceiver:
             with contextlib.suppress(Unavailable):  # else the held one stands: checked again when applied
                 app = self._registry.get_app(app_name)
         if not isinstance(body, dict):
-            raise InvalidInput("body", 'a JSON object with "input" and "label"', type(body).__name__)
+            raise InvalidInput("body", 'a JSON object with "input" and "label"', json_kind(body))
         if "input_batch" in body:
             raise InvalidInput("input_batch", 'one "input" per feedback')
         if "input" not in body:

@@ -33,7 +33,7 @@ import orjson
 from clipper.core.cache_keys import record_keys
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, output_value
-from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, fit_models, validate_query
+from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, fit_models, json_kind, validate_query
 from clipper.errors import ClipperError, InvalidInput, Unavailable
 from clipper.frontend import steps
 from clipper.frontend.canary_tally import CanaryTally
@@ -63,7 +63,7 @@ def user_id(body: Any) -> str | None:
     if uid is None:
         return None
     if isinstance(uid, bool) or not isinstance(uid, int | str) or uid == "":
-        got = type(uid).__name__
+        got = json_kind(uid)
         if isinstance(uid, float) and uid.is_integer() and abs(uid) >= 2.0**63:
             got = "an integer past 64 bits"  # the JSON parser read it as a float
         raise InvalidInput("uid", "an integer (within 64 bits) or a non-empty string", got)
