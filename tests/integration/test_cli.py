@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -405,3 +406,17 @@ def test_update_of_an_npy_of_several_rows_is_refused_before_any_request(api, tmp
     assert clipper(api, "update", "digits", "--npy", str(tmp_path / "rows.npy"), "--label", "1") == 2
     assert "one input per feedback; --npy holds 3 inputs" in capsys.readouterr().err
     assert api["feedback"].sent == []
+
+
+def test_update_whose_feedback_was_not_queued_names_the_option_to_send_it_again_with(api, capsys):
+    """The server's 503 names the JSON field ("feedback_id"); on the command line it is --feedback-id."""
+    api["feedback"].down = True
+    assert clipper(api, "update", "digits", "--input", json.dumps(one_hot(2)), "--label", "2") == 2
+    err = capsys.readouterr().err
+    key = re.search(r"--feedback-id (\S+) to have it applied once", err)
+    assert key is not None, err
+    api["feedback"].down = False
+    assert (
+        clipper(api, "update", "digits", "--input", json.dumps(one_hot(2)), "--label", "2", "--feedback-id", key[1])
+        == 0
+    )

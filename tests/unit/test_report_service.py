@@ -80,6 +80,11 @@ def test_the_report_reads_the_range_asked_within_the_logs_retention_and_until_no
     with pytest.raises(InvalidInput) as e:
         service.report("digits", since="1h", until="2h")
     assert e.value.field == "since"
+    for far in ("2099-01-01", "1e12"):  # well-formed, out of range: said so (it read as not ISO 8601)
+        with pytest.raises(InvalidInput, match="since: expected a time between 1970 and a year from now"):
+            service.report("digits", since=far)
+    with pytest.raises(InvalidInput, match="ISO 8601"):
+        service.report("digits", since="yesterday")
     with pytest.raises(NotFound):
         service.report("nope")
     with pytest.raises(Unavailable, match="no feedback log"):

@@ -62,7 +62,8 @@ def parse_time(text: str | None, now: float, field: str, default: float) -> floa
     except (ValueError, OverflowError):
         raise InvalidInput(field, expected, text) from None
     if not math.isfinite(value) or not 0 <= value <= now + 366 * 86400:
-        raise InvalidInput(field, expected, text)
+        # a well-formed time out of range is named as such (it read as malformed: "expected ... ISO 8601")
+        raise InvalidInput(field, "a time between 1970 and a year from now (it names no logged feedback)", text)
     return value
 
 

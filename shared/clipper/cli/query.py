@@ -23,7 +23,7 @@ from typing import Any
 
 from clipper.cli.files import load_npy
 from clipper.client import AdminError, ClipperConnection
-from clipper.client_query import batch, shaped
+from clipper.client_query import QueryError, batch, shaped
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -101,7 +101,14 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> int:
         label: Any = args.label
         with contextlib.suppress(ValueError):  # else a text label
             label = json.loads(label)
-        print(json.dumps(conn.update(args.app, value, label, _uid(args.uid), args.feedback_id), indent=2))
+        try:
+            answer = conn.update(args.app, value, label, _uid(args.uid), args.feedback_id)
+        except QueryError as e:
+            key = e.detail.get("retry_feedback_id")
+            if key:  # the server's cause names the JSON field; on the command line it is an option
+                print(f"clipper: send it again with --feedback-id {key} to have it applied once", file=sys.stderr)
+            raise
+        print(json.dumps(answer, indent=2))
         return 0
     answer = conn.predict(args.app, value, _uid(args.uid), args.debug)
     print(json.dumps(answer, indent=2))
