@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.core.domain import InputType, ModelVersion
+from clipper.models.serving import ModelArtifact
 from infra.local import cfn
 from tests.iac.conftest import IGNORE_MOTO_SKIPS, MODEL_TEMPLATE, REPO_ROOT
 
@@ -78,7 +79,8 @@ def test_set_model_batching_updates_the_lambda_batchers_event_source_mapping(
         """A version served by a stack (None: by an HTTP server, no stack); returns its stack's name."""
         queue, endpoint = "https://sqs.local/q", "http://127.0.0.1:1"
         if stacks is not None:
-            served = stacks.create(model, version, f"s3://bucket/models/{model}/{version}/model.onnx", replicas=1)
+            artifact = ModelArtifact(f"s3://bucket/models/{model}/{version}/model.onnx")
+            served = stacks.create(model, version, artifact, replicas=1)
             queue, endpoint = served.queue_url, served.endpoint
         registry.put_version(ModelVersion(model, version, InputType.FLOATS, queue, endpoint), activate=version == "1")
         return with_lambda.stack_name(model, version)
