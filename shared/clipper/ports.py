@@ -189,6 +189,11 @@ class FeedbackLog(Protocol):
 
     def append(self, entry: FeedbackEntry) -> None: ...
 
+    def count_skipped(self, app: str, outcome: str, at: float) -> None:
+        """Count a feedback that was not learned (``no_record``, ``label_mismatch``...), by application, outcome and
+        UTC day: the report shows what was not learned, and why."""
+        ...
+
 
 class Registry(Protocol):
     def get_app(self, name: str) -> Application: ...

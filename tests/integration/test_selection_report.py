@@ -87,7 +87,13 @@ def logged(tables, monkeypatch):
     ]
     worker.handle([ReceivedMessage(f"m{i}", f"r{i}", body) for i, body in enumerate(messages)])
     worker.handle([ReceivedMessage("again", "r-again", messages[0])])  # redelivered: applied once, logged once
-    assert worker.counts == {"applied": N, "duplicate": 1}
+    # not learned, and counted for the report: three inputs never queried, one label of another kind
+    unknown = [FeedbackMessage(feedback_id=f"nr{i}", app="digits", payload=encode_rows(rows(N + i))[0], label=1)
+               for i in range(3)]  # fmt: skip
+    mismatch = FeedbackMessage(feedback_id="lm", app="digits", payload=encode_rows(rows(1))[0], label="one")
+    skipped = [ReceivedMessage(m.feedback_id, m.feedback_id, m.to_json()) for m in [*unknown, mismatch]]
+    worker.handle(skipped)
+    assert worker.counts == {"applied": N, "duplicate": 1, "no_record": 3, "label_mismatch": 1}
     assert processor.log is not None and processor.log.appended == N and processor.log.failures == 0
 
     return registry, b_answers
@@ -97,6 +103,8 @@ def test_the_report_shows_the_losses_planted_through_live_feedback(tables, logge
     aws = tables
     registry, b_answers = logged
     report = ReportService(registry, DynamoDBFeedbackLog(aws.dynamodb, "selection"), FakeClock(_now()))
+    # what was answered 200 but not learned is counted, by why (the worker's log said it alone)
+    assert report.report("digits")["skipped"] == {"label_mismatch": 1, "no_record": 3}
     client = TestClient(create_admin_app(AdminService(registry), "token", TOKEN, report))
     auth = {"Authorization": f"Bearer {TOKEN}"}
     got = client.get("/admin/apps/digits/report", params={"since": "1d", "window": 30}, headers=auth)
@@ -184,6 +192,7 @@ def test_clipper_report_prints_a_table_and_writes_the_json_and_the_png(tables, l
         printed = capsys.readouterr().out
         lines = {line.split()[0]: line.split() for line in printed.splitlines() if line.strip()}
         assert lines["a"][1:3] == [str(N - b_answers), "0.000"] and lines["b"][1:3] == [str(b_answers), "1.000"]
+        assert "not learned (on the days the range touches): 4: label_mismatch 1, no_record 3" in printed
         assert f"exp3 regret vs the best model in hindsight (a): {b_answers:.1f} over {N} feedbacks" in printed
         assert json.loads((out / "report.json").read_text())["feedbacks"] == N
         assert (out / "report.png").read_bytes()[

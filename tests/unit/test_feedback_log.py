@@ -24,6 +24,11 @@ class ListLog:
             raise ConnectionError("the log's table is unreachable")
         self.entries.append(entry)
 
+    def count_skipped(self, app, outcome, at) -> None:
+        if self.fail:
+            raise ConnectionError("the log's table is unreachable")
+        self.entries.append(("skipped", app, outcome, at))
+
 
 def test_each_applied_feedback_is_logged_once_with_the_models_losses_and_the_answer(learning):  # noqa: F811
     p, registry, cache, store = learning
@@ -54,12 +59,12 @@ def test_a_failing_log_neither_fails_nor_retries_the_feedback(learning):  # noqa
     assert recorder.failures == 1 and recorder.appended == 0
 
 
-def test_feedback_without_a_record_is_not_logged(learning):  # noqa: F811
+def test_feedback_without_a_record_is_not_logged_but_counted(learning):  # noqa: F811
     _, registry, cache, store = learning
     log = ListLog()
     feedback = FeedbackProcessor(registry, store, cache, log=FeedbackRecorder(log, FakeClock(0.0)))
     msg = FeedbackMessage(feedback_id="f3", app="ens", payload=_payload(one_hot(9)), label=9)
-    assert feedback.process(msg) == "no_record" and log.entries == []
+    assert feedback.process(msg) == "no_record" and log.entries == [("skipped", "ens", "no_record", 0.0)]
 
 
 def test_two_deliveries_that_split_the_users_and_the_apps_state_log_the_feedback_once(learning):  # noqa: F811

@@ -4,7 +4,11 @@
 
 One partition per application and UTC day, so the report reads an application's recent days with one Query each
 (newest first) and no partition grows without bound; entries expire after ``ttl_s`` (30 days by default) through
-the table's TTL. The application name is percent-encoded, so ``#`` in a name cannot reach another's partition.
+the table's TTL. Feedback that was not learned is counted, not logged, in one item of the day's partition (its sort
+key sorts after every entry's, so a range of entries never reads it):
+
+    pk = LOG#<app>#<YYYY-MM-DD>   sk = skipped                  <outcome> (N), ..., expires_at (N)
+ The application name is percent-encoded, so ``#`` in a name cannot reach another's partition.
 State keys start with ``app/`` (``clipper.selection.state_key``), so the two never share a partition.
 """
 
@@ -25,6 +29,7 @@ else:
     DynamoDBClient = Any
 
 LOG_TTL_S = 30 * 24 * 3600
+SKIPPED_SK = "skipped"  # after every entry's "<15 digits>#<id>": outside any range of entries
 
 
 def _day(t: float) -> str:
@@ -54,6 +59,32 @@ class DynamoDBFeedbackLog:
         }
         with aws_call("dynamodb.PutItem(feedback log)"):
             self._client.put_item(TableName=self._table, Item=item)
+
+    def count_skipped(self, app: str, outcome: str, at: float) -> None:
+        with aws_call("dynamodb.UpdateItem(feedback log)"):
+            self._client.update_item(
+                TableName=self._table,
+                Key={"pk": {"S": _pk(app, _day(at))}, "sk": {"S": SKIPPED_SK}},
+                UpdateExpression="ADD #o :one SET expires_at = if_not_exists(expires_at, :e)",
+                ExpressionAttributeNames={"#o": outcome},
+                ExpressionAttributeValues={":one": {"N": "1"}, ":e": {"N": str(math.ceil(at) + self._ttl_s)}},
+            )
+
+    def skipped(self, app: str, since: float, until: float) -> dict[str, int]:
+        """The feedback of ``app`` not learned, by outcome, on the UTC days [since, until] touches (whole days: the
+        counts are kept per day)."""
+        out: dict[str, int] = {}
+        day = datetime.fromtimestamp(until, UTC).date()
+        first = datetime.fromtimestamp(max(since, 0.0), UTC).date()
+        while day >= first:
+            key = {"pk": {"S": _pk(app, day.strftime("%Y-%m-%d"))}, "sk": {"S": SKIPPED_SK}}
+            with aws_call("dynamodb.GetItem(feedback log)"):
+                item = self._client.get_item(TableName=self._table, Key=key).get("Item") or {}
+            for name, value in item.items():
+                if name not in ("pk", "sk", "expires_at") and "N" in value:
+                    out[name] = out.get(name, 0) + int(value["N"])
+            day -= timedelta(days=1)
+        return dict(sorted(out.items()))
 
     def entries(self, app: str, since: float, until: float, limit: int) -> tuple[list[FeedbackEntry], bool]:
         """The entries of ``app`` applied in [since, until], oldest first: the newest ``limit`` of them, and

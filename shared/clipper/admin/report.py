@@ -95,6 +95,8 @@ class ReportService:
             raise Unavailable(f"the selection report: {self._why_no_log}")
         entries, truncated = self._log.entries(app, start, end, self._max_entries)
         figures = selection_report(entries, window=window, canary_events=self._canary_events(links, start, end))
+        skipped = getattr(self._log, "skipped", None)
+        figures["skipped"] = skipped(app, start, end) if skipped is not None else {}
         head = {
             "app": app,
             "policy": getattr(application, "policy", None),

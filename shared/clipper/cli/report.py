@@ -69,6 +69,10 @@ def table(report: dict[str, Any]) -> str:
                     f"  [{b['low']:.1f}, {b['high']:.1f}{']' if b['high'] >= 1 else ')'}  {b['judged']:>6} judged  "
                     f"error {_f(b['error'])}  defaults {b['defaults']}"
                 )
+    skipped = report.get("skipped") or {}
+    if skipped:
+        counts = ", ".join(f"{why} {n}" for why, n in skipped.items())
+        lines += ["", f"not learned (on the days the range touches): {sum(skipped.values())}: {counts}"]
     for model, canary in report.get("canary", {}).items():
         for ev in canary["events"]:
             lines.append(f"canary {model}: " + ", ".join(f"{k}={v}" for k, v in ev.items() if not isinstance(v, dict)))

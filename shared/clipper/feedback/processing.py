@@ -98,7 +98,7 @@ class FeedbackProcessor:
             held = self._read(copy, message.app)
             if held is None:
                 raise _Stale  # or added since the copy was read (it holds "no such application" a second)
-            return self._process(copy, held, message, fresh=False)
+            return self._counted(message, self._process(copy, held, message, fresh=False))
         except _Stale:
             pass
         source: Registry = getattr(copy, "uncached", copy)
@@ -111,6 +111,13 @@ class FeedbackProcessor:
         invalidate = getattr(copy, "invalidate", None)
         if invalidate is not None and source is not copy and self._read(copy, message.app) != read:
             invalidate()  # the copy was behind: the next feedback reads what this one did
+        return self._counted(message, outcome)
+
+    def _counted(self, message: FeedbackMessage, outcome: Outcome) -> Outcome:
+        """``outcome``, counted in the feedback log when nothing was learned from the feedback (the answer to its
+        POST was 200 all the same: the report says what was not learned, and why)."""
+        if outcome not in ("applied", "duplicate") and self.log is not None:
+            self.log.skipped(message, outcome)
         return outcome
 
     @staticmethod

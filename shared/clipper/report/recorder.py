@@ -38,3 +38,16 @@ class FeedbackRecorder:
             )
             return
         self.appended += 1
+
+    def skipped(self, message: FeedbackMessage, outcome: str) -> None:
+        """Count ``message`` as not learned, for ``outcome``; as ``record``, never failing the feedback."""
+        try:
+            self._log.count_skipped(message.app, outcome, self._clock.now())
+        except Exception as e:
+            self.failures += 1
+            logger.warning(
+                "feedback not counted as %s for the selection report: %s",
+                outcome,
+                e,
+                extra={"app": message.app, "feedback_id": message.feedback_id, "log_failures": self.failures},
+            )
