@@ -77,6 +77,11 @@ class BackgroundReloads:
         self._in_flight: set[Any] = set()
         self._lock = threading.Lock()
 
+    def within_bound(self, age_s: float) -> bool:
+        """Whether a value ``age_s`` old is within ``fresh_s + stale_s`` (not counting the patience of a reload in
+        flight)."""
+        return age_s < self._bound
+
     def usable(self, key: Any, age_s: float) -> bool:
         """Whether a value ``age_s`` old may still be answered: within ``fresh_s + stale_s``, or within
         ``RELOAD_PATIENCE_S`` past that while its reload is in flight (the source is slow, not the value gone)."""
@@ -269,11 +274,28 @@ class CachedRegistry:
 
     def app_is_current(self, name: str) -> bool:
         """Whether the application this copy holds may be acted on without a read: fresh, or stale within
-        ``max_stale_s`` while reloaded (``get_app_nowait`` answers older entries too, for the deadline and
-        default output of a query while the registry cannot be read; a query or a feedback acting on such an
-        entry reads the application first, or a policy change, a delete or a new incarnation made while no
-        query came would be missed by the first ones after it)."""
-        return self._cached(("app", name), self._clock.now()) is not None
+        ``max_stale_s`` while reloaded, not counting the patience given a reload in flight (``get_app_nowait``
+        answers older entries too, for the deadline and default output of a query while the registry cannot be
+        read; a query or a feedback acting on such an entry reads the application first (``reread_app``), or a
+        policy change, a delete or a new incarnation made while no query came would be missed by the first ones
+        after it)."""
+        with self._lock:
+            hit = self._entries.get(("app", name))
+        if hit is None:
+            return False
+        age = self._clock.now() - hit[0]
+        return age < self._ttl if self._reloads is None else self._reloads.within_bound(age)
+
+    def reread_app(self, name: str) -> Application:
+        """The application read from the registry now (with its links), kept in this copy, whatever reload is in
+        flight (``NotFound`` when it no longer exists: remembered as a miss)."""
+        now = self._clock.now()
+        loaded = self._load(("app", name))
+        self._keep(loaded, now)
+        value = loaded[("app", name)]
+        if isinstance(value, NotFound):
+            raise value
+        return value  # type: ignore[return-value]
 
     def ready_for(self, app: str) -> bool:
         """Whether choosing the models of ``app`` reads nothing from the registry now: its links and each linked

@@ -152,7 +152,8 @@ class FeedbackReceiver:
             app = self._registry.get_app(app_name)
         elif not current:
             with contextlib.suppress(Unavailable):  # else the held one stands: checked again when applied
-                app = self._registry.get_app(app_name)
+                # from the registry itself (the copy would answer the held entry while its reload is in flight)
+                app = (getattr(self._registry, "reread_app", None) or self._registry.get_app)(app_name)
         if not isinstance(body, dict):
             raise InvalidInput("body", 'a JSON object with "input" and "label"', json_kind(body))
         if "input_batch" in body:

@@ -193,7 +193,9 @@ class QueryProcessor:
         ticket.recheck = False
         ticket.stage = "reading the application"
         try:
-            app = self._registry.get_app(app_name)
+            # from the registry itself (the copy would answer the held entry while its reload is in flight)
+            reread = getattr(self._registry, "reread_app", None) or self._registry.get_app
+            app = reread(app_name)
         except Unavailable as e:
             logger.warning("application %s answered as last held: the registry cannot be read (%s)", app_name, e)
             return
