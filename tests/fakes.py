@@ -257,7 +257,7 @@ class InMemoryServingStacks:
 
         have = self.served.get((model, version))
         if have is not None and getattr(have[0], "sha256", "") and have[0].sha256 != getattr(artifact, "sha256", ""):
-            raise StackServesAnotherFile(f"the stack of {model}:{version} serves another file")
+            raise StackServesAnotherFile(f"the stack of {model}:{version} serves another file", have[0].sha256)
         self.served.setdefault((model, version), (artifact, replicas))
         self.mappings.setdefault((model, version), batching)
         return Serving(f"https://sqs.local/queue-{model}-v{version}", f"http://endpoint.local/{model}/{version}")

@@ -618,3 +618,19 @@ def test_of_two_uploads_of_one_version_at_once_the_one_whose_stack_serves_regist
     assert served.sha256 == hashlib.sha256(world.model_bytes("mlp")).hexdigest()
     with pytest.raises(StackServesAnotherFile):
         real_create("mlp", "2", ModelArtifact("s3://x", "y", "0" * 64), 1)
+
+
+def test_an_upload_of_a_deleted_version_whose_stack_is_still_there_is_rejected_with_the_reason(world: World) -> None:
+    """A deleted version's stack can stay (another version, added without resources, uses its queue; or its
+    delete failed). Since 67cfcf5 a new upload of that version with other bytes is not served from it, but it
+    was deferred on every delivery and never registered nor rejected (the event dropped after its retries, or
+    replayed every 2 s locally). No registration can come, so it is rejected, saying why. Found by a review
+    helper."""
+    world.serve_with(InMemoryServingStacks())
+    assert world.handle(world.upload("models/mlp/2/model.onnx", world.model_bytes()))[0]["status"] == "registered"
+    v2 = world.registry.get_version("mlp", "2")
+    world.registry.put_version(model_version("mlp", "3", queue_url=v2.queue_url, endpoint=v2.endpoint), activate=True)
+    world.registry.delete_version("mlp", "2")  # its stack kept: version 3 uses its queue
+    outcome = world.handle(world.upload("models/mlp/2/model.onnx", world.model_bytes("logreg")))[0]
+    assert outcome["status"] == "rejected" and "still serves the file of the deleted version" in outcome["reasons"][0]
+    assert world.item("VERSION#2") is None and world.item("REJECTED#2") is not None

@@ -109,7 +109,8 @@ class CloudFormationModelStacks:
                     self._wait(name)  # the upload that made it registers once it is up: then this one is looked at
                 raise StackServesAnotherFile(
                     f"stack {name} serves another file (sha256 {theirs[:12]}..., not {sha256[:12]}...): another "
-                    "upload of the version made it, or the version's deleted stack is still there; looked at again"
+                    "upload of the version made it, or the version's deleted stack is still there; looked at again",
+                    theirs,
                 ) from e
         except BotoCoreError as e:
             raise translate(e, "cloudformation.CreateStack(model)") from e

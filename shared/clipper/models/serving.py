@@ -43,9 +43,13 @@ class ModelArtifact:
 
 
 class StackServesAnotherFile(Conflict):
-    """A version's serving stack exists and serves another file than the one asked for: another upload of the
-    version made it (two uploads at once: the one that made it registers), or the stack of a deleted version is
-    still there. The upload is looked at again later, never served from a stack made for other bytes."""
+    """A version's serving stack exists and serves another file than the one asked for (``sha256``): another
+    upload of the version made it (two uploads at once: the one that made it registers), or the stack of a deleted
+    version is still there. Never served from a stack made for other bytes."""
+
+    def __init__(self, message: str, sha256: str = "") -> None:
+        super().__init__(message)
+        self.sha256 = sha256
 
 
 SHA256_TAG = "clipper:sha256"  # the file a version's stack serves, as a tag of the stack

@@ -244,7 +244,16 @@ class ModelUpdater:
             mapping = lambda_mapping(view.batching) if view.batching is not None else None
             try:
                 serving = self._stacks.create(up.model, up.version, artifact, view.replicas, mapping)
-            except StackServesAnotherFile as e:  # another upload's stack: looked at again (it may have registered)
+            except StackServesAnotherFile as e:
+                if view.deleted is not None and e.sha256 and e.sha256 == view.deleted.sha256:
+                    # the deleted version's own stack, kept (another version uses its queue) or not deleted (its
+                    # delete failed): no registration will come, so waiting would leave the upload without an answer
+                    why = (
+                        f"{up.model}:{up.version}'s serving stack still serves the file of the deleted version (kept: "
+                        "another version uses its queue, or its delete failed): upload the file as a new version"
+                    )
+                    return self._reject(up, digest, sig, why)
+                # another upload's stack: looked at again (it registers once its stack is up)
                 logger.info("%s:%s not registered from %s yet: %s", up.model, up.version, up.upload_id, e)
                 return None
             queue_url, endpoint = serving.queue_url, serving.endpoint
