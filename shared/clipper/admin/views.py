@@ -14,6 +14,7 @@ from clipper.errors import ClipperError
 
 def app_info(app: Application, links: list[str]) -> dict[str, Any]:
     info = asdict(app)
+    info.pop("revision", None)  # the registry's write guard (put_app), not the application's
     info["input_type"] = app.input_type.value
     info["input_shape"] = list(app.input_shape) if app.input_shape else None
     info["linked_models"] = links
