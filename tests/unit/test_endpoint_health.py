@@ -266,3 +266,30 @@ def test_a_batch_waiting_behind_a_slow_one_is_not_counted_as_running(demo_models
     health.run(lambda body, answer: (seen.append(health.running_since), (b"", ""))[1], b"", "")
     assert seen == [1000.0] and health.running_since is None and health.hung() is None
     assert Health(0, Clock()).hung() is None
+
+
+def test_a_probe_that_hangs_is_seen_as_hung_too(rows: bytes, demo_models: dict[str, Any]) -> None:
+    """The probe's batch of zeros runs on the worker thread too: when it hangs, later pings say so at once (they
+    waited behind it, each adding another probe to the thread's queue)."""
+    model = OnnxModel.load(Path(demo_models["out_dir"]) / "mlp" / "1")
+    clock = Clock()
+    app = create_app(model, unhealthy_after_s=60, clock=clock, inference="thread")
+    failing = BrokenSession(model.session)
+    model.session = failing  # type: ignore[assignment]
+    for _ in range(4):
+        assert call(app, "POST", "/invocations", rows)[0] == 500
+        clock.now += 25  # failing for 75 s, the last 25 s ago
+    clock.now -= 25
+    hanging = HangingSession(model.session)
+    model.session = hanging  # type: ignore[assignment]
+
+    async def scenario() -> list[int]:
+        first = asyncio.ensure_future(acall(app, "GET", "/ping"))  # due: probes, and the probe hangs
+        await asyncio.get_running_loop().run_in_executor(None, hanging.entered.wait, 10)
+        clock.now += 61
+        status = (await asyncio.wait_for(acall(app, "GET", "/ping"), 5))[0]
+        hanging.release.set()
+        await first
+        return [status]
+
+    assert asyncio.run(scenario()) == [503]

@@ -299,6 +299,13 @@ def test_a_debug_switch_that_is_neither_yes_nor_no_is_a_400_naming_it(world, fas
         assert ("debug" in r.json()) is on, (query, header)
 
 
+def test_a_repeated_debug_header_is_read_as_the_framework_reads_it_the_first(world):  # noqa: F811
+    for fast_path in (True, False):
+        client = TestClient(create_app(world[0], max_body_bytes=64 * 1024, fast_path=fast_path))
+        twice = [("X-Clipper-Debug", "banana"), ("X-Clipper-Debug", "1")]
+        assert client.post("/digits/predict", json={"input": one_hot(5)}, headers=twice).status_code == 400
+
+
 def test_the_fast_path_answers_before_the_framework_and_its_middleware(world):  # noqa: F811
     """A query does not pass through FastAPI's middleware stack (its cost per request is what the fast path
     saves); every other request still does."""

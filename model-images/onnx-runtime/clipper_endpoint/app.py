@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from starlette.applications import Starlette
@@ -48,6 +48,7 @@ DEFAULT_UNHEALTHY_AFTER_S = 60.0
 INLINE_ROW_S = 0.0002  # auto: batches of a model whose row takes less run on the event loop (2,048 rows: ~0.4 s)
 INFERENCE_MODES = ("auto", "inline", "thread")
 
+_T = TypeVar("_T")
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -101,12 +102,13 @@ class Health:
         self.running_since: float | None = None
         self._hung_reported = False
 
-    def run(self, work: Callable[[bytes, str], tuple[bytes, str]], body: bytes, answer: str) -> tuple[bytes, str]:
-        """``work(body, answer)`` on the worker thread, its start time in ``running_since`` while it runs (from
-        when it leaves the queue: a batch waiting behind a hung one is not the one that hangs)."""
+    def run(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(*args)`` on the worker thread (a batch, or the probe's batch of zeros), its start time in
+        ``running_since`` while it runs (from when it leaves the queue: a batch waiting behind a hung one is not
+        the one that hangs)."""
         self.running_since = self._clock()
         try:
-            return work(body, answer)
+            return work(*args)
         finally:
             self.running_since = None
 
@@ -351,7 +353,11 @@ def create_app(
             works = None
             if health.due():  # a batch of zeros, where batches run (the worker thread waits for the batch in hand)
                 loop = asyncio.get_running_loop()
-                works = model.probe() if executor is None else await loop.run_in_executor(executor, model.probe)
+                works = (
+                    model.probe()
+                    if executor is None
+                    else await loop.run_in_executor(executor, health.run, model.probe)  # a hung probe shows too
+                )
             problem = health.problem(works)
         if problem is not None:
             return Response(_error_body(problem), status_code=503, media_type=JSON)

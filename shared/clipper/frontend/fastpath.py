@@ -40,7 +40,7 @@ class PredictFastPath:
         for name, value in scope["headers"]:
             if name == b"content-type":
                 content_type = value.decode("latin-1")
-            elif name == b"x-clipper-debug":
+            elif name == b"x-clipper-debug" and debug_header is None:  # the first, as the framework reads it
                 debug_header = value
         query = scope.get("query_string", b"")
         debug = debug_requested(query, debug_header) if query or debug_header is not None else False
