@@ -90,3 +90,17 @@ def test_two_deliveries_that_split_the_users_and_the_apps_state_log_the_feedback
     feedback._apply = apply  # type: ignore[method-assign]
     assert feedback.process(msg) == "applied"  # its user's update landed
     assert len(log.entries) == 1 and log.entries[0].time == 1.0  # logged by the one that applied the app's
+
+
+def test_feedback_a_single_model_application_learns_nothing_from_by_design_is_not_counted(world):  # noqa: F811
+    """Every feedback of a single-model application is "not_learning" (or only its canary's evidence): a count
+    of each would be a write per feedback, and says nothing the sender can mend."""
+    registry = world[1]
+    from tests.unit.test_feedback import InMemoryCache, InMemorySelectionStore
+
+    log = ListLog()
+    feedback = FeedbackProcessor(
+        registry, InMemorySelectionStore(), InMemoryCache(), log=FeedbackRecorder(log, FakeClock(0.0))
+    )
+    msg = FeedbackMessage(feedback_id="s1", app="digits", payload=_payload(one_hot(4)), label=4)
+    assert feedback.process(msg) == "not_learning" and log.entries == []

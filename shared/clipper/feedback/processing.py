@@ -36,6 +36,10 @@ Outcome = Literal[
 ]
 
 
+# the outcomes of a feedback that was dropped, counted for the selection report
+SKIPS_COUNTED = frozenset({"no_record", "unknown_app", "policy_changed", "label_mismatch"})
+
+
 def _kind(value: Any) -> str:
     """An output's or a label's kind for judging one against the other: numbers (int or float) are one kind."""
     if isinstance(value, bool):
@@ -114,9 +118,11 @@ class FeedbackProcessor:
         return self._counted(message, outcome)
 
     def _counted(self, message: FeedbackMessage, outcome: Outcome) -> Outcome:
-        """``outcome``, counted in the feedback log when nothing was learned from the feedback (the answer to its
-        POST was 200 all the same: the report says what was not learned, and why)."""
-        if outcome not in ("applied", "duplicate") and self.log is not None:
+        """``outcome``, counted in the feedback log when the feedback was dropped for something the sender can
+        mend (the answer to its POST was 200 all the same: the report says what was not learned, and why). Not
+        what is by design: a single-model application learns nothing (``not_learning``), or only its canary's
+        evidence (``canary_only``); each count is a write, and those come with every such feedback."""
+        if outcome in SKIPS_COUNTED and self.log is not None:
             self.log.skipped(message, outcome)
         return outcome
 
