@@ -326,6 +326,8 @@ def test_a_models_batching_settings_are_stored_and_mapped_onto_its_lambda_batche
     fixed = {"model_name": "mlp", "controller": "fixed", "batch_size": 32, "batch_wait_ms": 1000}
     done = ok(client.post("/admin/set_model_batching", json=fixed))
     assert stacks.mapping["1"] == (32, 1) and done["lambda_batcher"]["not_applied"] == []  # a 1 s window: > 10
+    versions = ok(client.post("/admin/get_state", json={}))["models"]["mlp"]["versions"]
+    assert {v["batch_size"] for v in versions.values()} == {32}  # as get_model says (get_state said -1)
 
     refused = client.post("/admin/set_model_batching", json={"model_name": "mlp", "controller": "fixed"})
     assert refused.status_code == 400 and refused.json()["cause"].startswith("batch_size")

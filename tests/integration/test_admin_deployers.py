@@ -47,6 +47,24 @@ def test_a_regressor_converts_too_and_doubles_stay_doubles(digits):
     assert session.get_inputs()[0].type == "tensor(double)"
 
 
+def test_scikit_learn_models_convert_for_an_integers_application(digits):
+    """skl2onnx refuses int32 inputs for most estimators ("wrong type"): an integers application's models could
+    not be deployed at all. They convert with int64 inputs, which the updater takes for integers."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    from clipper.core.domain import InputType
+
+    x, y = digits
+    xi = x.astype(np.int32)  # digits' pixels are whole numbers 0-16
+    app = digits_app(input_type=InputType.INTEGERS)
+    for model in (LogisticRegression(max_iter=500), DecisionTreeClassifier(random_state=0)):
+        model.fit(xi[:500], y[:500])
+        data = sklearn_to_onnx(model, as_sample(xi[:3], "integers"), "digits")
+        assert validate_model(data, [app]).ok
+        check = check_on_sample(data, as_sample(xi[0], "integers"))
+        assert check.outputs == [int(model.predict(xi[:1])[0])]
+
+
 def test_a_model_that_fails_its_sample_is_not_uploaded(digits, demo_models):
     mlp = (Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx").read_bytes()
     assert check_on_sample(mlp, None).rows == 2  # zeros of its fixed row shape

@@ -85,7 +85,8 @@ def models_state(registry: AdminRegistry, probe: ServingProbe | None) -> dict[st
             "batching": record.batching.to_dict(),
             "linked_apps": record.linked_apps,
             "versions": {
-                v: version_info(mv, head.active_version) | record.artifacts.get(v, {}) for v, mv in versions.items()
+                v: version_info(mv, head.active_version, record.batching) | record.artifacts.get(v, {})
+                for v, mv in versions.items()
             },
             "rejected": {v: rejection(r) for v, r in record.rejected.items()},
             "canary": head.canary.to_dict() if head.canary else None,

@@ -49,21 +49,33 @@ def sklearn_to_onnx(model: Any, sample: np.ndarray, name: str) -> bytes:
     """A fitted scikit-learn estimator (or pipeline) as ONNX with one input ``input`` of the sample's row shape
     (any number of rows); a classifier answers labels first, then probabilities as a plain tensor."""
     from skl2onnx import convert_sklearn
-    from skl2onnx.common.data_types import DoubleTensorType, FloatTensorType, Int32TensorType
+    from skl2onnx.common.data_types import DoubleTensorType, FloatTensorType, Int32TensorType, Int64TensorType
     from sklearn.base import is_classifier
 
-    tensor = {"float32": FloatTensorType, "float64": DoubleTensorType, "int32": Int32TensorType}[sample.dtype.name]
-    try:
-        onx = convert_sklearn(
-            model,
-            initial_types=[(INPUT_NAME, tensor([None, *sample.shape[1:]]))],
-            options={"zipmap": False} if is_classifier(model) else None,
-            target_opset=TARGET_OPSET,
-            name=f"clipper_{name}",
-        )
-    except Exception as e:  # skl2onnx raises many types for what it cannot convert
-        raise DeployError(f"scikit-learn model not convertible to ONNX ({type(e).__name__})", [str(e)]) from e
-    return bytes(onx.SerializeToString())
+    # an integers application: int64 first (what skl2onnx's converters take; int32 is refused by most, the
+    # linear models and trees among them), then int32; the endpoint casts the app's int32 rows to the model's
+    tensors = {
+        "float32": [FloatTensorType],
+        "float64": [DoubleTensorType],
+        "int32": [Int64TensorType, Int32TensorType],
+    }[sample.dtype.name]
+    failures: list[Exception] = []
+    for tensor in tensors:
+        try:
+            onx = convert_sklearn(
+                model,
+                initial_types=[(INPUT_NAME, tensor([None, *sample.shape[1:]]))],
+                options={"zipmap": False} if is_classifier(model) else None,
+                target_opset=TARGET_OPSET,
+                name=f"clipper_{name}",
+            )
+            return bytes(onx.SerializeToString())
+        except Exception as e:  # skl2onnx raises many types for what it cannot convert
+            failures.append(e)
+    first = failures[0]
+    raise DeployError(
+        f"scikit-learn model not convertible to ONNX ({type(first).__name__})", [str(e) for e in failures]
+    ) from first
 
 
 def pytorch_to_onnx(model: Any, sample: np.ndarray) -> bytes:
@@ -100,14 +112,17 @@ def check_on_sample(data: bytes, sample: np.ndarray | None) -> SampleCheck:
     (spec, *others) = session.get_inputs()
     if others:
         raise DeployError(f"the model has {1 + len(others)} inputs; the endpoint feeds exactly one")
+    dtypes = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int32)": np.int32}
+    dtype = (dtypes | {"tensor(int64)": np.int64}).get(spec.type)
     if sample is None:
         dims = spec.shape[1:]
         if not all(isinstance(d, int) for d in dims):
             raise DeployError(f"give a sample input: the model's rows have free dimensions {dims}")
-        dtype = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int32)": np.int32}.get(spec.type)
         if dtype is None:
             raise DeployError(f"give a sample input for a model taking {spec.type}")
         sample = np.zeros((2, *dims), dtype=dtype)
+    elif dtype is not None and sample.dtype != dtype and np.can_cast(sample.dtype, dtype, "safe"):
+        sample = sample.astype(dtype)  # as the endpoint casts an application's rows (int32 to an int64 model)
     try:
         first = session.run(None, {spec.name: sample})[0]
     except Exception as e:  # onnxruntime's run errors have no common base
