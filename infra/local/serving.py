@@ -158,7 +158,12 @@ class LocalModelServing:
                     if m != model:
                         continue
                     if record is None or version not in record.versions:
-                        if served.registered:  # deleted since (a rejected one's processes stay until exit)
+                        # deleted since (a rejected one's processes stay until exit), unless a version that stays
+                        # is served through its queue (added without resources: the admin keeps the stack too)
+                        sharing = record is not None and any(
+                            v.queue_url == served.queue_url for v in record.versions.values()
+                        )
+                        if served.registered and not sharing:
                             self._stop(model, version)
                         continue
                     served.registered = True
@@ -216,6 +221,9 @@ class LocalModelServing:
         """The object version the updater validated (not whatever is at the key now: the upload URL may have been
         used again since). The local stack's saved state puts objects back into a fresh moto under new version ids:
         when the recorded one is gone, the object at the key is served if its sha256 is the validated one."""
+        path = self._dir / model / version / "model.onnx"
+        if artifact.sha256 and path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == artifact.sha256:
+            return path  # downloaded before (the state folder keeps it): the key may hold another PUT's bytes now
         bucket, _, key = artifact.uri.removeprefix("s3://").partition("/")
         try:
             pin = {"VersionId": artifact.version_id} if artifact.version_id else {}
@@ -226,7 +234,6 @@ class LocalModelServing:
             data = self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         if artifact.sha256 and hashlib.sha256(data).hexdigest() != artifact.sha256:
             raise Unavailable(f"{artifact.uri} is no longer the file validated for {model}:{version}: not served")
-        path = self._dir / model / version / "model.onnx"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return path

@@ -100,3 +100,61 @@ def test_the_validated_object_version_is_served_not_a_later_put_to_its_key(aws, 
     aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=validated)
     assert serving(aws, tmp_path, RecordingHost()).restore() == ["mlp:2"]
     assert served.read_bytes() == validated
+
+
+def test_after_a_restart_the_validated_file_the_state_folder_kept_is_served_when_the_key_holds_another(
+    aws, demo_models, tmp_path
+):
+    """The saved state copies the newest object at each key only: after a second PUT to a registered version's key
+    and a restart, the validated bytes were gone from the bucket and the version was not served again. The state
+    folder keeps the file served before: it is served when its sha256 is the validated one. Found by a review
+    helper."""
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app())
+    registry.put_version(model_version("mlp", "1", queue_url=aws.queue_url), activate=True)
+    registry.link("digits", "mlp")
+    demo = Path(demo_models["out_dir"])
+    validated, later = ((demo / m / "1" / "model.onnx").read_bytes() for m in ("mlp", "logreg"))
+    first = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=validated)
+    local = serving(aws, tmp_path, RecordingHost())
+    updater = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8, local
+    )
+    assert updater.handle_object(aws.bucket, KEY, len(validated), first["ETag"], None).status == "registered"
+    aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=later)  # unversioned: the validated bytes are gone
+    again = RecordingHost()
+    assert serving(aws, tmp_path, again).restore() == ["mlp:2"]
+    assert (tmp_path / "mlp" / "2" / "model.onnx").read_bytes() == validated
+
+
+def test_a_deleted_versions_processes_stay_while_a_version_that_stays_is_served_through_its_queue(
+    aws, demo_models, tmp_path
+):
+    """A version added without resources of its own is served by the active version's queue and endpoint; the
+    admin keeps a deleted version's stack that serves one that stays, but the local stack stopped its processes,
+    and the active version answered only defaults (timeouts). Found by a review helper."""
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app())
+    registry.put_version(model_version("mlp", "1", queue_url=aws.queue_url), activate=True)
+    registry.link("digits", "mlp")
+    data = (Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx").read_bytes()
+    put = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=data)
+    host = RecordingHost()
+    local = serving(aws, tmp_path, host)
+    updater = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8, local
+    )
+    assert updater.handle_object(aws.bucket, KEY, len(data), put["ETag"], None).status == "registered"
+    local.reconcile()  # as every 2 s: seen registered
+    registry.set_active_version("mlp", "2")
+    v2 = registry.get_version("mlp", "2")
+    registry.put_version(model_version("mlp", "3", queue_url=v2.queue_url, endpoint=v2.endpoint), activate=True)
+    registry.delete_version("mlp", "2")
+    local.reconcile()
+    assert any(name.startswith("endpoint-mlp-2") for name in host.commands)  # version 3's queries go there
+    registry.delete_version("mlp", "1")
+    registry.set_active_version("mlp", "3")
+    registry.put_version(model_version("mlp", "4", queue_url=aws.queue_url), activate=True)
+    registry.delete_version("mlp", "3")  # no version uses the queue any more: stopped
+    local.reconcile()
+    assert not any(name.startswith("endpoint-mlp-2") for name in host.commands)
