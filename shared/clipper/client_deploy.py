@@ -64,6 +64,8 @@ class Uploader:
         if canary is not None:
             self._can_start_canary(name)
             promote = False
+        elif promote:
+            self._refuse_while_canary(name)
         target = self._admin.get_upload_url(name, version, promote)
         self._say(f"uploading {len(data)} bytes to s3://{target['bucket']}/{target['key']}")
         etag = self._put(target, data)
@@ -71,7 +73,10 @@ class Uploader:
         self._say(f"waiting for the model updater to register {name}:{version}")
         info = self._wait_registered(name, version, digest, etag, timeout_s)
         if promote and not info.get("is_current_version"):
-            self._admin.set_model_version(name, version)
+            try:
+                self._admin.set_model_version(name, version)
+            except AdminError as e:  # a canary started meanwhile: the version is registered all the same
+                raise AdminError(e.status, "conflict", f"{name}:{version} is registered, not active: {e.cause}") from e
             info = self._admin.get_model_info(name, version)
         state = "active" if info.get("is_current_version") else "registered, not active"
         self._say(f"{name}:{version} {state} (queue {info.get('queue_url')}, endpoint {info.get('endpoint')})")
@@ -84,6 +89,23 @@ class Uploader:
             )
             info = {**info, "canary": c}
         return info
+
+    def _refuse_while_canary(self, name: str) -> None:
+        """Before uploading a version to make active: no canary runs on the model (the version would be registered
+        and then refused activation: a 409 after the upload, and the same deploy again a 409 for the version)."""
+        try:
+            running = self._admin.get_canary(name, 0)["canary"]
+        except AdminError as e:
+            if e.status == 404:
+                return  # a new model: its first version becomes active
+            raise
+        if running is not None:
+            raise AdminError(
+                409,
+                "conflict",
+                f"model {name} has a canary running ({name}:{running['version']}, trial {running['trial']}): a new "
+                "version cannot become active meanwhile; deploy it with --no-promote, or promote or abort the canary",
+            )
 
     def _can_start_canary(self, name: str) -> None:
         """Before uploading: the model exists (a first version becomes active, it cannot be a canary) and runs no

@@ -47,6 +47,13 @@ def test_deploy_as_a_canary_then_look_promote_and_roll_back(api, demo_models, ca
     assert "409 conflict: model mlp has a canary running already (mlp:2" in capsys.readouterr().err
     assert clipper("model", "mlp", "3") == 2
     capsys.readouterr()
+    # so is a deployment to make active (it was uploaded and registered, then refused activation: a bare 409, and
+    # the same deploy again a 409 for the version; found by a review helper)
+    assert clipper("deploy", "mlp", "3", model, "--timeout", "10") == 2
+    err = capsys.readouterr().err
+    assert "a new version cannot become active meanwhile; deploy it with --no-promote" in err, err
+    assert clipper("model", "mlp", "3") == 2  # nothing uploaded
+    capsys.readouterr()
 
     assert clipper("canary", "mlp", "--promote") == 0
     assert json.loads(capsys.readouterr().out)["active_version"] == "2"
