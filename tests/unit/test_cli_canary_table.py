@@ -57,3 +57,10 @@ def test_inspect_shows_the_canary_and_the_last_decision():
     assert "3 @ 10%" in text
     assert "canaries (last decision)" in text
     assert "start by operator" in text and "3 started on 10% of the queries beside 2" in text
+
+
+def test_a_share_near_100_percent_is_not_rounded_to_all_of_the_queries():
+    """A share of 99.99999 % read "on 100% of the queries" (from the model lifecycle review)."""
+    canary = Canary("3", 0.9999999, NOW - 300).to_dict()
+    answer = {"model_name": "mlp", "active_version": "2", "canary": canary, "evidence": {}, "events": []}
+    assert canary_table(answer, NOW).splitlines()[0].startswith("mlp: canary 3 on 99.99999% of the queries beside 2")

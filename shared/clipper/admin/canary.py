@@ -82,7 +82,7 @@ def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float)
             "share": canary.share,
             "active_version": active,
             "params": canary.to_dict()["params"],
-            "reason": f"{canary.version} started on {canary.share:.0%} of the queries beside {active}",
+            "reason": f"{canary.version} started on {canary.share * 100:.10g}% of the queries beside {active}",
         },
     )
     return {"model_name": req.model_name, "active_version": active, "canary": canary_info(canary)}

@@ -53,7 +53,7 @@ def _ago(at: Any, now: float) -> str:
 
 
 def _canary_cell(c: dict[str, Any] | None) -> str:
-    return "-" if not c else f"{c['version']} @ {c['share'] * 100:g}%"
+    return "-" if not c else f"{c['version']} @ {c['share'] * 100:.10g}%"
 
 
 def _event_line(e: dict[str, Any] | None, now: float) -> str:
@@ -75,7 +75,7 @@ def canary_table(answer: dict[str, Any], now: float | None = None) -> str:
         out = [f"{name}: no canary running (active version {answer['active_version']})"]
     else:
         out = [
-            f"{name}: canary {c['version']} on {c['share'] * 100:g}% of the queries beside "
+            f"{name}: canary {c['version']} on {c['share'] * 100:.10g}% of the queries beside "
             f"{answer['active_version']} (trial {c['trial']}, started {_ago(c['started_at'], now)})",
             "params: " + ", ".join(f"{k} {v:g}" for k, v in c.get("params", {}).items()),
         ]
