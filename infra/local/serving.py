@@ -18,6 +18,8 @@ import hashlib
 import logging
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -91,6 +93,12 @@ class Served:
     artifact: ModelArtifact
     replicas: list[Replica] = field(default_factory=list)
     registered: bool = False  # seen in the registry (created before the updater registers it)
+    gone_since: float | None = None  # when reconcile first found it deleted (its processes stop a grace later)
+
+
+# How long a deleted version's processes still answer: a frontend's registry copy may route a query to it for up to
+# its TTL plus its staleness bound (2 + 2 s) after a switch away from it and its delete.
+STOP_GRACE_S = 5.0
 
 
 class LocalModelServing:
@@ -102,7 +110,9 @@ class LocalModelServing:
         artifacts_dir: Path,
         host: ProcessHost,
         slo_ms: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self._stacks, self._s3, self._registry = stacks, s3, registry
         self._dir = artifacts_dir
         self._host = host
@@ -164,9 +174,13 @@ class LocalModelServing:
                             v.queue_url == served.queue_url for v in record.versions.values()
                         )
                         if served.registered and not sharing:
-                            self._stop(model, version)
+                            now = self._clock()
+                            if served.gone_since is None:
+                                served.gone_since = now
+                            if now - served.gone_since >= STOP_GRACE_S:  # the frontends route no query to it
+                                self._stop(model, version)
                         continue
-                    served.registered = True
+                    served.registered, served.gone_since = True, None
                     if len(served.replicas) != record.replicas:
                         self._scale_processes(model, version, served, record.replicas)
 

@@ -16,9 +16,9 @@ from clipper.adapters.clock import SystemClock
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.models.updater import ServingDefaults, build_model_updater
-from infra.local.serving import LocalModelServing
+from infra.local.serving import STOP_GRACE_S, LocalModelServing
 from infra.local.supervisor import Child, ChildSpec, Stage
-from tests.fakes import digits_app, model_version
+from tests.fakes import FakeClock, digits_app, model_version
 
 pytestmark = [
     pytest.mark.integration,
@@ -52,10 +52,12 @@ class RecordingHost:
         return None
 
 
-def serving(aws: Any, tmp_path: Path, host: RecordingHost) -> LocalModelServing:
+def serving(aws: Any, tmp_path: Path, host: RecordingHost, clock: Any = None) -> LocalModelServing:
     stacks = CloudFormationModelStacks(boto3.client("cloudformation"), "clipper", TEMPLATE, poll_s=0.05)
     registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
-    return LocalModelServing(stacks, aws.s3, registry, tmp_path, host, slo_ms=100)
+    return LocalModelServing(
+        stacks, aws.s3, registry, tmp_path, host, slo_ms=100, **({"clock": clock} if clock else {})
+    )
 
 
 def test_the_validated_object_version_is_served_not_a_later_put_to_its_key(aws, demo_models, tmp_path):
@@ -139,8 +141,8 @@ def test_a_deleted_versions_processes_stay_while_a_version_that_stays_is_served_
     registry.link("digits", "mlp")
     data = (Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx").read_bytes()
     put = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=data)
-    host = RecordingHost()
-    local = serving(aws, tmp_path, host)
+    host, clock = RecordingHost(), FakeClock(0.0)
+    local = serving(aws, tmp_path, host, clock.now)
     updater = build_model_updater(
         aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8, local
     )
@@ -155,6 +157,36 @@ def test_a_deleted_versions_processes_stay_while_a_version_that_stays_is_served_
     registry.delete_version("mlp", "1")
     registry.set_active_version("mlp", "3")
     registry.put_version(model_version("mlp", "4", queue_url=aws.queue_url), activate=True)
-    registry.delete_version("mlp", "3")  # no version uses the queue any more: stopped
+    registry.delete_version("mlp", "3")  # no version uses the queue any more: stopped once the frontends follow
+    local.reconcile()
+    assert any(name.startswith("endpoint-mlp-2") for name in host.commands)  # a stale copy may still route there
+    clock.advance(STOP_GRACE_S)
     local.reconcile()
     assert not any(name.startswith("endpoint-mlp-2") for name in host.commands)
+
+
+def test_a_deleted_version_answers_for_a_grace_while_the_frontends_registry_copies_catch_up(aws, demo_models, tmp_path):
+    """A frontend's registry copy may send a query to a version up to 4 s after a switch away from it: deleted at
+    once after the switch, its processes stopped within 2 s and those queries timed out with the default (from the
+    model lifecycle review). They stop STOP_GRACE_S after reconcile found it deleted."""
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app())
+    registry.put_version(model_version("mlp", "1", queue_url=aws.queue_url), activate=True)
+    registry.link("digits", "mlp")
+    data = (Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx").read_bytes()
+    put = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=data)
+    host, clock = RecordingHost(), FakeClock(0.0)
+    local = serving(aws, tmp_path, host, clock.now)
+    updater = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8, local
+    )
+    assert updater.handle_object(aws.bucket, KEY, len(data), put["ETag"], None).status == "registered"
+    local.reconcile()
+    registry.delete_version("mlp", "2")
+    for _ in range(2):  # every 2 s, within the grace
+        local.reconcile()
+        clock.advance(2.0)
+        assert any(name.startswith("batcher-mlp-2") for name in host.commands)
+    clock.advance(STOP_GRACE_S - 4.0)
+    local.reconcile()
+    assert host.commands == {}
