@@ -30,6 +30,7 @@ from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.errors import ClipperError, NotFound, Unavailable
 from clipper.models.serving import ModelArtifact, Serving
+from clipper.models.updater import validated_key
 from infra.local.supervisor import Child, Stage
 
 logger = logging.getLogger("clipper.local")
@@ -195,13 +196,21 @@ class LocalModelServing:
                 recorded = record.artifacts.get(version, {})
                 if not recorded.get("artifact"):
                     continue
-                artifact = ModelArtifact(
+                uploaded = ModelArtifact(
                     str(recorded["artifact"]),
                     str(recorded.get("artifact_version_id", "")),
                     str(recorded.get("sha256", "")),
                 )
+                bucket = uploaded.uri.removeprefix("s3://").partition("/")[0]
+                # the copy the updater served it from (nothing replaces it), else the upload (registered before)
+                kept = ModelArtifact(
+                    f"s3://{bucket}/{validated_key(model, version, uploaded.sha256)}", "", uploaded.sha256
+                )
                 try:
-                    self.create(model, version, artifact, record.replicas)
+                    try:
+                        self.create(model, version, kept if uploaded.sha256 else uploaded, record.replicas)
+                    except ClientError:
+                        self.create(model, version, uploaded, record.replicas)
                 except Exception as e:  # one version that cannot be served does not stop the others
                     logger.warning("%s:%s not served again: %s", model, version, e)
                     continue

@@ -93,9 +93,14 @@ def test_the_validated_object_version_is_served_not_a_later_put_to_its_key(aws, 
     (endpoint,) = [cmd for name, cmd in again.commands.items() if name.startswith("endpoint-mlp-2")]
     assert endpoint[endpoint.index("--sha256") + 1] == digest
 
-    # the local stack's saved state restores objects under new version ids: the object at the key serves if it
-    # is the validated file, and is refused if it is not
+    # the local stack's saved state restores objects under new version ids: the copy the updater served it from
+    # (validated/<model>/<version>/<sha256>/, which no upload URL names) serves; without it (a version registered
+    # before the copies) the object at the upload's key serves if it is the validated file, and is refused if not
     aws.s3.delete_object(Bucket=aws.bucket, Key=KEY, VersionId=first["VersionId"])  # now the key holds `later`
+    served.unlink()
+    assert serving(aws, tmp_path, RecordingHost()).restore() == ["mlp:2"]
+    assert served.read_bytes() == validated
+    aws.s3.delete_object(Bucket=aws.bucket, Key=f"validated/mlp/2/{digest}/model.onnx")
     served.unlink()
     assert serving(aws, tmp_path, RecordingHost()).restore() == []
     assert not served.exists()

@@ -175,6 +175,13 @@ class ArtifactStore(Protocol):
         ...
 
 
+def validated_key(model: str, version: str, sha256: str) -> str:
+    """Where the validated file is kept for serving: a key no upload URL names, so nothing replaces it (an upload
+    URL can be used again for minutes, and a SageMaker instance started later, by a scale-out or a replacement,
+    loads what its stack names then)."""
+    return f"validated/{model}/{version}/{sha256}/model.onnx"
+
+
 class ModelUpdater:
     def __init__(
         self,
@@ -240,7 +247,12 @@ class ModelUpdater:
         if input_type is None:
             return self._reject(up, digest, sig, f"no input type suits the model's input ({sig.input.element_type})")
         if self._stacks is not None:  # Unavailable when it cannot be created: the event is retried
-            artifact = ModelArtifact(f"s3://{up.bucket}/{up.key}", up.version_id, digest)
+            keep = getattr(self._store, "keep_validated", None)  # served from a copy nothing can replace
+            artifact = (
+                keep(up, digest)
+                if keep is not None
+                else ModelArtifact(f"s3://{up.bucket}/{up.key}", up.version_id, digest)
+            )
             mapping = lambda_mapping(view.batching) if view.batching is not None else None
             try:
                 serving = self._stacks.create(up.model, up.version, artifact, view.replicas, mapping)
@@ -330,6 +342,26 @@ class S3ArtifactStore:
         except BotoCoreError as e:
             raise translate(e, "s3.GetObject(model)") from e
         return Artifact(data, None if wish not in ("true", "false") else wish == "true")
+
+    def keep_validated(self, upload: Upload, sha256: str) -> ModelArtifact:
+        """A copy of exactly the uploaded object (its version, else If-Match its ETag) under ``validated_key``:
+        what the version's stack serves. ``NotFound`` when the upload is gone or was replaced since."""
+        key = validated_key(upload.model, upload.version, sha256)
+        source: dict[str, str] = {"Bucket": upload.bucket, "Key": upload.key}
+        pin: dict[str, Any] = {}
+        if upload.version_id:
+            source["VersionId"] = upload.version_id
+        else:
+            pin["CopySourceIfMatch"] = f'"{upload.etag}"'
+        try:
+            done = self._client.copy_object(Bucket=upload.bucket, Key=key, CopySource=source, **pin)
+        except ClientError as e:
+            if error_code(e) in {"NoSuchKey", "NoSuchVersion", "PreconditionFailed", "404", "412"}:
+                raise NotFound("model artifact", f"s3://{upload.bucket}/{upload.key}") from e
+            raise translate(e, "s3.CopyObject(model)") from e
+        except BotoCoreError as e:
+            raise translate(e, "s3.CopyObject(model)") from e
+        return ModelArtifact(f"s3://{upload.bucket}/{key}", str(done.get("VersionId") or ""), sha256)
 
 
 def _record_attrs(r: ArtifactRecord) -> dict[str, Any]:
