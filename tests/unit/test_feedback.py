@@ -132,17 +132,19 @@ def test_feedback_after_a_quiet_while_is_checked_against_the_application_as_it_i
     """The receiver validated against the copy's application however old: 15 s after delete_app a feedback was
     accepted (200) and dropped by the worker as "unknown_app" (found by a review helper). Held past its staleness
     bound, the application is read first: deleted is a 404, changed is checked as it is now."""
-    inner, clock = InMemoryRegistry(), FakeClock()
+    inner, clock, reloads = InMemoryRegistry(), FakeClock(), []
     inner.apps["digits"] = digits_app()
-    copy = CachedRegistry(inner, clock, ttl_s=2.0, refresh=lambda reload: None, max_stale_s=5.0)
+    copy = CachedRegistry(inner, clock, ttl_s=2.0, refresh=reloads.append, max_stale_s=5.0)
     queue = ListQueue()
     receiver = FeedbackReceiver(copy, queue, "https://sqs.local/feedback")
     assert receiver.accept("digits", {"input": one_hot(1), "label": 1})["accepted"]
     inner.apps["digits"] = digits_app(input_shape=(32,))  # deleted and added again with rows of 32
-    clock.advance(12)  # its reload in flight (never run here): the copy answers the held entry 30 s more
+    clock.advance(12)  # no feedback for a while (the reload a feedback starts is in flight while it is checked)
     with pytest.raises(InvalidInput, match="shape"):
         receiver.accept("digits", {"input": one_hot(1), "label": 1})  # 64 values: the old application's
     del inner.apps["digits"]
+    while reloads:  # what was started has finished
+        reloads.pop()()
     clock.advance(12)
     with pytest.raises(NotFound):
         receiver.accept("digits", {"input": one_hot(2), "label": 2})

@@ -77,11 +77,6 @@ class BackgroundReloads:
         self._in_flight: set[Any] = set()
         self._lock = threading.Lock()
 
-    def within_bound(self, age_s: float) -> bool:
-        """Whether a value ``age_s`` old is within ``fresh_s + stale_s`` (not counting the patience of a reload in
-        flight)."""
-        return age_s < self._bound
-
     def usable(self, key: Any, age_s: float) -> bool:
         """Whether a value ``age_s`` old may still be answered: within ``fresh_s + stale_s``, or within
         ``RELOAD_PATIENCE_S`` past that while its reload is in flight (the source is slow, not the value gone)."""
@@ -274,17 +269,13 @@ class CachedRegistry:
 
     def app_is_current(self, name: str) -> bool:
         """Whether the application this copy holds may be acted on without a read: fresh, or stale within
-        ``max_stale_s`` while reloaded, not counting the patience given a reload in flight (``get_app_nowait``
-        answers older entries too, for the deadline and default output of a query while the registry cannot be
-        read; a query or a feedback acting on such an entry reads the application first (``reread_app``), or a
-        policy change, a delete or a new incarnation made while no query came would be missed by the first ones
-        after it)."""
-        with self._lock:
-            hit = self._entries.get(("app", name))
-        if hit is None:
-            return False
-        age = self._clock.now() - hit[0]
-        return age < self._ttl if self._reloads is None else self._reloads.within_bound(age)
+        ``max_stale_s`` while reloaded, or past that while a reload queries already started is still in flight (the
+        registry is slow, not the entry forgotten: every query would otherwise read it itself, on a saturated core
+        the defaults' cause). ``get_app_nowait`` answers older entries too, for the deadline and default output of a
+        query while the registry cannot be read; a query or a feedback acting on an entry that is not current (no
+        query came for a while: a policy change, a delete or a new incarnation may have been made meanwhile) reads
+        the application first (``reread_app``). Ask before ``get_app_nowait``, which starts a reload."""
+        return self._cached(("app", name), self._clock.now()) is not None
 
     def reread_app(self, name: str) -> Application:
         """The application read from the registry now (with its links), kept in this copy, whatever reload is in
