@@ -63,6 +63,25 @@ def _absent(e: NotFound) -> NotFound:
     return e
 
 
+def held_app(registry: Registry, name: str) -> tuple[Application | None, bool]:
+    """The application as ``registry`` holds it without a read (None: a registry that reads every time, or a copy
+    that never held it; a remembered miss raises ``NotFound``), and whether it is current (``app_is_current``,
+    asked before the answer, which starts a reload). A plain registry holds nothing and is always current."""
+    nowait = getattr(registry, "get_app_nowait", None)
+    if nowait is None:
+        return None, True
+    current: bool = registry.app_is_current(name)  # type: ignore[attr-defined]
+    return nowait(name), current
+
+
+def reread_app(registry: Registry, name: str) -> Application:
+    """The application read from the registry itself: past a copy's held entry (``CachedRegistry.reread_app``),
+    which it keeps; a plain registry's ``get_app``."""
+    reread = getattr(registry, "reread_app", None)
+    app: Application = reread(name) if reread is not None else registry.get_app(name)
+    return app
+
+
 class BackgroundReloads:
     """Reloads handed to a ``runner`` (e.g. a one-thread executor's ``submit``), at most one in flight per key
     however many callers ask; what a reload raises is logged as ``what`` (the stale value stays, and the next

@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Payload, encode_rows, sqs_text
+from clipper.core.registry_cache import held_app, reread_app
 from clipper.core.validation import json_kind, validate_query
 from clipper.errors import InvalidInput, MalformedMessage, Unavailable
 from clipper.ports import Registry, RequestQueue
@@ -145,15 +146,12 @@ class FeedbackReceiver:
         # the application as the frontend's registry copy holds it, as a query would be answered, even while the
         # registry cannot be read (the worker reads it again to apply the feedback); read when never held, or held
         # past its staleness bound (deleted or changed while no query came: a 404, or the new policy's checks)
-        nowait = getattr(self._registry, "get_app_nowait", None)
-        current = getattr(self._registry, "app_is_current", lambda _: True)(app_name)  # asked before it reloads
-        app = nowait(app_name) if nowait is not None else None
+        app, current = held_app(self._registry, app_name)
         if app is None:
             app = self._registry.get_app(app_name)
         elif not current:
             with contextlib.suppress(Unavailable):  # else the held one stands: checked again when applied
-                # from the registry itself (the copy would answer the held entry while its reload is in flight)
-                app = (getattr(self._registry, "reread_app", None) or self._registry.get_app)(app_name)
+                app = reread_app(self._registry, app_name)
         if not isinstance(body, dict):
             raise InvalidInput("body", 'a JSON object with "input" and "label"', json_kind(body))
         if "input_batch" in body:

@@ -33,6 +33,7 @@ import orjson
 from clipper.core.cache_keys import record_keys
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, output_value
+from clipper.core.registry_cache import held_app, reread_app
 from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, fit_models, json_kind, validate_query
 from clipper.errors import ClipperError, InvalidInput, Unavailable
 from clipper.frontend import steps
@@ -166,14 +167,10 @@ class QueryProcessor:
         """Start the query without waiting for anything (on the caller's thread): when the application is in the
         registry copy, validate the body and fill ``ticket`` (ids, deadline), so a watchdog knows the deadline
         even before a worker takes the query up. Raises ``NotFound`` / ``InvalidInput`` like ``predict``."""
-        nowait = getattr(self._registry, "get_app_nowait", None)
-        current = getattr(self._registry, "app_is_current", None)
-        # asked first: answering a held entry past its bound starts its reload, which may land before the answer
-        stale = current is not None and not current(app_name)
-        app = nowait(app_name) if nowait is not None else None
+        app, current = held_app(self._registry, app_name)
         if app is not None:
             self._begin(app, body, ticket, self._clock.now())
-            ticket.recheck = stale
+            ticket.recheck = not current
 
     def _begin(self, app: Application, body: Any, ticket: QueryTicket, start: float) -> None:
         query = validate_query(app, body, self._max_batch, booleans=ticket.booleans)
@@ -193,9 +190,7 @@ class QueryProcessor:
         ticket.recheck = False
         ticket.stage = "reading the application"
         try:
-            # from the registry itself (the copy would answer the held entry while its reload is in flight)
-            reread = getattr(self._registry, "reread_app", None) or self._registry.get_app
-            app = reread(app_name)
+            app = reread_app(self._registry, app_name)  # the copy would answer its held entry while reloading
         except Unavailable as e:
             logger.warning("application %s answered as last held: the registry cannot be read (%s)", app_name, e)
             return

@@ -112,8 +112,13 @@ def check_on_sample(data: bytes, sample: np.ndarray | None) -> SampleCheck:
     (spec, *others) = session.get_inputs()
     if others:
         raise DeployError(f"the model has {1 + len(others)} inputs; the endpoint feeds exactly one")
-    dtypes = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int32)": np.int32}
-    dtype = (dtypes | {"tensor(int64)": np.int64}).get(spec.type)
+    dtypes = {
+        "tensor(float)": np.float32,
+        "tensor(double)": np.float64,
+        "tensor(int32)": np.int32,
+        "tensor(int64)": np.int64,
+    }
+    dtype = dtypes.get(spec.type)
     if sample is None:
         dims = spec.shape[1:]
         if not all(isinstance(d, int) for d in dims):

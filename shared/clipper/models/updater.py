@@ -323,6 +323,10 @@ def build_model_updater(
 
 
 # -- adapters ------------------------------------------------------------------------------------------
+# what S3 answers for an upload deleted, or replaced since its event (its version gone, its ETag changed)
+_UPLOAD_GONE = frozenset({"NoSuchKey", "NoSuchVersion", "PreconditionFailed", "404", "412"})
+
+
 class S3ArtifactStore:
     """Reads exactly the uploaded object: its version id when the bucket is versioned, else If-Match its ETag."""
 
@@ -336,7 +340,7 @@ class S3ArtifactStore:
             data: bytes = got["Body"].read()
             wish = got.get("Metadata", {}).get(PROMOTE_METADATA)
         except ClientError as e:
-            if error_code(e) in {"NoSuchKey", "NoSuchVersion", "PreconditionFailed", "404", "412"}:
+            if error_code(e) in _UPLOAD_GONE:
                 raise NotFound("model artifact", f"s3://{upload.bucket}/{upload.key}") from e
             raise translate(e, "s3.GetObject(model)") from e
         except BotoCoreError as e:
@@ -356,7 +360,7 @@ class S3ArtifactStore:
         try:
             done = self._client.copy_object(Bucket=upload.bucket, Key=key, CopySource=source, **pin)
         except ClientError as e:
-            if error_code(e) in {"NoSuchKey", "NoSuchVersion", "PreconditionFailed", "404", "412"}:
+            if error_code(e) in _UPLOAD_GONE:
                 raise NotFound("model artifact", f"s3://{upload.bucket}/{upload.key}") from e
             raise translate(e, "s3.CopyObject(model)") from e
         except BotoCoreError as e:
