@@ -90,15 +90,20 @@ class Uploader:
             info = {**info, "canary": c}
         return info
 
+    def _running_canary(self, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """Whether the model exists, and the canary it runs (None: none), asked before anything is uploaded."""
+        try:
+            return True, self._admin.get_canary(name, 0)["canary"]
+        except AdminError as e:
+            if e.status != 404:
+                raise
+            return False, None
+
     def _refuse_while_canary(self, name: str) -> None:
         """Before uploading a version to make active: no canary runs on the model (the version would be registered
-        and then refused activation: a 409 after the upload, and the same deploy again a 409 for the version)."""
-        try:
-            running = self._admin.get_canary(name, 0)["canary"]
-        except AdminError as e:
-            if e.status == 404:
-                return  # a new model: its first version becomes active
-            raise
+        and then refused activation: a 409 after the upload, and the same deploy again a 409 for the version). A new
+        model's first version becomes active."""
+        _, running = self._running_canary(name)
         if running is not None:
             raise AdminError(
                 409,
@@ -110,16 +115,13 @@ class Uploader:
     def _can_start_canary(self, name: str) -> None:
         """Before uploading: the model exists (a first version becomes active, it cannot be a canary) and runs no
         canary; else the refusal the API would give after the upload."""
-        try:
-            running = self._admin.get_canary(name, 0)["canary"]
-        except AdminError as e:
-            if e.status != 404:
-                raise
+        exists, running = self._running_canary(name)
+        if not exists:
             raise AdminError(
                 404,
                 "not found",
                 f"model {name} does not exist: a first version becomes active (deploy it without a canary)",
-            ) from e
+            )
         if running is not None:
             raise AdminError(
                 409,

@@ -8,7 +8,8 @@ the table's TTL. Feedback that was not learned is counted, not logged, in one it
 key sorts after every entry's, so a range of entries never reads it):
 
     pk = LOG#<app>#<YYYY-MM-DD>   sk = skipped                  <outcome> (N), ..., expires_at (N)
- The application name is percent-encoded, so ``#`` in a name cannot reach another's partition.
+
+The application name is percent-encoded, so ``#`` in a name cannot reach another's partition.
 State keys start with ``app/`` (``clipper.selection.state_key``), so the two never share a partition.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -38,6 +40,15 @@ def _day(t: float) -> str:
 
 def _pk(app: str, day: str) -> str:
     return f"LOG#{quote(app, safe='')}#{day}"
+
+
+def _days_newest_first(since: float, until: float) -> Iterator[str]:
+    """The UTC days (``YYYY-MM-DD``) that [since, until] touches, the newest first: the partitions to read."""
+    day = datetime.fromtimestamp(until, UTC).date()
+    first = datetime.fromtimestamp(max(since, 0.0), UTC).date()
+    while day >= first:
+        yield day.strftime("%Y-%m-%d")
+        day -= timedelta(days=1)
 
 
 def _sk(t: float) -> str:
@@ -74,30 +85,24 @@ class DynamoDBFeedbackLog:
         """The feedback of ``app`` not learned, by outcome, on the UTC days [since, until] touches (whole days: the
         counts are kept per day)."""
         out: dict[str, int] = {}
-        day = datetime.fromtimestamp(until, UTC).date()
-        first = datetime.fromtimestamp(max(since, 0.0), UTC).date()
-        while day >= first:
-            key = {"pk": {"S": _pk(app, day.strftime("%Y-%m-%d"))}, "sk": {"S": SKIPPED_SK}}
+        for day in _days_newest_first(since, until):
+            key = {"pk": {"S": _pk(app, day)}, "sk": {"S": SKIPPED_SK}}
             with aws_call("dynamodb.GetItem(feedback log)"):
                 item = self._client.get_item(TableName=self._table, Key=key).get("Item") or {}
             for name, value in item.items():
                 if name not in ("pk", "sk", "expires_at") and "N" in value:
                     out[name] = out.get(name, 0) + int(value["N"])
-            day -= timedelta(days=1)
         return dict(sorted(out.items()))
 
     def entries(self, app: str, since: float, until: float, limit: int) -> tuple[list[FeedbackEntry], bool]:
         """The entries of ``app`` applied in [since, until], oldest first: the newest ``limit`` of them, and
         whether older ones in the range were left out."""
         newest_first: list[FeedbackEntry] = []
-        day = datetime.fromtimestamp(until, UTC).date()
-        first = datetime.fromtimestamp(max(since, 0.0), UTC).date()
-        while day >= first:
-            for item in self._day_items(app, day.strftime("%Y-%m-%d"), since, until):
+        for day in _days_newest_first(since, until):
+            for item in self._day_items(app, day, since, until):
                 if len(newest_first) == limit:
                     return newest_first[::-1], True
                 newest_first.append(FeedbackEntry.from_dict(json.loads(item["entry"]["S"])))
-            day -= timedelta(days=1)
         return newest_first[::-1], False
 
     def _day_items(self, app: str, day: str, since: float, until: float) -> Any:
