@@ -65,13 +65,13 @@ def _absent(e: NotFound) -> NotFound:
 
 def held_app(registry: Registry, name: str) -> tuple[Application | None, bool]:
     """The application as ``registry`` holds it without a read (None: a registry that reads every time, or a copy
-    that never held it; a remembered miss raises ``NotFound``), and whether it is current (``app_is_current``,
-    asked before the answer, which starts a reload). A plain registry holds nothing and is always current."""
-    nowait = getattr(registry, "get_app_nowait", None)
-    if nowait is None:
+    that never held it; a remembered miss raises ``NotFound``), and whether it is current
+    (``CachedRegistry.get_app_held``). A plain registry holds nothing."""
+    held = getattr(registry, "get_app_held", None)
+    if held is None:
         return None, True
-    current: bool = registry.app_is_current(name)  # type: ignore[attr-defined]
-    return nowait(name), current
+    app, current = held(name)
+    return app, current
 
 
 def reread_app(registry: Registry, name: str) -> Application:
@@ -272,29 +272,28 @@ class CachedRegistry:
         when it never held it. An entry past ``ttl_s + max_stale_s`` is answered too (and reloaded off the path
         when a runner is set): a query needs its application's deadline and default output to be answered in
         time while the registry cannot be read, even if the query itself then waits for the registry."""
-        now = self._clock.now()
-        value = self._cached(("app", name), now)
+        return self.get_app_held(name)[0]
+
+    def get_app_held(self, name: str) -> tuple[Application | None, bool]:
+        """``get_app_nowait``'s answer, and whether it is current: fresh, or stale within ``max_stale_s`` while
+        reloaded, or past that while a reload queries already started is still in flight (the registry is slow,
+        not the entry forgotten: every query would otherwise read it itself, on a saturated core the defaults'
+        cause). A query or a feedback acting on an entry that is not current (no query came for a while: a policy
+        change, a delete or a new incarnation may have been made meanwhile) reads the application first
+        (``reread_app``). Decided from one look, before the reload this answer may start."""
+        value = self._cached(("app", name), self._clock.now())
+        current = value is not None
         if value is None:
             with self._lock:
                 hit = self._entries.get(("app", name))
             if hit is None:
-                return None
+                return None, False
             if self._refresh is not None:
                 self._reload_in_background(("app", name))
             value = hit[1]
         if isinstance(value, NotFound):
             raise value
-        return value  # type: ignore[return-value]
-
-    def app_is_current(self, name: str) -> bool:
-        """Whether the application this copy holds may be acted on without a read: fresh, or stale within
-        ``max_stale_s`` while reloaded, or past that while a reload queries already started is still in flight (the
-        registry is slow, not the entry forgotten: every query would otherwise read it itself, on a saturated core
-        the defaults' cause). ``get_app_nowait`` answers older entries too, for the deadline and default output of a
-        query while the registry cannot be read; a query or a feedback acting on an entry that is not current (no
-        query came for a while: a policy change, a delete or a new incarnation may have been made meanwhile) reads
-        the application first (``reread_app``). Ask before ``get_app_nowait``, which starts a reload."""
-        return self._cached(("app", name), self._clock.now()) is not None
+        return value, current  # type: ignore[return-value]
 
     def reread_app(self, name: str) -> Application:
         """The application read from the registry now (with its links), kept in this copy, whatever reload is in

@@ -68,14 +68,12 @@ class SingleModelLane:
         """The application, its linked models and the version that answers it when the lane may: from the
         registry copy, without a read; None for anything the general path must decide."""
         registry = self._registry
-        if not registry.app_is_current(app_name):
-            return None  # not held, or held past its staleness bound: the general path reads it first
         try:
-            app = registry.get_app_nowait(app_name)
+            app, current = registry.get_app_held(app_name)
         except ClipperError:
             return None  # unknown application: the general path says so
-        if app is None or app.policy != "single":
-            return None
+        if app is None or not current or app.policy != "single":
+            return None  # not held, or held past its staleness bound (the general path reads it first), or not ours
         held = registry.held_first_model(app_name)  # what the general path's choice would read, all held
         if held is None:
             return None  # something to read, or an unknown model: the general path reads it or says so

@@ -128,11 +128,7 @@ class QueryProcessor:
         # the common query's lane (clipper.frontend.lane): on the loop, with the fused lookup-and-send, and a
         # registry copy that tells whether it holds what a query needs
         self.lane: SingleModelLane | None = None
-        if (
-            inline
-            and self._gatherer.fused
-            and all(hasattr(registry, a) for a in ("get_app_nowait", "held_first_model"))
-        ):
+        if inline and self._gatherer.fused and all(hasattr(registry, a) for a in ("get_app_held", "held_first_model")):
             parts = (registry, self._gatherer, replies, clock, new_query_id, max_batch, listener)
             self.lane = SingleModelLane(*parts)
 
