@@ -135,3 +135,47 @@ def test_the_benchmark_table_has_a_row_per_system_and_a_cell_per_rate():
     text = table(costs, [1.0, 100.0]).splitlines()
     assert len(text) == 2 + 3 and all(line.count("|") == 4 for line in text)
     assert breakdown(costs["stack"][1]).splitlines()[-1].startswith("| total |")
+
+
+def test_each_model_of_an_ensemble_has_its_own_endpoint():
+    prices = Prices.load()
+    one = stack_cost(prices, FIGURES, Deployment(), rate_qps=200)
+    four = stack_cost(prices, FIGURES, Deployment(models_per_query=4), rate_qps=200)
+    assert (one.instances, four.instances) == (1, 4)  # infra/model-stack.yaml: a stack, an endpoint, a model
+    for line in ("endpoint instances", "SQS idle long polls", "CloudWatch metrics"):
+        assert four.per_hour[line] == pytest.approx(4 * one.per_hour[line])  # a batcher per model
+    busy = stack_cost(prices, FIGURES, Deployment(models_per_query=2), rate_qps=1_000_000)
+    assert busy.instances == 2 * 2  # each model's 1 M rows/s over 2 vCPUs x 400 k rows/s
+    direct = [realtime_cost(prices, FIGURES, Deployment(models_per_query=n), 25_000) for n in (1, 3)]
+    assert (direct[0].instances, direct[1].instances) == (3, 9)
+    assert direct[1].per_query["data processed"] == pytest.approx(3 * direct[0].per_query["data processed"])
+    from clipper.cost.model import serverless_cost
+
+    alone, three = (serverless_cost(prices, FIGURES, Deployment(models_per_query=n), 10).per_million for n in (1, 3))
+    assert three == pytest.approx(3 * alone)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--rate", "nan"),
+        ("--rate", "inf"),
+        ("--rate", "0"),
+        ("--hit-ratio", "nan"),
+        ("--models", "0"),
+        ("--vcpus", "0"),
+        ("--memory-mb", "-100"),
+        ("--cache-gb", "-5"),
+    ],
+)
+def test_clipper_cost_refuses_an_impossible_deployment_naming_the_option(tmp_path, capsys, option, value):
+    import json
+
+    from clipper.cli import main
+
+    figures = tmp_path / "cost.json"
+    figures.write_text(json.dumps({"measured": dataclasses.asdict(FIGURES)}))
+    args = ["cost", "--figures", str(figures)] + ([] if option == "--rate" else ["--rate", "10"])
+    assert main([*args, option, value]) == 2  # refused, one line, no traceback
+    err = capsys.readouterr().err
+    assert err.startswith(f"clipper: {option}: ") and len(err.splitlines()) == 1

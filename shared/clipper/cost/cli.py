@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from clipper.cost.model import SYSTEMS, Deployment, Measured, Prices
@@ -32,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--instance-type", default="ml.c5.large", help="the model endpoint's instance type")
     p.add_argument("--vcpus", type=int, default=2, help="vCPUs of that instance type (one model thread each)")
     p.add_argument("--hit-ratio", type=float, default=0.0, help="share of queries the prediction cache answers")
-    p.add_argument("--models", type=int, default=1, help="models per query (an exp4 ensemble's size)")
+    p.add_argument("--models", type=int, default=1, help="models per query (an exp4 ensemble's size; an endpoint each)")
     p.add_argument("--breakdown", action="store_true", help="every line of this stack's cost")
     p.add_argument("--json", action="store_true", help="the figures as JSON")
 
@@ -42,8 +43,16 @@ def run(args: argparse.Namespace) -> int:
         measured = json.loads(args.figures.read_text())["measured"]
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"clipper: no measured figures in {args.figures} ({e}); run `make bench-cost` first") from e
-    if not 0 <= args.hit_ratio <= 1 or args.rate <= 0 or args.models < 1:
-        raise SystemExit("clipper: --rate must be > 0, --hit-ratio in [0, 1], --models >= 1")
+    for option, ok, wanted, value in (
+        ("--rate", math.isfinite(args.rate) and args.rate > 0, "a finite number of queries a second > 0", args.rate),
+        ("--hit-ratio", 0 <= args.hit_ratio <= 1, "a share from 0 to 1", args.hit_ratio),
+        ("--models", args.models >= 1, "at least 1 model a query", args.models),
+        ("--vcpus", args.vcpus >= 1, "at least 1 vCPU", args.vcpus),
+        ("--memory-mb", 128 <= args.memory_mb <= 10_240, "Lambda's memory, 128 to 10240 MB", args.memory_mb),
+        ("--cache-gb", math.isfinite(args.cache_gb) and args.cache_gb >= 0, "a finite size >= 0 GB", args.cache_gb),
+    ):
+        if not ok:
+            raise SystemExit(f"clipper: {option}: {wanted}, got {value:g}")
     prices = Prices.load(args.prices)
     if args.instance_type not in prices["sagemaker_instance_hour"]:
         known = ", ".join(sorted(prices["sagemaker_instance_hour"]))

@@ -21,14 +21,14 @@ Per query, by what the code does (the requests are those ``tests/integration/tes
   frontend's reads while it waits (one every ``reply_poll_ms``);
 - the frontend's log line (EMF metrics), ``log_bytes_per_query``, at CloudWatch Logs' ingestion price.
 
-Per hour, whatever the traffic: the endpoint's instances (enough of them for the rate at the measured batched
-throughput of one instance), ElastiCache Serverless's stored data (at least the engine's minimum), the long-poll
-batchers' empty receives while idle (receivers x one per ``poll_wait_s``; counted in full, an upper bound) and
-their PutMetricData call a minute.
+Per hour, whatever the traffic: the endpoints' instances (each model asked has its own endpoint, with enough
+instances for the misses that ask it at the measured batched throughput of one instance), ElastiCache
+Serverless's stored data (at least the engine's minimum), the long-poll batchers' empty receives while idle
+(receivers x one per ``poll_wait_s``; counted in full, an upper bound) and their PutMetricData call a minute.
 
 The SageMaker real-time endpoint invoked directly: instances enough for the rate at one request per call (no
 batching), and data processed in and out. Serverless Inference: memory x duration per request (the inference,
-per ms), and data processed.
+per ms), and data processed. With an ensemble of n models both are n endpoints, each invoked for every query.
 """
 
 from __future__ import annotations
@@ -146,7 +146,10 @@ def stack_cost(prices: Prices, m: Measured, d: Deployment, rate_qps: float) -> C
         + d.frontend_memory_mb / 1024 * billed_ms / 1000 * p["lambda_gb_second"][d.architecture]
     )
     rows_per_s = rate_qps * sends
-    c.instances = max(d.min_instances, math.ceil(rows_per_s / (m.instance_rows_per_s * d.instance_vcpus)))
+    # Each model of an ensemble has its own serving stack (infra/model-stack.yaml): its endpoint's instances,
+    # its batcher's receivers and metrics, for the rows of the misses that ask it.
+    per_model = max(d.min_instances, math.ceil(rate_qps * miss / (m.instance_rows_per_s * d.instance_vcpus)))
+    c.instances = d.models_per_query * per_model
     per_receive = min(10.0, max(1.0, m.batch_rows))  # messages one SQS receive returns under load
     per_delete = min(10.0, max(per_receive, rows_per_s / c.instances * d.ack_linger_s))  # one batcher's linger
     chunks = math.ceil(m.message_bytes / SQS_CHUNK_BYTES)
@@ -175,17 +178,24 @@ def stack_cost(prices: Prices, m: Measured, d: Deployment, rate_qps: float) -> C
 
 def realtime_cost(prices: Prices, m: Measured, d: Deployment, rate_qps: float) -> Cost:
     c = Cost("SageMaker real-time endpoint, invoked directly", rate_qps)
-    c.instances = max(d.min_instances, math.ceil(rate_qps / (m.unbatched_per_s * d.instance_vcpus)))
+    # an endpoint per model, each invoked for every query (no cache in front of it)
+    per_model = max(d.min_instances, math.ceil(rate_qps / (m.unbatched_per_s * d.instance_vcpus)))
+    c.instances = d.models_per_query * per_model
     c.per_hour["endpoint instances"] = c.instances * prices["sagemaker_instance_hour"][d.instance_type]
-    c.per_query["data processed"] = _gb(m.request_bytes + m.response_bytes) * prices["sagemaker_data_processed_per_gb"]
+    c.per_query["data processed"] = (
+        d.models_per_query * _gb(m.request_bytes + m.response_bytes) * prices["sagemaker_data_processed_per_gb"]
+    )
     return c
 
 
 def serverless_cost(prices: Prices, m: Measured, d: Deployment, rate_qps: float) -> Cost:
     c = Cost("SageMaker Serverless Inference", rate_qps)
     seconds = math.ceil(max(m.inference_ms, 1.0)) / 1000
-    c.per_query["inference duration"] = d.serverless_memory_gb * seconds * prices["sagemaker_serverless_gb_second"]
-    c.per_query["data processed"] = _gb(m.request_bytes + m.response_bytes) * prices["sagemaker_data_processed_per_gb"]
+    n = d.models_per_query  # an endpoint per model, each invoked for every query
+    c.per_query["inference duration"] = n * d.serverless_memory_gb * seconds * prices["sagemaker_serverless_gb_second"]
+    c.per_query["data processed"] = (
+        n * _gb(m.request_bytes + m.response_bytes) * prices["sagemaker_data_processed_per_gb"]
+    )
     return c
 
 
