@@ -192,6 +192,21 @@ class ClipperConnection:
         return self._call("get_model", {"model_name": name, "model_version": version})
 
     def stop_versioned_models(self, model_versions_dict: dict[str, list[str]]) -> list[Any]:
+        """Delete the versions listed. The active version of a model is not deleted: when one is listed, none is
+        (a refusal never comes after some of them are gone)."""
+        listed = {(m, str(v)) for m, versions in model_versions_dict.items() for v in versions}
+        active = sorted(
+            f"{info['model_name']}:{info['model_version']}"
+            for info in self.get_all_models(verbose=True)
+            if info.get("is_current_version") and (info["model_name"], info["model_version"]) in listed
+        )
+        if active:
+            raise AdminError(
+                400,
+                "invalid input",
+                f"model_version: expected inactive versions (set another version active first), got the active "
+                f"{', '.join(active)}; nothing was deleted",
+            )
         return [
             self._call("delete_versioned_model", {"model_name": m, "model_version": v})
             for m, versions in model_versions_dict.items()

@@ -9,6 +9,7 @@ the query API's JSON, with inputs made of what users have at hand.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import math
 import time
@@ -44,7 +45,8 @@ def json_answer(req: urllib.request.Request, timeout_s: float, error: type[ApiEr
     ``where``."""
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
+            body = resp.read()
+            status = resp.status
     except urllib.error.HTTPError as e:
         try:
             detail = json.loads(e.read())
@@ -55,6 +57,15 @@ def json_answer(req: urllib.request.Request, timeout_s: float, error: type[ApiEr
         raise error(e.code, detail.get("error", ""), detail.get("cause", ""), detail) from e
     except urllib.error.URLError as e:
         raise error(0, "unreachable", f"no Clipper API answers at {where} ({e.reason})") from e
+    except TimeoutError as e:  # connected, but no answer within timeout_s
+        raise error(0, "unreachable", f"no answer from {where} within {timeout_s:g} s") from e
+    except (OSError, http.client.HTTPException) as e:  # the connection broke, or what came back was not HTTP
+        raise error(0, "unreachable", f"no Clipper API answers at {where} ({type(e).__name__}: {e})") from e
+    try:
+        return json.loads(body)
+    except ValueError as e:  # a proxy's page, another server on that port
+        start = body[:80].decode(errors="replace")
+        raise error(status, "not JSON", f"{where} answered {status} with no JSON (it starts: {start!r})") from e
 
 
 @dataclass(frozen=True)

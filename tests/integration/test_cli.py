@@ -410,8 +410,8 @@ def test_update_of_an_npy_of_several_rows_is_refused_before_any_request(api, tmp
 
 def test_update_whose_feedback_was_not_queued_names_the_option_to_send_it_again_with(api, capsys):
     """The server's 503 names the JSON field ("feedback_id"); on the command line it is --feedback-id."""
-    api["feedback"].down = True
-    assert clipper(api, "update", "digits", "--input", json.dumps(one_hot(2)), "--label", "2") == 2
+    api["feedback"].down = True  # a 503: unavailable, try again (1), not refused (2)
+    assert clipper(api, "update", "digits", "--input", json.dumps(one_hot(2)), "--label", "2") == 1
     err = capsys.readouterr().err
     key = re.search(r"--feedback-id (\S+) to have it applied once", err)
     assert key is not None, err
@@ -420,3 +420,64 @@ def test_update_whose_feedback_was_not_queued_names_the_option_to_send_it_again_
         clipper(api, "update", "digits", "--input", json.dumps(one_hot(2)), "--label", "2", "--feedback-id", key[1])
         == 0
     )
+
+
+def test_a_server_that_never_answers_or_answers_no_json_is_one_line_exit_1(capsys):
+    """A port that accepts and never answers was a bare "timed out" with exit 2 (refused); a page that is not
+    JSON (a proxy's, another server's) a JSONDecodeError traceback. Both are "not Clipper's API answering": 1."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from clipper.client import AdminError, ClipperConnection
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts (the kernel's backlog), never reads nor answers
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._page()
+
+        def do_POST(self) -> None:
+            self._page()
+
+        def _page(self) -> None:
+            body = b"<html>sign in</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    page = HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    try:
+        silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        page_url = f"http://127.0.0.1:{page.server_address[1]}"
+        with pytest.raises(AdminError, match=f"no answer from {silent_url} within 0.5 s"):
+            ClipperConnection(silent_url, token=TOKEN, timeout_s=0.5).get_all_apps()
+        with pytest.raises(AdminError, match=r"answered 200 with no JSON .*sign in"):
+            ClipperConnection(page_url, token=TOKEN).get_all_apps()
+        capsys.readouterr()
+        assert main(["--url", page_url, "--token", TOKEN, "apps"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("clipper: 200 not JSON:") and "Traceback" not in err
+    finally:
+        page.shutdown()
+        silent.close()
+
+
+def test_the_clients_stop_versioned_models_deletes_nothing_when_an_active_version_is_listed(api):
+    """The active version is refused by the API; the versions listed before it were deleted first."""
+    from clipper.client import AdminError
+
+    conn = ClipperConnection(api["url"], TOKEN)
+    conn.deploy_model("mlp", "2", "floats", activate=False)
+    with pytest.raises(AdminError, match="got the active mlp:1; nothing was deleted"):
+        conn.stop_versioned_models({"mlp": ["2", "1"]})
+    assert sorted(conn.get_all_models()) == ["mlp:1", "mlp:2"]
+    conn.stop_versioned_models({"mlp": ["2"]})
+    assert conn.get_all_models() == ["mlp:1"]

@@ -119,10 +119,15 @@ def test_stopping_versions_and_the_rest_of_clippers_docker_free_methods(conn):
     conn.register_model("mlp", "3", "floats")  # current: 3
     conn.stop_versioned_models({"mlp": ["1"]})  # an inactive version: deleted
     assert sorted(conn.get_all_models()) == ["mlp:2", "mlp:3"]
-    # stop_models deletes every version; here the active one is refused (it serves the linked apps' queries), so
-    # the inactive ones go and the call ends in a ClipperException naming why
-    with pytest.raises(ClipperException, match="an inactive version"):
+    # stop_models deletes every version; here the active one is refused (it serves the linked apps' queries),
+    # before anything is deleted (mlp:2 went first, then the refusal came)
+    with pytest.raises(ClipperException, match=r"mlp:3 is the active version.*nothing was stopped"):
         conn.stop_models(["mlp"])
+    assert sorted(conn.get_all_models()) == ["mlp:2", "mlp:3"]
+    with pytest.raises(ClipperException, match="mlp:3 is the active version"):
+        conn.stop_versioned_models({"mlp": ["2", "3"]})
+    assert sorted(conn.get_all_models()) == ["mlp:2", "mlp:3"]
+    conn.stop_inactive_model_versions(["mlp"])
     assert conn.get_all_models() == ["mlp:3"]
 
     conn.register_application("gone", "floats", "-1", 100000)

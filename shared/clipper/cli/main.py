@@ -1,6 +1,6 @@
-"""The ``clipper`` command: its parser and the exit codes (0 done, 1 the API is unreachable or a request could not
-be signed (no AWS credentials), 2 refused by the API (4xx), 3 a deployment or a version that failed its check or
-was rejected).
+"""The ``clipper`` command: its parser and the exit codes (0 done; 1 the API is unreachable, unavailable (5xx: try
+again), not Clipper's (no JSON), or a request could not be signed (no AWS credentials); 2 refused by the API
+(4xx); 3 a deployment or a version that failed its check or was rejected).
 
 Admin requests carry the admin token (the local stack) or a SigV4 signature (a deployed stack): ``--auth`` /
 ``CLIPPER_AUTH`` and ``--region`` / ``CLIPPER_REGION``, as :mod:`clipper.client_auth` says."""
@@ -85,9 +85,9 @@ def _main(argv: list[str] | None) -> int:
                 print(inspect_table(state, processes))
             return 0
         result = admin.run(args, conn)
-    except ApiError as e:  # refused (4xx), unreachable, or not signed
+    except ApiError as e:  # refused (4xx); unreachable, unavailable (5xx), not Clipper's API, or not signed
         print(f"clipper: {e}", file=sys.stderr)
-        return 2 if e.status >= 400 else 1
+        return 2 if 400 <= e.status < 500 else 1
     except ClipperError as e:  # a deployment that failed its check or was rejected
         print(f"clipper: {e}", file=sys.stderr)
         return 3

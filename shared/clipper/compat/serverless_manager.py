@@ -18,11 +18,13 @@ What has no counterpart here answers ``ClipperException`` naming the alternative
 (``make run`` / ``sam deploy``), and deploying model containers (``clipper deploy`` or the client's
 ``deploy_onnx_model``: models are files, not images). Stopping versions is the admin API's
 ``delete_versioned_model``, which ClipperConnection calls after the manager's ``stop_models``: that retires the
-version's serving stack, so ``stop_models`` itself has nothing left to do.
+version's serving stack, so ``stop_models`` itself only checks first that no version listed is active (the active
+one is not deleted; Clipper stopped it too).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -72,6 +74,10 @@ class ServerlessContainerManager(ContainerManager):  # type: ignore[misc]
             raise ClipperException(f"{op}: {e.code} {e.read().decode(errors='replace')}") from e
         except urllib.error.URLError as e:
             raise ClipperException(f"{op}: the API at http://{self._host} is unreachable ({e.reason})") from e
+        except (OSError, http.client.HTTPException) as e:  # no answer in time, or the connection broke
+            raise ClipperException(f"{op}: no answer from http://{self._host} ({type(e).__name__}: {e})") from e
+        except ValueError as e:  # not JSON: not this API on that port
+            raise ClipperException(f"{op}: http://{self._host} answered with no JSON (is it Clipper's API?)") from e
 
     def connect(self) -> None:
         request = urllib.request.Request(
@@ -105,7 +111,21 @@ class ServerlessContainerManager(ContainerManager):  # type: ignore[misc]
         return copied
 
     def stop_models(self, models: dict[str, list[str]]) -> None:
-        return None  # ClipperConnection then calls delete_versioned_model, which retires each version's stack
+        """ClipperConnection then calls delete_versioned_model for each version, which retires its stack. A
+        model's active version is not deleted here (it serves the linked applications' queries): when one is
+        listed, nothing is, so a refusal never comes after some of the versions are gone."""
+        listed = {(m, str(v)) for m, versions in models.items() for v in versions}
+        active = sorted(
+            f"{info['model_name']}:{info['model_version']}"
+            for info in self._admin("get_all_models", {"verbose": True})
+            if info.get("is_current_version") and (info["model_name"], info["model_version"]) in listed
+        )
+        if active:
+            raise ClipperException(
+                f"stop: {', '.join(active)} is the active version, which is not deleted (it serves the linked "
+                "applications' queries); nothing was stopped. Make another version active with set_model_version, "
+                "or stop the inactive ones with stop_inactive_model_versions"
+            )
 
     # -- no counterpart ------------------------------------------------------------------------------------
     def start_clipper(self, *args: Any, **kwargs: Any) -> None:
