@@ -156,6 +156,36 @@ def test_a_deferred_lead_is_held_to_the_batch_limit_when_the_limit_shrank():
         assert sorted(ids([m for b in batches for m in b])) == sorted(report.deferred)
 
 
+def test_a_deferred_lead_cut_by_a_smaller_limit_keeps_its_rest_across_the_batches_that_follow():
+    """The rest of a lead over a shrunk limit waited in the carry, and the next batch's handling replaced the
+    carry with its own deferrals: those messages were neither answered, deleted nor released (their queries
+    timed out with seconds left; they came back after the visibility timeout)."""
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
+    timed(endpoint, clock, 0.002, 0.010)
+    reader = ListReader()
+    driver = LongPollDriver(reader, Batcher(FakeResolver(endpoint), replies, clock), FixedController(10), 0.0)
+    stop = threading.Event()
+    with driving(driver, reader):
+        for n in (1, 4):
+            reader.add(message(100 + n, one_hot(0, n), clock, ttl_s=1.0))
+            driver.handle(driver.collect(stop))
+        reader.add(
+            *[message(i, one_hot(i), clock, ttl_s=0.5) for i in range(1, 9)], message(9, one_hot(9), clock, 0.045)
+        )
+        deferred = driver.handle(driver.collect(stop)).deferred
+        assert len(deferred) == 6
+        driver.reconfigure(FixedController(2), 0.0)
+        handled: list[str] = []
+        for _ in range(3):  # each batch handled before the next is collected, as run() does
+            batch = driver.collect(stop)
+            handled += ids(batch)
+            driver.handle(batch)
+        assert sorted(handled) == sorted(deferred)
+        assert driver.flush_acks(5.0)
+        assert {f"h-{m}" for m in deferred} <= set(reader.deleted)
+        assert driver.stats.answered == 2 + 3 + 6
+
+
 def test_messages_deferred_when_the_driver_stops_go_back_to_the_queue_at_once():
     clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
     timed(endpoint, clock, 0.002, 0.010)

@@ -218,7 +218,10 @@ class LongPollDriver:
         self._controller.observe(len(batch) - len(deferred), latency)
         self._buffer.set_capacity(self._capacity())
         failed = set(report.failed)
-        self._carry = [m for m in batch if m.message_id in deferred]
+        # this batch's deferrals, and what a shrunk limit left of the lead it took (``collect``), by arrival
+        self._carry = sorted(
+            [m for m in batch if m.message_id in deferred] + self._carry, key=lambda m: m.received_ms or 0.0
+        )
         # Off the batch path: the acker deletes and releases while the next batch forms.
         self._acker.delete(
             [m.receipt_handle for m in batch if m.message_id not in failed and m.message_id not in deferred]
