@@ -640,3 +640,34 @@ def test_the_frontends_record_names_the_trial_its_answer_was_in_and_the_feedback
     now = FeedbackMessage(feedback_id="now", app="ens", payload=_payload(one_hot(5)), label=5)
     assert feedback.process(now) == "applied"
     assert [(m, t) for (m, t, _) in evidence.counts] == [("good", second.trial)]
+
+
+@pytest.mark.parametrize("policy", ["exp4", "exp3", "epsilon_greedy"])
+def test_a_model_that_gives_no_output_loses_its_share(learning, policy):
+    """A selected model that gave no output (no reply within the SLO) was not judged: a model that stopped
+    answering kept the share it had, and won what the others lost on their mistakes (under Exp3 its draw
+    probability went to ~1: most queries answered the default). It now loses as a wrong answer does."""
+    p, registry, cache, store = learning
+    registry.apps["ens"] = digits_app(name="ens", policy=policy)
+    registry.links["ens"] = ["good", "ghost"]
+    registry.versions[("ghost", "1")] = model_version("ghost", queue_url="https://sqs.local/nobody")
+    registry.active["ghost"] = "1"
+    queue = p._queue
+    inner_send = queue.send
+
+    def send(url, body):  # nobody consumes the ghost's queue
+        if url.endswith("/nobody"):
+            return ListQueue.send(queue, url, body)
+        return inner_send(url, body)
+
+    queue.send = send
+    feedback = FeedbackProcessor(registry, store, cache)
+    for i in range(1, 151):  # epsilon_greedy asks the ghost 1 in 20
+        x = one_hot(i % 63 + 1)
+        p.predict("ens", {"input": x})
+        msg = FeedbackMessage(feedback_id=f"g{i}", app="ens", payload=_payload(x), label=i % 63 + 1)
+        assert feedback.process(msg) == "applied"  # a query the ghost alone was asked is recorded too
+    state = store.states[state_key("ens")]
+    ghost = next(a for a in state.arms if a.model == "ghost")
+    assert ghost.pulls >= 1 and ghost.losses == ghost.pulls  # every time it was asked, a loss
+    assert state.weights["good"] > 3 * state.weights["ghost"]

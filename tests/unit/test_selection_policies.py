@@ -544,3 +544,19 @@ def test_exp3_weighs_a_draw_by_its_probability_when_models_were_unlinked_since()
     state = initial_state("exp3", ["a", "b"])
     new = policy.update(state, selection, {"a": 7}, 3)  # wrong: loss 1
     assert math.log(new.weights["b"] / new.weights["a"]) == pytest.approx(0.1 / 0.125)
+
+
+def test_update_judges_a_missing_model_as_the_worst_loss_and_only_if_it_was_asked():
+    from clipper.selection.policies import MISSING_LOSS, Exp4Policy
+    from clipper.selection.state import initial_state
+
+    policy = Exp4Policy()
+    state = initial_state("exp4", ["a", "b", "c"])
+    selection = policy.select(state, random.Random(0))
+    updated = policy.update(state, selection, {"a": 1}, 1, missing=frozenset({"b", "z"}))
+    arms = {arm.model: arm for arm in updated.arms}
+    assert (arms["a"].losses, arms["b"].losses, arms["c"].pulls) == (0.0, MISSING_LOSS, 0)  # c: not named, not judged
+    assert arms["b"].pulls == 1 and updated.weights["a"] > updated.weights["b"]
+    narrow = type(selection)(selection.policy, ("a",), selection.probabilities, selection.state_version)
+    alone = policy.update(state, narrow, {"a": 1}, 1, missing=frozenset({"b"}))  # b was not asked: not judged
+    assert {arm.model: arm.pulls for arm in alone.arms} == {"a": 1, "b": 0, "c": 0}

@@ -211,7 +211,10 @@ class FeedbackProcessor:
             # its probabilities as its own (an Exp4 mixture as Exp3's draw), so the bandit learns nothing from it
             logger.info("feedback on a prediction of the application's previous policy", extra={"app": app.name})
             return "policy_changed"
-        outputs = self._serving(registry, record["outputs"], record.get("versions") or {}, versions)
+        answered = record.get("versions") or {}
+        outputs = self._serving(registry, record["outputs"], answered, versions)
+        # the selected models that gave no output, of versions that still answer (the version asked then)
+        missing = set(self._serving(registry, dict.fromkeys(record.get("missing") or ()), answered, versions))
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
         keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]
         # every state read, and checked against the copy, before any is written: found behind by the app-wide
@@ -220,7 +223,9 @@ class FeedbackProcessor:
         loaded = {k: self.store.load(k) for k in keys}
         if not fresh and not all(_agrees(stored, app, linked, versions) for stored in loaded.values()):
             raise _Stale
-        applied = [self._apply(app, linked, versions, k, message, selection, outputs, fresh, loaded) for k in keys]
+        applied = [
+            self._apply(app, linked, versions, k, message, selection, outputs, fresh, loaded, missing) for k in keys
+        ]
         # logged by the delivery that applied the app-wide state, the last key: when two deliveries of one
         # message race (a redelivery while the first still runs), one may apply the user's state and the other
         # the app's; both answer "applied", and one logs
@@ -282,6 +287,7 @@ class FeedbackProcessor:
         outputs: dict[str, Any],
         fresh: bool = True,
         loaded: dict[str, SelectionState | None] | None = None,
+        missing: frozenset[str] | set[str] = frozenset(),
     ) -> bool:
         """Apply the feedback to the state under ``key``; ``fresh``: ``app``, ``linked`` and ``versions`` were read
         from the registry itself (not a copy that may be stale), so a stored state that disagrees with them is
@@ -303,7 +309,7 @@ class FeedbackProcessor:
             else:
                 base = ensure_state(stored, app.policy, linked, app.incarnation, versions)
             expected = stored.version if stored is not None else 0
-            updated = policy.update(base, sel, outputs, msg.label)
+            updated = policy.update(base, sel, outputs, msg.label, missing)
             if updated.version <= expected:
                 updated = replace(updated, version=expected + 1)
             try:

@@ -427,9 +427,17 @@ class QueryProcessor:
         entries: dict[str, dict[str, Any]] = {}
         for row, key in enumerate(record_keys(app.name, user, query.rows)):
             outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
-            if outputs:  # with the version that answered for each model: a canary's feedback is its own
+            # the models selected that gave no output in time (no reply, an error): feedback counts each as a
+            # loss, so a model that stops answering loses its share instead of keeping what it had won
+            missing = [m for m in choice.selection.models if m not in outputs]
+            if choice.selection.policy == "single":
+                missing = []  # nothing learns from it (the canary's evidence is the outputs'): no write a timeout
+            if outputs or missing:  # with the version asked of each model: a canary's feedback is its own
                 versions = {a.model.name: a.model.version for a in answers if a.model.name in outputs}
+                versions |= {a.model.name: a.model.version for a in answers if a.model.name in missing}
                 entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs, "versions": versions}
+                if missing:
+                    entries[key]["missing"] = missing
                 trials = {m: t for m, t in choice.trials.items() if m in outputs}
                 if trials:  # the canary trials it was answered in: its feedback is evidence of those alone
                     entries[key]["trials"] = trials

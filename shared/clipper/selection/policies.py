@@ -16,8 +16,10 @@ selection and outputs it cached for the query and the true label; it returns a n
   ``exp(-eta * loss)``.
 
 Losses are in [0, 1]: 0/1 by equality for class labels, the absolute error (capped at 1) for scores. A
-selected model with no cached output (it did not reply in time) is not judged. Weights stay a
-distribution with a floor relative to the heaviest (``min_ratio``), so they are never NaN or 0.
+selected model that gave no output (no reply within the SLO, an error: ``missing``) loses 1 (``MISSING_LOSS``),
+as a wrong answer does: the query was answered without it. Not judging it let a model that stopped answering
+keep, and then win, the share the others lost on their mistakes. Weights stay a distribution with a floor
+relative to the heaviest (``min_ratio``), so they are never NaN or 0.
 """
 
 from __future__ import annotations
@@ -77,7 +79,12 @@ class SelectionPolicy(Protocol):
     ) -> Combined: ...
 
     def update(
-        self, state: SelectionState, selection: Selection, outputs: Mapping[str, Any], label: Any
+        self,
+        state: SelectionState,
+        selection: Selection,
+        outputs: Mapping[str, Any],
+        label: Any,
+        missing: Set[str] = frozenset(),
     ) -> SelectionState: ...
 
 
@@ -93,9 +100,16 @@ def _draw(probabilities: Mapping[str, float], rng: random.Random) -> str:
     return last
 
 
-def _judged(state: SelectionState, outputs: Mapping[str, Any], label: Any) -> dict[str, float]:
+MISSING_LOSS = 1.0  # a selected model that gave no output: the worst loss
+
+
+def _judged(
+    state: SelectionState, outputs: Mapping[str, Any], label: Any, missing: Iterable[str] = ()
+) -> dict[str, float]:
     known = set(state.models)
-    return {m: loss(o, label) for m, o in outputs.items() if m in known}
+    judged = {m: loss(o, label) for m, o in outputs.items() if m in known}
+    judged |= {m: MISSING_LOSS for m in missing if m in known and m not in outputs}
+    return judged
 
 
 class _Policy:
@@ -119,9 +133,16 @@ class _Policy:
         return combine_outputs(weights, selection.models, outputs, missing, self.tolerance)
 
     def update(
-        self, state: SelectionState, selection: Selection, outputs: Mapping[str, Any], label: Any
+        self,
+        state: SelectionState,
+        selection: Selection,
+        outputs: Mapping[str, Any],
+        label: Any,
+        missing: Set[str] = frozenset(),
     ) -> SelectionState:
-        losses = _judged(state, {m: o for m, o in outputs.items() if m in selection.models}, label)
+        """``missing``: the selected models that gave no output for the query (each loses ``MISSING_LOSS``)."""
+        asked = set(selection.models)
+        losses = _judged(state, {m: o for m, o in outputs.items() if m in asked}, label, missing & asked)
         arms = self._reweight(state, selection, losses)
         return replace(state, arms=with_losses(arms, losses), version=state.version + 1, updates=state.updates + 1)
 
