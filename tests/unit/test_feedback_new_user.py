@@ -85,6 +85,23 @@ def test_a_known_users_feedback_is_one_update_of_their_own_state():
     assert store.states[state_key("app", "known")].weights == pytest.approx(expected.weights, rel=1e-12)
 
 
+def test_a_user_whose_state_was_learned_under_the_previous_policy_starts_from_the_apps_as_a_new_user_does():
+    """After set_app_policy a returning user's state (of the old policy) was reset to uniform weights, while a
+    new user started from the application's state learned under the new policy: in the worker and in the
+    frontend's selection alike."""
+    selection, outputs = CASES["exp4"]
+    processor, store = world("exp4", selection, outputs, user="back")
+    old = SelectionState("exp3", (Arm("a", 0.1), Arm("b", 0.1), Arm("c", 0.8)), version=5, updates=9)
+    store.states[state_key("app", "back")] = old
+    prior = store.states[state_key("app")]
+    assert state_for_user(prior, old).weights == pytest.approx(state_for_user(prior, None).weights)
+    assert processor.process(feedback("back")) == "applied"
+    once = policy_for("exp4").update(state_for_user(prior, None), selection, outputs, 3)
+    mine = store.states[state_key("app", "back")]
+    assert mine.weights == pytest.approx(once.weights, rel=1e-12) and mine.policy == "exp4"
+    assert mine.version > old.version  # the conditional write continues the stored item's versions
+
+
 def test_feedback_for_an_application_deleted_between_its_reads_is_dropped():
     """The application read, then gone when its links are read (the DynamoDB registry reads both from one item
     collection, and an entry of the registry cache can expire between the two): nothing is left to teach."""

@@ -298,8 +298,11 @@ class FeedbackProcessor:
             stored = first.pop(key) if key in first else self.store.load(key)
             if not fresh and not _agrees(stored, app, linked, versions):
                 raise _Stale
-            if key != state_key(app.name) and (stored is None or stored.incarnation != app.incarnation):
-                # a user without a state of this application's own (none, or one of a deleted namesake's)
+            if key != state_key(app.name) and (
+                stored is None or stored.incarnation != app.incarnation or stored.policy != app.policy
+            ):
+                # a user without a state of this application's own (none, one of a deleted namesake's, or one
+                # learned under the policy it had before): a copy of the application's (state_for_user)
                 app_key = state_key(app.name)
                 app_stored = first.pop(app_key) if app_key in first else self.store.load(app_key)
                 if not fresh and not _agrees(app_stored, app, linked, versions):

@@ -252,13 +252,24 @@ def is_user_key(key: str) -> bool:
     return key.count("/") == 3 and key.startswith("app/") and key.split("/", 3)[2] == "user"
 
 
+def user_is_current(app_state: SelectionState, user_state: SelectionState | None) -> bool:
+    """Whether a user's stored state was learned for the application as it is (its incarnation, its policy)."""
+    return (
+        user_state is not None
+        and user_state.incarnation == app_state.incarnation
+        and user_state.policy == app_state.policy
+    )
+
+
 def state_for_user(app_state: SelectionState, user_state: SelectionState | None) -> SelectionState:
     """The fallback rule of contextual selection: the user's own state when it exists (learned for the
-    application's incarnation); otherwise a copy of the application's weights (and the versions they learned
-    on) with zeroed counters and version 0 (not yet stored under the user's key, or stored for an application
-    of the same name deleted since). Epsilon-greedy's weights are its counters (each model's accuracy so far),
-    so its copy keeps them: zeroed, the user's first feedback would rebuild the weights from that one label."""
-    if user_state is not None and user_state.incarnation == app_state.incarnation:
+    application's incarnation under its policy); otherwise a copy of the application's weights (and the versions
+    they learned on) with zeroed counters and version 0 (not yet stored under the user's key, stored for an
+    application of the same name deleted since, or learned under the policy the application had before
+    set_app_policy: a returning user then starts where a new one does, not from uniform weights). Epsilon-greedy's
+    weights are its counters (each model's accuracy so far), so its copy keeps them: zeroed, the user's first
+    feedback would rebuild the weights from that one label."""
+    if user_state is not None and user_is_current(app_state, user_state):
         return user_state
     if app_state.policy == "epsilon_greedy":
         arms = app_state.arms
