@@ -258,6 +258,13 @@ class ClipperConnection:
         body = {**current, **{k: v for k, v in given.items() if v is not None}, "model_name": name}
         if body["controller"] != "fixed" and batch_size is None:
             body["batch_size"] = 0
+        if (
+            body["controller"] == "fixed"
+            and max_batch_size is None
+            and body.get("max_batch_size", 0) < body["batch_size"]
+        ):
+            # the stored bound is the adaptive size's (kept from an earlier aimd/quantile setting), not one asked for
+            body["max_batch_size"] = body["batch_size"]
         return self._call("set_model_batching", body)
 
     def get_model_batching(self, name: str) -> Any:

@@ -245,6 +245,12 @@ def test_batching_settings_from_the_command_line(api, capsys):
     assert "batch_size" in capsys.readouterr().err
     assert clipper(api, "batching", "mlp", "--batch-size", "4") == 0  # a size alone: the fixed controller's
     assert {"controller": "fixed", "batch_size": 4}.items() <= json.loads(capsys.readouterr().out)["batching"].items()
+    # an adaptive bound set before does not refuse a larger fixed size (it was a 400 naming max_batch_size)
+    assert clipper(api, "batching", "mlp", "--controller", "aimd", "--max-batch-size", "2") == 0
+    capsys.readouterr()
+    assert clipper(api, "batching", "mlp", "--batch-size", "16") == 0
+    assert {"controller": "fixed", "batch_size": 16}.items() <= json.loads(capsys.readouterr().out)["batching"].items()
+    assert clipper(api, "batching", "mlp", "--batch-size", "32", "--max-batch-size", "8") == 2  # both asked: refused
 
 
 def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
