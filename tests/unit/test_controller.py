@@ -70,6 +70,30 @@ def test_quantile_controller_fits_the_slo_from_samples():
     assert c.coefficients is not None and 34 <= c.max_batch_size() <= 36
 
 
+def test_a_quantile_controller_started_from_a_saved_fit_sizes_for_its_own_slo():
+    """A settings change, a linked application's SLO or a restart builds a new controller from the old one's
+    state: it kept the old size, which could then only shrink until a new fit 1,000 batches later."""
+    from clipper.batching.controller import QuantileController
+
+    old = QuantileController(slo_s=0.02, samples_needed=200, refit_every=50)
+    for _ in range(400):
+        n = old.max_batch_size()
+        old.observe(n, _latency(n))
+    assert 34 <= old.max_batch_size() <= 36
+    looser = QuantileController(slo_s=0.08)  # (80 ms - 2 ms) / 0.5 ms = 156 rows
+    looser.restore(old.state())
+    assert 150 <= looser.max_batch_size() <= 156
+    for _ in range(50):  # fast batches: the size holds at the fit's, it does not fall back
+        looser.observe(looser.max_batch_size(), _latency(looser.max_batch_size()))
+    assert 150 <= looser.max_batch_size() <= 156
+    tighter = QuantileController(slo_s=0.01, upper=1024)  # (10 - 2) / 0.5 = 16
+    tighter.restore(old.state())
+    assert 15 <= tighter.max_batch_size() <= 16
+    bounded = QuantileController(slo_s=0.08, upper=64)
+    bounded.restore(old.state())
+    assert bounded.max_batch_size() == 64
+
+
 @given(st.lists(st.tuples(st.integers(1, 300), st.floats(0, 1, allow_nan=False)), max_size=300))
 def test_quantile_controller_stays_within_bounds(observations):
     from clipper.batching.controller import QuantileController

@@ -124,21 +124,28 @@ class QuantileController:
             return  # all batches had one size: nothing to extrapolate from yet
         intercept, slope = quantile_line(sizes, lat, self.quantile)
         self.coefficients = (intercept, slope)
-        if slope <= 0:
-            self.fitted = self.upper if intercept < self.slo_s else 1
-        else:
-            self.fitted = int(min(self.upper, max(1, math.floor((self.slo_s - intercept) / slope))))
+        self.fitted = self._size_for(intercept, slope)
         self.aimd.size = float(self.fitted)
+
+    def _size_for(self, intercept: float, slope: float) -> int:
+        """The largest batch whose fitted latency quantile is within this controller's SLO."""
+        if slope <= 0:
+            return self.upper if intercept < self.slo_s else 1
+        return int(min(self.upper, max(1, math.floor((self.slo_s - intercept) / slope))))
 
     def state(self) -> dict[str, Any]:
         return {"kind": "quantile", "size": float(self.max_batch_size()), "coefficients": self.coefficients}
 
     def restore(self, state: dict[str, Any]) -> None:
+        """Start from a saved (or the previous controller's) state: a fitted line gives the size for this
+        controller's SLO and bound, which a settings change or a linked application's SLO may have moved (the
+        saved size was for the old ones, and could then only shrink until a new fit, 1,000 batches away)."""
         self.aimd.restore(state)
         if state.get("kind") == "quantile" and state.get("coefficients"):
-            self.fitted = self.aimd.max_batch_size()
-            intercept, slope = state["coefficients"]
-            self.coefficients = (float(intercept), float(slope))
+            intercept, slope = (float(x) for x in state["coefficients"])
+            self.coefficients = (intercept, slope)
+            self.fitted = self._size_for(intercept, slope)
+            self.aimd.size = float(self.fitted)
 
 
 def make_controller(kind: str, slo_s: float, batch_size: int = 0, upper: int = 1024) -> BatchSizeController:
