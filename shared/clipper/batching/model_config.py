@@ -31,6 +31,8 @@ from clipper.errors import ClipperError, NotFound
 
 logger = logging.getLogger(__name__)
 
+WAIT_SHARE = 0.5  # the most of the batch latency objective a batch waits to fill
+
 
 class ModelRegistry(Protocol):
     def model_record(self, name: str) -> ModelRecord: ...
@@ -48,14 +50,21 @@ class BatcherConfig:
         b = self.batching
         return make_controller(b.controller, self.slo_s, b.batch_size, b.max_batch_size)
 
+    @property
+    def batch_wait_s(self) -> float:
+        """The batch wait the long-poll driver applies: the model's, at most ``WAIT_SHARE`` of the latency
+        objective. A wait set for the Lambda batcher's batching window (1 s) or for a looser application would
+        otherwise hold the first query of a batch past a linked application's deadline at light load."""
+        return min(self.batching.batch_wait_ms / 1000, WAIT_SHARE * self.slo_s)
+
     def describe(self) -> str:
         b = self.batching
         size = f"size {b.batch_size}" if b.controller == "fixed" else f"at most {b.max_batch_size}"
         source = f"strictest of {', '.join(self.apps)}" if self.apps else "no linked application"
-        return (
-            f"{b.controller} ({size}), batch wait {b.batch_wait_ms:g} ms, "
-            f"latency objective {self.slo_s * 1000:g} ms ({source})"
-        )
+        wait = f"batch wait {b.batch_wait_ms:g} ms"
+        if self.batch_wait_s < b.batch_wait_ms / 1000:
+            wait += f" (waits {self.batch_wait_s * 1000:g} ms: half the latency objective)"
+        return f"{b.controller} ({size}), {wait}, latency objective {self.slo_s * 1000:g} ms ({source})"
 
 
 class RegistryBatcherConfig:
@@ -131,7 +140,7 @@ class ConfigFollower:
         if config == self.current:
             return False
         self.current = config
-        self._driver.reconfigure(config.controller(), config.batching.batch_wait_ms / 1000)
+        self._driver.reconfigure(config.controller(), config.batch_wait_s)
         logger.info("batching: %s", config.describe())
         if self._on_change is not None:
             self._on_change(config)

@@ -199,7 +199,7 @@ def build_driver(
         reader,
         batcher,
         config.controller(),
-        batch_wait_s=config.batching.batch_wait_ms / 1000,
+        batch_wait_s=config.batch_wait_s,
         idle_wait_s=args.poll_wait_s,
         state_store=DynamoDBControllerStore(dynamodb, settings.registry_table),
         state_key=(args.model, args.version) if args.model and args.version else None,
