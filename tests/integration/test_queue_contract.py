@@ -407,7 +407,7 @@ def test_depth_shows_ready_in_flight_delayed_and_dead_lettered(rclient: redis.Re
     reader.release(got[0].receipt_handle, 60)
     assert astuple(reader.depth()) == (2, 2, 1, 0)
     reader.release(got[1].receipt_handle, 0)
-    assert astuple(reader.depth()) == (3, 1, 1, 0)
+    assert astuple(reader.depth()) == (3 + 1, 1, 1, 0)  # and the release's wake-up entry, until a reader takes it
     assert len(reader.receive(10, 0)) == 2  # the two new ones; got[1] was received once: dead-lettered
     assert astuple(reader.depth()) == (0, 3, 1, 1)
 
@@ -482,3 +482,29 @@ def test_a_busy_reader_still_takes_back_a_message_visible_again(rclient: redis.R
         time.sleep(0.02)
     assert taken_back and taken_back[0].receive_count == 2
     assert time.monotonic() - left_at < vis + vis / 2 + 0.5
+
+
+def test_a_message_handed_back_at_once_reaches_a_reader_blocked_for_new_ones_at_once(
+    rclient: redis.Redis, lean: RespClient, monkeypatch: pytest.MonkeyPatch
+):
+    """A stopping batcher hands its messages back (release 0); another replica, blocked in XREADGROUP for new
+    entries, found them only at its next scan, up to RESCAN_S (1 s) later: past a short SLO's deadline."""
+    import clipper.adapters.redis_streams as streams
+
+    monkeypatch.setattr(streams, "RESCAN_S", 30.0)  # its next scan far away: only the wake-up can bring it
+    url = new_url()
+    stopping = RedisStreamQueueReader(lean, url)
+    other = RedisStreamQueueReader(RespClient.from_url(f"redis://{lean.host}:{lean.port}/0"), url)
+    assert other.receive(10, 0) == []  # scanned once: from now on it blocks for new entries only
+    RedisStreamRequestQueue(lean).send(url, "held")
+    (held,) = stopping.receive(10, 0)
+    got: list[ReceivedMessage] = []
+    blocked = threading.Thread(target=lambda: got.extend(other.receive(10, 10)))
+    blocked.start()
+    time.sleep(0.3)  # other is in its blocking read
+    stopping.release(held.receipt_handle, 0)
+    blocked.join(15)
+    assert [(m.body, m.receive_count) for m in got] == [("held", 2)]
+    other.delete([m.receipt_handle for m in got])
+    assert rclient.xlen(stream_keys(url).stream) == 0  # the wake-up entry is gone too
+    assert astuple(other.depth()) == (0, 0, 0, 0)

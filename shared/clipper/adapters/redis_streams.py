@@ -16,7 +16,9 @@ times is dead-lettered instead of delivered again. When nothing is ready and the
 again. The script's scan is needed only when something can have become visible again, so a reader runs it
 when the last scan said so (its hint) and at least every ``rescan_s``; between scans a receive is the one
 blocking ``XREADGROUP`` for new messages (a busy queue pays one round trip per receive, not two, and no
-script). Delete acknowledges and removes the entries in one ``MULTI``, so the stream holds only unanswered
+script). A release at once (a stopping batcher handing its messages back) also adds a wake-up entry (field
+``wake``) that a blocked reader takes, drops and answers with a scan, so another replica has those messages
+within a round trip, not at its next scan. Delete acknowledges and removes the entries in one ``MULTI``, so the stream holds only unanswered
 messages. A receipt handle is ``<entry id>:<delivery count>``: a release by a reader whose delivery is no
 longer the current one changes nothing (the current holder keeps the message); a delete by any holder
 deletes it (it was answered), and deleting twice is harmless.
@@ -242,13 +244,20 @@ class RedisStreamQueueReader:
             return None
         received_ms = time.time() * 1000
         out: list[ReceivedMessage] = []
+        wakes: list[str] = []
         for _key, entries in resp or []:  # [[key, [[id, [field, value, ...]], ...]]]
             for entry_id, fields in entries:
                 mid = _text(entry_id)
                 values = dict(zip(fields[::2], fields[1::2], strict=True)) if fields else {}
+                if b"wake" in values:  # a message handed back at once (RELEASE): scan for it now
+                    wakes.append(mid)
+                    continue
                 out.append(
                     ReceivedMessage(mid, receipt_handle(mid, 1), _text(values.get(b"body", b"")), 1, received_ms)
                 )
+        if wakes:
+            self._scan_at = 0.0
+            self.delete([receipt_handle(w, 1) for w in wakes])
         return out
 
     def delete(self, receipt_handles: list[str]) -> None:
@@ -276,7 +285,9 @@ class RedisStreamQueueReader:
         entry_id, count = parse_receipt_handle(receipt_handle)
         _one(
             self._client,
-            self._release.command(self.keys.all[:2], [GROUP, entry_id, count, max(0, int(delay_s * 1000))]),
+            self._release.command(
+                self.keys.all[:2], [GROUP, entry_id, count, max(0, int(delay_s * 1000)), "1" if delay_s <= 0 else "0"]
+            ),
         )
         self._scan_at = min(self._scan_at, time.monotonic() + max(0, delay_s))  # this reader sees it when due
 

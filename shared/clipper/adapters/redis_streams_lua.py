@@ -33,6 +33,9 @@ local function forget(stream, delayed, group, id)
   redis.call('XDEL', stream, id)
   redis.call('ZREM', delayed, id)
 end
+local function is_wake(fields)  -- a release's wake-up call to blocked readers (RELEASE), not a message
+  return fields[1] == 'wake'
+end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -76,7 +79,9 @@ local function take(id, count)
     return
   end
   local e = redis.call('XCLAIM', stream, group, consumer, 0, id)[1]
-  if e then
+  if e and is_wake(e[2]) then
+    forget(stream, delayed, group, id)  -- a wake-up whose reader died before it acknowledged it
+  elseif e then
     got = got + 1
     out[#out + 1] = id
     out[#out + 1] = body_of(e[2])
@@ -106,10 +111,14 @@ if got < want then
   local r = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want - got, 'STREAMS', stream, '>')
   if r then
     for _, e in ipairs(r[1][2]) do
-      got = got + 1
-      out[#out + 1] = e[1]
-      out[#out + 1] = body_of(e[2])
-      out[#out + 1] = 1
+      if is_wake(e[2]) then
+        forget(stream, delayed, group, e[1])  -- this scan is what the wake-up asked for
+      else
+        got = got + 1
+        out[#out + 1] = e[1]
+        out[#out + 1] = body_of(e[2])
+        out[#out + 1] = 1
+      end
     end
   end
 end
@@ -132,11 +141,15 @@ return out
 )
 
 # RELEASE
-# KEYS: stream, delayed set. ARGV: group, entry id, the handle's delivery count, delay ms.
+# KEYS: stream, delayed set. ARGV: group, entry id, the handle's delivery count, delay ms, "1" to wake readers.
 # When the entry is still pending with that delivery count (the handle's delivery is the current one), it is
 # scored in the delayed set at now + delay: visible again from then on, its delivery count unchanged (the
 # receive that claims it counts one more). Returns 1; 0 for a stale handle (the message was deleted, or
-# delivered again since: its current holder keeps it).
+# delivered again since: its current holder keeps it). With "1" (a release at once: a stopping batcher hands
+# its messages back) it also adds a wake-up entry (field ``wake``) to the stream: a reader blocked in
+# XREADGROUP for new entries gets it at once, drops it and scans, instead of finding the message at its next
+# scan up to ``RESCAN_S`` later (past the deadline of a query with a short SLO). Until a reader takes it, the
+# wake-up counts as one ready message in DEPTH.
 RELEASE = (
     _COMMON
     + """
@@ -144,6 +157,7 @@ local stream, delayed = KEYS[1], KEYS[2]
 local p = redis.pcall('XPENDING', stream, ARGV[1], ARGV[2], ARGV[2], 1)
 if type(p) ~= 'table' or p['err'] or not p[1] or tostring(p[1][4]) ~= ARGV[3] then return 0 end
 redis.call('ZADD', delayed, now_ms() + tonumber(ARGV[4]), ARGV[2])
+if ARGV[5] == '1' then redis.call('XADD', stream, '*', 'wake', '1') end
 return 1
 """
 )
