@@ -322,6 +322,15 @@ def test_a_feedback_sent_again_with_the_clients_feedback_id_is_applied_once(lear
     other = receiver.accept("ens", {**body, "uid": "v"})["feedback_id"]
     fresh = [receiver.accept("ens", {k: v for k, v in body.items() if k != "feedback_id"}) for _ in range(2)]
     assert len({first["feedback_id"], other, fresh[0]["feedback_id"], fresh[1]["feedback_id"]}) == 4
+    # the key sent again with another input or label is another feedback: it was accepted, then dropped by the
+    # worker as a duplicate of the first
+    p.predict("ens", {"uid": "u", "input": one_hot(7)})
+    reused = [
+        receiver.accept("ens", {**body, "input": one_hot(7), "label": 7}),
+        receiver.accept("ens", {**body, "label": 5}),
+    ]
+    assert len({first["feedback_id"], *(r["feedback_id"] for r in reused)}) == 3
+    assert feedback.process(FeedbackMessage.from_json(queue.sent[-2][1])) == "applied"
     for bad in ("", "a b", "x" * 129, 17, ["k"]):
         with pytest.raises(InvalidInput) as e:
             receiver.accept("ens", {**body, "feedback_id": bad})

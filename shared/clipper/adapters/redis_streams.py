@@ -18,10 +18,10 @@ when the last scan said so (its hint) and at least every ``rescan_s``; between s
 blocking ``XREADGROUP`` for new messages (a busy queue pays one round trip per receive, not two, and no
 script). A release at once (a stopping batcher handing its messages back) also adds a wake-up entry (field
 ``wake``) that a blocked reader takes, drops and answers with a scan, so another replica has those messages
-within a round trip, not at its next scan. Delete acknowledges and removes the entries in one ``MULTI``, so the stream holds only unanswered
-messages. A receipt handle is ``<entry id>:<delivery count>``: a release by a reader whose delivery is no
-longer the current one changes nothing (the current holder keeps the message); a delete by any holder
-deletes it (it was answered), and deleting twice is harmless.
+within a round trip, not at its next scan. Delete acknowledges and removes the entries in one ``MULTI``, so the
+stream holds only unanswered messages. A receipt handle is ``<entry id>:<delivery count>``: a release by a reader
+whose delivery is no longer the current one changes nothing (the current holder keeps the message); a delete by any
+holder deletes it (it was answered), and deleting twice is harmless.
 """
 
 from __future__ import annotations

@@ -68,12 +68,12 @@ def validate_label(body: dict[str, Any]) -> float | int | str:
 _CLIENT_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
-def feedback_id(app: str, user: str | None, body: dict[str, Any], incarnation: int = 0) -> str:
+def feedback_id(app: str, user: str | None, body: dict[str, Any], incarnation: int = 0, content: str = "") -> str:
     """The feedback's id: a new one, or, when the client gives its own ``feedback_id`` (an idempotency key), one
-    derived from it, the application (its incarnation too) and the user, so that a client retrying a feedback
-    whose answer it did not get (a timeout, a 503 after the send) sends the same feedback again and it is applied
-    once."""
-    return feedback_key_and_id(app, user, body, incarnation)[1]
+    derived from it, the application (its incarnation too), the user and what the feedback says (``content``: its
+    input and label as queued), so that a client retrying a feedback whose answer it did not get (a timeout, a
+    503 after the send) sends the same feedback again and it is applied once."""
+    return feedback_key_and_id(app, user, body, incarnation, content)[1]
 
 
 def _shown_key(key: object) -> str:
@@ -86,12 +86,16 @@ def _shown_key(key: object) -> str:
     return f"{key[bad]!r} at position {bad}"
 
 
-def feedback_key_and_id(app: str, user: str | None, body: dict[str, Any], incarnation: int = 0) -> tuple[str, str]:
+def feedback_key_and_id(
+    app: str, user: str | None, body: dict[str, Any], incarnation: int = 0, content: str = ""
+) -> tuple[str, str]:
     """The feedback's idempotency key (the client's ``feedback_id``, or a new one) and the id derived from it: a
     feedback whose send failed ambiguously (a timeout: it may be queued all the same) is answered with its key,
     and the same feedback sent again with that key is the same feedback, applied once. An application deleted
     and added again under the name (another ``incarnation``) is another application: its keys are its own (a
-    client numbering its feedbacks 1, 2, 3... had the new application's first ones taken for the old one's)."""
+    client numbering its feedbacks 1, 2, 3... had the new application's first ones taken for the old one's).
+    A key sent again with another input or label (``content``) is another feedback: it was answered "accepted"
+    and then dropped by the worker as a duplicate of the first."""
     key = body.get("feedback_id")
     if key is None:
         key = uuid.uuid4().hex
@@ -100,7 +104,9 @@ def feedback_key_and_id(app: str, user: str | None, body: dict[str, Any], incarn
     # the same key of another app (or incarnation of it) or user is another feedback; an application registered
     # before incarnations existed (0) keeps the ids it had
     scope = json.dumps([app, user, key] if not incarnation else [app, incarnation, user, key])
-    return key, "k" + hashlib.sha256(scope.encode()).hexdigest()[:31]
+    if content:
+        scope += "\n" + content
+    return key, "k" + hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()[:31]
 
 
 class FeedbackNotQueued(Unavailable):
@@ -166,7 +172,8 @@ class FeedbackReceiver:
             limit = f"at most {MAX_INLINE_PAYLOAD // 1024} KiB as a queue message carries it"
             raise InvalidInput("input", f"an input of {limit}", f"{sent:,} bytes")
         user = user_id(body)
-        key, fid = feedback_key_and_id(app.name, user, body, app.incarnation)
+        content = json.dumps([payload.model_dump(exclude_none=True), label])  # what the feedback says
+        key, fid = feedback_key_and_id(app.name, user, body, app.incarnation, content)
         message = FeedbackMessage(feedback_id=fid, app=app.name, user=user, payload=payload, label=label)
         body = sqs_text(message.to_json())
         size = len(body.encode("utf-8", "surrogatepass"))
