@@ -174,10 +174,16 @@ class AddModel(Body):
         None, description="make each version registered from an upload active (unset: leave the setting as is)"
     )
     # Clipper's add_model fields (clipper_admin's register_model sends them): accepted; container_name is answered
-    # back, batch_size > 0 fixes the model's batch size (set_model_batching), -1 leaves batching adaptive.
+    # back, batch_size > 0 fixes the model's batch size (set_model_batching), -1 leaves the model's batching as
+    # it is (clipper_admin sends -1 by default: a register_model must not undo a size set before).
     container_name: str | None = Field(None, description="Clipper's model container image (recorded, not run)")
     model_data_path: str | None = Field(None, description="Clipper's (deprecated there too): ignored")
-    batch_size: int | None = Field(None, ge=-1, description="Clipper's: > 0 fixes the batch size, -1 adapts")
+    batch_size: int | None = Field(
+        None,
+        ge=-1,
+        description="Clipper's: > 0 fixes the model's batch size; -1 (clipper_admin's default) or unset leaves the "
+        "model's batching as it is (adaptive unless fixed before: set_model_batching changes it)",
+    )
 
 
 class AutoPromote(Body):
