@@ -487,3 +487,22 @@ def test_the_clients_stop_versioned_models_deletes_nothing_when_an_active_versio
     assert sorted(conn.get_all_models()) == ["mlp:1", "mlp:2"]
     conn.stop_versioned_models({"mlp": ["2"]})
     assert conn.get_all_models() == ["mlp:1"]
+
+
+def test_bad_option_values_are_named_in_one_line(api, tmp_path, capsys):
+    """--input-shape a,b said "invalid <lambda> value"; logs -n -3 printed nothing and exited 0; --input
+    @missing.json did not name --input."""
+    for argv in (
+        ["register-app", "s1", "floats", "-1", "1000", "--input-shape", "a,b"],
+        ["register-app", "s1", "floats", "-1", "1000", "--input-shape", "64,0"],
+        ["logs", "frontend", "-n", "-3"],
+    ):
+        with pytest.raises(SystemExit) as e:
+            clipper(api, *argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "<lambda>" not in err and ("--input-shape" in err or "--lines" in err), err
+    missing = tmp_path / "missing.json"
+    assert clipper(api, "predict", "digits", "--input", f"@{missing}") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"clipper: --input @{missing}: No such file") and len(err.splitlines()) == 1, err

@@ -19,6 +19,17 @@ CANARY_PARAMS = (
 )
 
 
+def input_shape(text: str) -> list[int]:
+    """``--input-shape``: comma-separated positive dimensions (argparse names the option when this refuses)."""
+    try:
+        dims = [int(d) for d in text.split(",")]
+    except ValueError:
+        dims = []
+    if not dims or any(d < 1 for d in dims):
+        raise argparse.ArgumentTypeError(f"comma-separated positive integers, e.g. 64 or 3,32,32; got {text!r}")
+    return dims
+
+
 def _canary_options(p: argparse.ArgumentParser) -> None:
     for name, kind, what in CANARY_PARAMS:
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=what)
@@ -37,7 +48,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     r.add_argument("input_type", choices=["integers", "floats", "doubles", "bytes", "strings"])
     r.add_argument("default_output")
     r.add_argument("slo_micros", type=int)
-    r.add_argument("--input-shape", type=lambda s: [int(d) for d in s.split(",")], help="e.g. 64 or 3,32,32")
+    r.add_argument("--input-shape", type=input_shape, help="e.g. 64 or 3,32,32")
     r.add_argument("--policy", default="single", choices=["single", "epsilon_greedy", "exp3", "exp4"])
     sp = sub.add_parser("set-policy", help="change an application's selection policy")
     sp.add_argument("name")
@@ -60,7 +71,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     d.add_argument("name")
     d.add_argument("version")
     d.add_argument("input_type", choices=["integers", "floats", "doubles", "bytes", "strings"])
-    d.add_argument("--input-shape", type=lambda s: [int(x) for x in s.split(",")])
+    d.add_argument("--input-shape", type=input_shape, help="e.g. 64 or 3,32,32")
     d.add_argument("--queue-url")
     d.add_argument("--endpoint")
     d.add_argument("--no-activate", action="store_true", help="deploy without making it current")

@@ -19,6 +19,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"a number of lines, 0 or more; got {text!r}")
+    return n
+
+
 def state_dir(given: str | None = None) -> Path:
     return Path(given or os.environ.get("CLIPPER_LOCAL_STATE_DIR") or ".local-stack")
 
@@ -34,7 +44,7 @@ def processes(folder: Path) -> list[dict[str, Any]] | None:
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lg = sub.add_parser("logs", help="the local stack's processes and their logs (a process's, or 'requests')")
     lg.add_argument("process", nargs="?", help="a process name (see `clipper logs`), or 'requests'")
-    lg.add_argument("-n", "--lines", type=int, default=40, help="how many of the last lines")
+    lg.add_argument("-n", "--lines", type=_count, default=40, help="how many of the last lines (0 or more)")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended (Ctrl-C stops)")
     lg.add_argument(
         "--state-dir", help="the local stack's state folder (default: $CLIPPER_LOCAL_STATE_DIR or .local-stack)"

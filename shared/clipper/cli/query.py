@@ -75,7 +75,10 @@ def read_input(args: argparse.Namespace, app: Declared) -> Any:
         return value.inputs[0] if isinstance(value, batch) and len(value.inputs) == 1 else value
     text: str = args.input
     if text.startswith("@"):
-        text = Path(text[1:]).read_text()
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as e:
+            raise SystemExit(f"clipper: --input {text}: {e.strerror or e}") from None
     if app.input_type in ("strings", "bytes"):
         return text  # a bytes app's input is base64 text, as the query API takes it
     try:
