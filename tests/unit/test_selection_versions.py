@@ -75,3 +75,20 @@ def test_after_a_rollout_feedback_relearns_the_model_and_ignores_answers_of_the_
     bad = after.arm("bad")
     assert (bad.version, bad.pulls, bad.losses) == ("2", 0, 0.0)  # bad:1's wrong answer judged nothing
     assert after.arm("good").pulls == learned.arm("good").pulls + 1  # good still answers: judged
+
+
+def test_feedback_whose_every_answer_came_from_a_version_no_longer_served_is_counted_not_applied(learning):  # noqa: F811
+    """It judged nothing, yet was answered "applied" (the state's updates counted it): the report's applied count
+    overstated what was learned."""
+    p, registry, cache, store = learning
+    registry.links["ens"] = ["bad"]  # one model: its answer is the only one
+    feedback = FeedbackProcessor(registry, store, cache)
+    p.predict("ens", {"input": one_hot(3)})
+    assert feedback.process(FeedbackMessage(feedback_id="f0", app="ens", payload=_payload(one_hot(3)), label=3))
+    before = store.states[state_key("ens")]
+    p.predict("ens", {"input": one_hot(31)})  # answered by bad:1
+    registry.versions[("bad", "2")] = model_version("bad", "2")
+    registry.active["bad"] = "2"
+    late = FeedbackMessage(feedback_id="late", app="ens", payload=_payload(one_hot(31)), label=31)
+    assert feedback.process(late) == "version_changed"
+    assert store.states[state_key("ens")].updates == before.updates

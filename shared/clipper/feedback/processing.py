@@ -33,11 +33,12 @@ Outcome = Literal[
     "canary_only",
     "policy_changed",
     "label_mismatch",
+    "version_changed",
 ]
 
 
 # the outcomes of a feedback that was dropped, counted for the selection report
-SKIPS_COUNTED = frozenset({"no_record", "unknown_app", "policy_changed", "label_mismatch"})
+SKIPS_COUNTED = frozenset({"no_record", "unknown_app", "policy_changed", "label_mismatch", "version_changed"})
 
 
 def _kind(value: Any) -> str:
@@ -215,6 +216,11 @@ class FeedbackProcessor:
         outputs = self._serving(registry, record["outputs"], answered, versions)
         # the selected models that gave no output, of versions that still answer (the version asked then)
         missing = set(self._serving(registry, dict.fromkeys(record.get("missing") or ()), answered, versions))
+        if not outputs and not missing:
+            # every model asked answered with a version it no longer serves (rolled out, back or promoted since
+            # the query): nothing judges the arms, which stand for the versions serving now
+            logger.info("feedback on a prediction of versions no longer served", extra={"app": app.name})
+            return "version_changed"
         # the user's state first: a new user's copy of the app-wide state must not hold this feedback yet
         keys = ([state_key(app.name, message.user)] if message.user else []) + [state_key(app.name)]
         # every state read, and checked against the copy, before any is written: found behind by the app-wide
