@@ -92,3 +92,18 @@ def test_feedback_whose_every_answer_came_from_a_version_no_longer_served_is_cou
     late = FeedbackMessage(feedback_id="late", app="ens", payload=_payload(one_hot(31)), label=31)
     assert feedback.process(late) == "version_changed"
     assert store.states[state_key("ens")].updates == before.updates
+
+
+def test_a_model_linked_to_an_epsilon_greedy_application_starts_with_its_optimistic_estimate():
+    """It got the mean weight of the others until its first feedback recomputed the weights, so it was not the
+    greedy choice ("every model is tried early" did not hold for a model linked later)."""
+    from clipper.selection import EpsilonGreedyPolicy, ensure_state
+
+    learned = SelectionState("epsilon_greedy", (Arm("good", 0.6, 100, 10.0), Arm("bad", 0.4, 100, 40.0)), version=3)
+    linked = ensure_state(learned, "epsilon_greedy", ["good", "bad", "new"])
+    assert max(linked.arms, key=lambda a: a.weight).model == "new"  # estimate 1 against 0.9 and 0.6
+    assert linked.weights["new"] == pytest.approx(1.0 / (1.0 + 91 / 101 + 61 / 101))
+    import random
+
+    assert EpsilonGreedyPolicy(epsilon=0.01).select(linked, random.Random(0)).models == ("new",)
+    assert ensure_state(linked, "epsilon_greedy", ["good", "bad", "new"]) is linked  # nothing to follow

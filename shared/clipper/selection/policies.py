@@ -33,7 +33,14 @@ from typing import Any, ClassVar, Protocol
 from clipper.errors import InvalidInput
 from clipper.selection.combining import Combined, combine_outputs, loss
 from clipper.selection.params import TAKES, PolicyParams
-from clipper.selection.state import DEFAULT_MIN_RATIO, Arm, SelectionState, reweighted, with_losses
+from clipper.selection.state import (
+    DEFAULT_MIN_RATIO,
+    Arm,
+    SelectionState,
+    accuracy_weights,
+    reweighted,
+    with_losses,
+)
 
 
 @dataclass(frozen=True)
@@ -186,10 +193,8 @@ class EpsilonGreedyPolicy(_Policy):
 
     def _reweight(self, state: SelectionState, selection: Selection, losses: Mapping[str, float]) -> tuple[Arm, ...]:
         # Weight = estimated accuracy with one optimistic prior success, normalised; never 0.
-        counted = with_losses(state.arms, losses)
-        estimates = [(a.pulls - a.losses + 1.0) / (a.pulls + 1.0) for a in counted]
-        total = math.fsum(estimates)
-        return tuple(replace(a, weight=e / total) for a, e in zip(state.arms, estimates, strict=True))
+        weights = {a.model: a.weight for a in accuracy_weights(with_losses(state.arms, losses))}
+        return tuple(replace(a, weight=weights[a.model]) for a in state.arms)
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,14 @@ def follow_versions(state: SelectionState, versions: Mapping[str, str]) -> Selec
     return replace(state, arms=tuple(_normalised(arms)), version=state.version + 1)
 
 
+def accuracy_weights(arms: Sequence[Arm]) -> tuple[Arm, ...]:
+    """Epsilon-greedy's weights: each arm's estimated accuracy with one optimistic prior success, normalised
+    (never 0; an arm never judged estimates 1, the most, so it is tried early)."""
+    estimates = [(a.pulls - a.losses + 1.0) / (a.pulls + 1.0) for a in arms]
+    total = math.fsum(estimates)
+    return tuple(replace(a, weight=e / total) for a, e in zip(arms, estimates, strict=True))
+
+
 def ensure_state(
     state: SelectionState | None,
     policy: str,
@@ -228,7 +236,11 @@ def ensure_state(
         fresh = replace(initial_state(policy, models, incarnation), version=state.version + 1)
     else:
         fresh = reconcile(state, models)
-    return fresh if versions is None else follow_versions(fresh, versions)
+    followed = fresh if versions is None else follow_versions(fresh, versions)
+    if policy == "epsilon_greedy" and followed is not state and followed.arms:
+        # a model linked (or an arm restarted) since: its optimistic estimate, not the others' mean weight
+        followed = replace(followed, arms=accuracy_weights(followed.arms))
+    return followed
 
 
 def state_key(app: str, user_id: str | None = None) -> str:
