@@ -99,3 +99,23 @@ def test_lookup_returns_hits_and_claims_the_misses_once(cache):
     assert hits == {"hit": 7} and owned == {"miss", "other"}
     again_hits, again_owned = cache.lookup(["hit", "miss"], claim_ttl_s=30)
     assert again_hits == {"hit": 7} and again_owned == set()  # another query computes "miss"
+
+
+def test_dynamodb_an_entry_in_the_second_it_expires_is_claimed_not_waited_on(aws):
+    """A read took expires_at <= now (seconds) as expired, the claim's condition freed only expires_at < now:
+    in that second a lookup neither hit nor claimed, and the query waited out its SLO for a computation that
+    did not exist."""
+    import time
+
+    aws.dynamodb.create_table(
+        TableName="cache",
+        KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    cache = DynamoDBPredictionCache(aws.dynamodb, "cache", ttl_s=60)
+    while time.time() % 1 > 0.5:  # room in this second for the write and the lookup
+        time.sleep(0.01)
+    item = {"key": {"S": "k"}, "output": {"S": "7"}, "expires_at": {"N": str(int(time.time()))}}
+    aws.dynamodb.put_item(TableName="cache", Item=item)
+    assert cache.lookup(["k"], claim_ttl_s=1.0) == ({}, {"k"})

@@ -76,6 +76,9 @@ def _transact(
             if code == "ConditionalCheckFailedException":
                 results[pending[0]] = False
                 return
+            if code == "TransactionConflictException":  # one item, in another caller's transaction: botocore does
+                time.sleep(0.005 * 2**attempt)  # not retry it; back off and try again, as for a cancelled one
+                continue
             if code != "TransactionCanceledException":
                 raise translate(e, what) from e
             reasons = e.response.get("CancellationReasons") or []

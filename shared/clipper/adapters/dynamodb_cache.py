@@ -104,8 +104,8 @@ class DynamoDBPredictionCache:
                     "claimed_until": {"N": f"{now + ttl_s:.3f}"},
                     "expires_at": {"N": str(int(now + ttl_s) + 1)},
                 },
-                # free, or an expired entry, or a claim whose owner gave up
-                "ConditionExpression": "attribute_not_exists(#k) OR expires_at < :sec"
+                # free, or an expired entry (as a read sees it: expires_at <= now), or a claim whose owner gave up
+                "ConditionExpression": "attribute_not_exists(#k) OR expires_at <= :sec"
                 " OR (attribute_not_exists(#o) AND claimed_until < :now)",
                 "ExpressionAttributeNames": {"#k": "key", "#o": "output"},
                 "ExpressionAttributeValues": {":now": {"N": f"{now:.3f}"}, ":sec": {"N": str(int(now))}},
