@@ -119,3 +119,17 @@ def test_dynamodb_an_entry_in_the_second_it_expires_is_claimed_not_waited_on(aws
     item = {"key": {"S": "k"}, "output": {"S": "7"}, "expires_at": {"N": str(int(time.time()))}}
     aws.dynamodb.put_item(TableName="cache", Item=item)
     assert cache.lookup(["k"], claim_ttl_s=1.0) == ({}, {"k"})
+
+
+def test_dynamodb_an_output_over_the_item_limit_is_not_cached_and_the_others_are(aws):
+    """One output over DynamoDB's 400 KB item limit failed the BatchWriteItem: none of the batch's outputs were
+    cached (moto does not enforce the limit, so the test looks at what was written)."""
+    aws.dynamodb.create_table(
+        TableName="cache",
+        KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    cache = DynamoDBPredictionCache(aws.dynamodb, "cache", ttl_s=60)
+    cache.put_many({"big": [0.123456789] * 40_000, "small": 3})
+    assert cache.get_many(["big", "small"]) == {"small": 3}

@@ -288,3 +288,17 @@ def test_a_query_that_fails_after_expecting_its_replies_leaves_no_waiter(redis_u
     asyncio.run(on_the_loop())
     assert channel._waiters == {}
     channel.close()
+
+
+def test_dynamodb_a_reply_over_the_item_limit_is_an_error_and_its_batch_is_answered(aws):
+    """One reply over DynamoDB's 400 KB item limit failed the batch's transaction: no query of the batch was
+    answered, and each redelivery failed again until the messages were dead-lettered (moto does not enforce the
+    limit; DynamoDB does)."""
+    channel = DynamoDBReplyChannel(aws.dynamodb, aws.replies_table, ttl_s=60, poll_interval_s=0.005)
+    big, small = channel.new_address(), channel.new_address()
+    huge = ok(outputs=[[0.123456789] * 40] * 1000)  # an input_batch of 1,000 rows of 40 scores: ~520 KB
+    assert channel.publish_many([(big, huge), (small, ok())]) == [True, True]
+    (answer,) = channel.wait(big, ["mlp"], 1.0)
+    assert not answer.ok and "over DynamoDB's item limit (400 KB)" in (answer.error or "")
+    (fine,) = channel.wait(small, ["mlp"], 1.0)
+    assert fine.ok and fine.outputs == [1]

@@ -45,3 +45,27 @@ def test_a_conflict_that_does_not_end_is_unavailable():
     client = OneItem(*["TransactionConflictException"] * 50)
     with pytest.raises(Unavailable, match="cache claims"):
         conditional_puts(client, [put("k")], lambda p: p["Item"]["key"]["S"], "cache claims")
+
+
+class Recording:
+    def __init__(self) -> None:
+        self.transactions: list[int] = []
+
+    def transact_write_items(self, TransactItems: list) -> dict:
+        self.transactions.append(len(TransactItems))
+        return {}
+
+
+def test_a_batch_over_a_transactions_4_mb_goes_in_several():
+    """100 replies of 40 KB each were one transaction over DynamoDB's 4 MB: refused whole."""
+    from clipper.adapters.dynamodb_batch import MAX_BYTES
+
+    client = Recording()
+    puts = [{"TableName": "r", "Item": {"key": {"S": f"k{i}"}, "reply": {"S": "x" * 40_000}}} for i in range(100)]
+    assert conditional_puts(client, puts, lambda p: p["Item"]["key"]["S"], "replies") == [True] * 100
+    assert sum(client.transactions) == 100 and len(client.transactions) >= 2
+    assert max(client.transactions) * 40_000 <= MAX_BYTES
+    small = Recording()
+    tiny = [{"TableName": "r", "Item": {"key": {"S": f"k{i}"}}} for i in range(100)]
+    conditional_puts(small, tiny, lambda p: p["Item"]["key"]["S"], "r")
+    assert small.transactions == [100]  # small items: one transaction of 100, as before

@@ -16,6 +16,7 @@ from clipper.adapters.aws_errors import error_code, translate
 from clipper.errors import Unavailable
 
 MAX_ITEMS = 100  # DynamoDB's limit of one transaction
+MAX_BYTES = 3_500_000  # under DynamoDB's 4 MB of one transaction (a batch of 100 replies of 40 KB each is over)
 
 
 def conditional_puts(
@@ -46,9 +47,35 @@ def conditional_writes(
             rounds.append([])
         rounds[n].append(i)
     for round_ in rounds:
-        for start in range(0, len(round_), MAX_ITEMS):
-            _transact(client, puts, round_[start : start + MAX_ITEMS], results, what, attempts)
+        for chunk in _chunks(round_, [_size(puts[i][1]) for i in round_]):
+            _transact(client, puts, chunk, results, what, attempts)
     return [bool(r) for r in results]
+
+
+def _size(spec: dict[str, Any]) -> int:
+    """An item's size, roughly as DynamoDB counts it (its strings' lengths, and a little for the rest)."""
+    total, todo = 0, [spec.get("Item") or spec.get("ExpressionAttributeValues") or {}]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend(value.values())
+            total += 8 * len(value)
+        elif isinstance(value, str):
+            total += len(value)
+    return total
+
+
+def _chunks(indices: list[int], sizes: list[int]) -> list[list[int]]:
+    """``indices`` in transactions of at most MAX_ITEMS items and MAX_BYTES (an item alone may be larger)."""
+    chunks: list[list[int]] = [[]]
+    held = 0
+    for i, size in zip(indices, sizes, strict=True):
+        if chunks[-1] and (len(chunks[-1]) >= MAX_ITEMS or held + size > MAX_BYTES):
+            chunks.append([])
+            held = 0
+        chunks[-1].append(i)
+        held += size
+    return [c for c in chunks if c]
 
 
 def _transact(

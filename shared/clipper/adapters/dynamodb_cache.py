@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,11 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 else:
     DynamoDBClient = Any
+
+
+logger = logging.getLogger(__name__)
+
+MAX_OUTPUT_BYTES = 380 * 1024  # under DynamoDB's 400 KB item limit (the key and attributes take the rest)
 
 
 class DynamoDBPredictionCache:
@@ -79,10 +85,17 @@ class DynamoDBPredictionCache:
         conditional_writes(self._client, updates, lambda a: a[1]["Key"]["key"]["S"], "dynamodb(cache claims)")
 
     def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None:
+        """Cache the outputs; one whose JSON is over DynamoDB's item limit is not cached (it failed the whole
+        BatchWriteItem, so none of the batch's outputs were)."""
         expires = str(int(time.time()) + self._ttl)
+        texts = {k: json.dumps(v) for k, v in entries.items()}
+        large = [k for k, t in texts.items() if len(t.encode()) > MAX_OUTPUT_BYTES]
+        if large:
+            logger.warning("%d output(s) over DynamoDB's item limit not cached", len(large))
         items = [
-            {"PutRequest": {"Item": {"key": {"S": k}, "output": {"S": json.dumps(v)}, "expires_at": {"N": expires}}}}
-            for k, v in entries.items()
+            {"PutRequest": {"Item": {"key": {"S": k}, "output": {"S": t}, "expires_at": {"N": expires}}}}
+            for k, t in texts.items()
+            if k not in large
         ]
         for start in range(0, len(items), 25):
             request: dict[str, Any] = {self._table: items[start : start + 25]}

@@ -21,6 +21,12 @@ else:
     DynamoDBClient = Any
 
 
+# DynamoDB's item limit is 400 KB (names and values); a reply over this is answered as an error instead, so the
+# other replies of its batch (one transaction) are written: one too large made the whole transaction fail, and
+# every redelivery of the batch again, until the messages were dead-lettered and every query timed out.
+MAX_REPLY_BYTES = 380 * 1024
+
+
 class DynamoDBReplyChannel:
     def __init__(self, client: DynamoDBClient, table: str, ttl_s: int = 300, poll_interval_s: float = 0.01) -> None:
         self._client = client
@@ -31,13 +37,24 @@ class DynamoDBReplyChannel:
     def _put(self, reply_to: str, reply: Reply) -> dict[str, Any]:
         """The conditional put of one reply: a success replaces an earlier error reply but never another
         success; an error never replaces anything."""
+        text = reply.to_json()
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > MAX_REPLY_BYTES:
+            reply = Reply(
+                query_id=reply.query_id,
+                model=reply.model,
+                version=reply.version,
+                error=f"a reply of {size:,} bytes: over DynamoDB's item limit (400 KB); send fewer inputs a query",
+                error_kind="endpoint",
+            )
+            text = reply.to_json()
         put: dict[str, Any] = {
             "TableName": self._table,
             "Item": {
                 "query_id": {"S": reply_to},
                 "model": {"S": reply.model},
                 "ok": {"BOOL": reply.ok},
-                "reply": {"S": reply.to_json()},
+                "reply": {"S": text},
                 "expires_at": {"N": str(int(time.time()) + self._ttl)},
             },
             "ConditionExpression": "attribute_not_exists(query_id)",
