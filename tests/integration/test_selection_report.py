@@ -28,7 +28,7 @@ from clipper.report.entry import FeedbackEntry
 from clipper.selection import Selection
 from clipper.settings import CommonSettings
 from clipper.wiring import build_feedback_processor
-from tests.fakes import FakeClock, digits_app
+from tests.fakes import FakeClock, digits_app, model_version
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +60,7 @@ def logged(tables, monkeypatch):
     registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
     registry.put_app(digits_app(name="digits", policy="exp3"))
     for model in ("a", "b"):
+        registry.put_version(model_version(model, "1"), activate=True)  # the version that answers
         registry.link("digits", model)
     registry.add_canary_event("b", {"kind": "decision", "decision": "rollback", "version": "2"})  # now: in range
     registry.add_canary_event("b", {"kind": "start", "version": "2", "at": 1_000_000_000.0})  # long before
