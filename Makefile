@@ -126,9 +126,10 @@ $(SAM_VENV)/.installed:
 
 sam-venv: $(SAM_VENV)/.installed
 
-# sam build (no container) into build/sam, then each package's size against Lambda's limits -> build/sam-sizes.json
+# sam build (no container) into .aws-sam/build, where `sam deploy` looks for the built template (it packages the
+# unbuilt source template otherwise), then each package's size against Lambda's limits -> build/sam-sizes.json
 sam-build: venv sam-venv
-	$(PY) -m infra.sam_package_sizes --sam $(SAM_VENV)/bin/sam --build-dir build/sam --out build/sam-sizes.json
+	$(PY) -m infra.sam_package_sizes --sam $(SAM_VENV)/bin/sam --build-dir .aws-sam/build --out build/sam-sizes.json
 
 clean:
-	rm -rf build .pytest_cache .mypy_cache .ruff_cache .local-stack
+	rm -rf build .aws-sam .pytest_cache .mypy_cache .ruff_cache .local-stack

@@ -1,7 +1,7 @@
 """`sam build` the stack and report each function's and the layer's deployment package size against Lambda's
 limits: 50 MB zipped for a direct upload, 250 MB unzipped for a function together with its layers.
 
-    python -m infra.sam_package_sizes [--sam .venv-sam/bin/sam] [--build-dir build/sam] [--out build/sam-sizes.json]
+    python -m infra.sam_package_sizes [--sam .venv-sam/bin/sam] [--build-dir .aws-sam/build] [--out FILE.json]
     python -m infra.sam_package_sizes --no-build   # only measure an existing build
 
 `sam build` installs each code folder's requirements with the runtime's Python version (python3.12 for this
@@ -167,7 +167,7 @@ def report(found: list[Package]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sam", type=Path, default=REPO_ROOT / ".venv-sam" / "bin" / "sam")
-    parser.add_argument("--build-dir", type=Path, default=REPO_ROOT / "build" / "sam")
+    parser.add_argument("--build-dir", type=Path, default=REPO_ROOT / ".aws-sam" / "build")  # where sam deploy looks
     parser.add_argument("--cache-dir", type=Path, default=REPO_ROOT / "build" / "sam-cache")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "build" / "sam-sizes.json")
     parser.add_argument("--no-build", action="store_true", help="measure an existing build only")
