@@ -30,6 +30,7 @@ from aws_lambda_powertools.logging.utils import copy_config_to_registered_logger
 from mangum import Mangum  # noqa: E402
 
 from clipper.frontend.api import create_app  # noqa: E402
+from clipper.frontend.invocation import invocation  # noqa: E402
 from clipper.frontend.metrics import EmfQueryMetrics, InProcessMetrics, Observers  # noqa: E402
 from clipper.frontend.observability import QueryCorrelation, make_tracer  # noqa: E402
 from clipper.frontend.restore import after_restore, register_after_restore  # noqa: E402
@@ -72,7 +73,8 @@ gc.enable()
 
 
 def _handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return _asgi_handler(event, context)
+    with invocation(context):  # a query's deadline is at most the invocation's end (FrontendTimeout)
+        return _asgi_handler(event, context)
 
 
 # the "## handler" subsegment the annotations go to (Lambda's own segment cannot be annotated)

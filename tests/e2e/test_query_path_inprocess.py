@@ -73,6 +73,29 @@ def test_batcher_stopped_gives_the_default_by_the_slo(stack):
     assert queue_depth(stack, stack.queue_url) == 0 and queue_depth(stack, stack.dlq_url) == 0
 
 
+def test_a_query_ends_with_the_default_before_the_function_would_be_stopped(stack):
+    """An SLO (up to 30 s) past the function's timeout (FrontendTimeout, 10 s by default): the query ran on until
+    its SLO, so Lambda stopped it first and API Gateway answered its own 500. It ends at the invocation's end,
+    less the room for the answer, with the application's default."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Ending(LambdaContext):
+        def get_remaining_time_in_millis(self) -> int:
+            return 1_500
+
+    stack.registry.put_app(Application("digits", InputType.FLOATS, "-1", 20_000_000, (64,)), overwrite=True)
+    stack.esm.pause()
+    start = time.monotonic()
+    event = http_event("POST", "/digits/predict", {"input": stack.holdout_x[0].tolist()})
+    resp = stack.frontend.handler(event, Ending(function_name="frontend"))
+    elapsed = time.monotonic() - start
+    body = json.loads(resp["body"])
+    assert resp["statusCode"] == 200 and body["default"] is True and body["output"] == -1
+    assert elapsed < 1.5  # within the invocation's 1.5 s, not the 20 s SLO
+    stack.esm.running.set()
+
+
 def test_endpoint_down_gives_explained_default_and_the_message_reaches_the_dlq(stack, capsys, monkeypatch):
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     dead = "http://127.0.0.1:9"  # discard port: nothing answers

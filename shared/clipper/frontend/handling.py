@@ -30,6 +30,7 @@ from clipper.core.media import has_lone_surrogate, json_content
 from clipper.core.validation import may_hold_booleans
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from clipper.feedback import FeedbackNotQueued, FeedbackReceiver
+from clipper.frontend.invocation import invocation_ends
 from clipper.frontend.query import QueryProcessor
 from clipper.frontend.results import QueryResult, QueryTicket
 
@@ -167,7 +168,7 @@ class QueryHandling:
             if lane is not None and not debug:
                 result = await lane.predict(app_name, body, booleans, processor.finish_lane)
             if result is None:
-                ticket = QueryTicket(booleans=booleans)
+                ticket = QueryTicket(booleans=booleans, ends=invocation_ends())  # read here, on the loop
                 processor.admit(app_name, body, ticket)
                 if processor.can_inline(ticket):  # fast, bounded dependencies: on the loop, no thread held
                     result = await processor.predict_async(app_name, body, ticket)

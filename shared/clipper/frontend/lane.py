@@ -32,6 +32,7 @@ from clipper.core.validation import QueryInput, fit_models, validate_query
 from clipper.errors import ClipperError, Unavailable
 from clipper.frontend import steps
 from clipper.frontend.fanout import Gatherer, split_model_time
+from clipper.frontend.invocation import invocation_ends, query_deadline
 from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice
 from clipper.ports import Clock, ReplyChannel
@@ -102,14 +103,17 @@ class SingleModelLane:
         if not hasattr(rows, "nbytes") or rows.nbytes >= MAX_INLINE_PAYLOAD // 2:
             return None
         qid = self._new_id()
-        deadline = start + app.slo_seconds
+        ends = invocation_ends()
+        deadline = query_deadline(start, app.slo_seconds, ends)
         listener = self._listener
         if listener is not None:
             listener.started(app.name, qid)
             listener.selected(app.name, [model])
         t0 = clock.now()
         timings = {"select": (selected - start) * 1000, "validate": (t0 - selected) * 1000}
-        ticket = QueryTicket(app=app, ids=[qid], deadline=deadline, query=query, started=start, booleans=booleans)
+        ticket = QueryTicket(
+            app=app, ids=[qid], deadline=deadline, query=query, started=start, booleans=booleans, ends=ends
+        )
         ticket.models, ticket.validate_ms = [model], timings["validate"]
         # the general path's send: one input, one model, the fused lookup-and-send (cache and enqueue timings)
         fan = await steps.run_async(self._gatherer.send_steps(app, [model], query, qid, deadline, timings, ticket))

@@ -39,6 +39,7 @@ from clipper.errors import ClipperError, InvalidInput, Unavailable
 from clipper.frontend import steps
 from clipper.frontend.canary_tally import CanaryTally
 from clipper.frontend.fanout import ANSWER_MARGIN_S, FAILED_CLAIM_TTL_S, Fanout, Gatherer, split_model_time
+from clipper.frontend.invocation import query_deadline
 from clipper.frontend.lane import SingleModelLane
 from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice, Selector
@@ -172,7 +173,8 @@ class QueryProcessor:
         query = validate_query(app, body, self._max_batch, booleans=ticket.booleans)
         user = user_id(body)
         first_id = self._new_id()
-        ticket.begin(app, [first_id + i for i in range(query.count)], query.batch, start + app.slo_seconds)
+        deadline = query_deadline(start, app.slo_seconds, ticket.ends)
+        ticket.begin(app, [first_id + i for i in range(query.count)], query.batch, deadline)
         ticket.query, ticket.user, ticket.started = query, user, start
         ticket.validate_ms = (self._clock.now() - start) * 1000
         if self._listener is not None:

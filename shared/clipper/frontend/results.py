@@ -109,6 +109,8 @@ class QueryTicket:
     # admitted with the registry copy's application past its staleness bound (no query came for a while): read
     # again on the worker thread before the query goes on (it changed, or was deleted, meanwhile)
     recheck: bool = False
+    # when the serving function's invocation ends (``clipper.frontend.invocation``): the deadline is at most it
+    ends: float | None = None
 
     def begin(self, app: Application, ids: list[int], batch: bool, deadline: float) -> None:
         self.app, self.ids, self.batch, self.deadline = app, ids, batch, deadline
