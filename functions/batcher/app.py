@@ -47,7 +47,9 @@ batcher = build_batcher(
     settings,
     dynamodb=aws_client("dynamodb"),
     s3=lazy_aws_client("s3"),
-    sagemaker=lazy_aws_client("sagemaker-runtime", read_timeout=int(settings.endpoint_timeout_s) + 5),
+    # one try per call, within the function's timeout: botocore's retries (max_attempts counts retries) made a hung
+    # endpoint 4 reads of the timeout, past the function's; the message's redelivery is the retry
+    sagemaker=lazy_aws_client("sagemaker-runtime", read_timeout=settings.endpoint_call_timeout_s, max_attempts=0),
 )
 
 gc.freeze()

@@ -50,6 +50,18 @@ class BatcherSettings(CommonSettings):
     # model's batching settings again this often (at least every FOLLOW_MIN_S, however small this is)
     config_ttl_s: float = Field(10.0, ge=0)
     endpoint_timeout_s: float = Field(25.0, gt=0)
+    # The Lambda batcher's own timeout (template.yaml sets it from BatcherTimeout): an endpoint call ends well
+    # before it (``endpoint_call_timeout_s``), so a hung endpoint fails the batch's messages, reported as item
+    # failures and counted in EndpointErrors, instead of the function being stopped with nothing reported.
+    function_timeout_s: float | None = Field(None, gt=0)
+
+    @property
+    def endpoint_call_timeout_s(self) -> float:
+        """An endpoint call's timeout: ``endpoint_timeout_s``, within the function's timeout when there is one."""
+        if self.function_timeout_s is None:
+            return self.endpoint_timeout_s
+        return max(1.0, min(self.endpoint_timeout_s, 0.8 * self.function_timeout_s - 1.0))
+
     # The long-poll batcher's counters (EndpointErrors by queue) sent with PutMetricData, namespace Clipper: on
     # in the SageMaker container (infra/model-stack.yaml), off locally.
     cloudwatch_metrics: bool = False

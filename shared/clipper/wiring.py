@@ -409,7 +409,7 @@ def build_batcher(
 
     clock = clock or SystemClock()
     registry = _registry(settings, dynamodb, clock, settings.config_ttl_s)
-    factory = EndpointFactory(urllib3.PoolManager(maxsize=8), sagemaker)
+    factory = EndpointFactory(urllib3.PoolManager(maxsize=8), sagemaker, settings.endpoint_call_timeout_s)
     replies = replies or reply_channel(settings, dynamodb)
     cache = prediction_cache(settings, dynamodb)
     return Batcher(

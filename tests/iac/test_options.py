@@ -344,3 +344,9 @@ def test_a_model_stacks_names_fit_sagemaker_and_sqs_at_the_longest_parameters() 
     assert service + len("-model-") + model + len("-dlq") <= 80
     pattern = re.compile(params["ServiceStackName"]["AllowedPattern"])
     assert pattern.fullmatch("clipper-prod") and not pattern.fullmatch("Clipper")
+
+
+def test_the_lambda_batcher_knows_its_timeout_so_an_endpoint_call_ends_first(translated: dict[str, Any]) -> None:
+    """Its endpoint calls had a fixed 30 s (HTTP) or 4 reads of 30 s (SageMaker, botocore's retries) against a
+    30 s function: a hung endpoint stopped the function with nothing reported."""
+    assert env(translated, "BatcherFunction")["CLIPPER_FUNCTION_TIMEOUT_S"] == {"Ref": "BatcherTimeout"}

@@ -116,3 +116,32 @@ def test_npy_answers_of_output_dtypes_no_input_takes_are_read(runtime):
         decode_outputs(pickled.getvalue(), "application/x-npy", 1)
     with pytest.raises(EndpointError, match="undecodable"):
         decode_outputs(b"\x93NUMPY\x01\x00" + b"v" * 40, "application/x-npy", 1)
+
+
+def test_an_http_endpoint_called_by_the_lambda_batcher_times_out_within_the_function():
+    """The factory built HTTP endpoints with a fixed 30 s, whatever the settings, and the Lambda batcher's own
+    timeout is 30 s by default: a hung model server stopped the function with nothing reported (no item
+    failures, no EndpointErrors for the model stack's alarm). A hung endpoint now fails the call in time."""
+    import socket
+    import time
+
+    import urllib3
+
+    from clipper.settings import BatcherSettings
+
+    tables = {"registry_table": "registry", "replies_table": "replies"}
+    settings = BatcherSettings(function_timeout_s=3, **tables)  # type: ignore[arg-type]
+    assert settings.endpoint_call_timeout_s == pytest.approx(1.4)  # 0.8 x 3 s - 1 s, under its 25 s
+    assert BatcherSettings(**tables).endpoint_call_timeout_s == 25.0  # type: ignore[arg-type]  # not on Lambda
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(4)  # accepts (the kernel's backlog), never answers
+    try:
+        factory = EndpointFactory(urllib3.PoolManager(), None, settings.endpoint_call_timeout_s)
+        endpoint = factory.for_address(f"http://127.0.0.1:{hung.getsockname()[1]}")
+        started = time.monotonic()
+        with pytest.raises(EndpointError):
+            endpoint.predict(np.zeros((1, 4), dtype=np.float32))
+        assert time.monotonic() - started < 3  # within the function's 3 s
+    finally:
+        hung.close()

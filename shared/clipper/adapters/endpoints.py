@@ -321,9 +321,12 @@ class SageMakerModelEndpoint:
 class EndpointFactory:
     """Builds (once per address) the client for an endpoint address."""
 
-    def __init__(self, pool: urllib3.PoolManager, sagemaker: SageMakerRuntimeClient | None = None) -> None:
+    def __init__(
+        self, pool: urllib3.PoolManager, sagemaker: SageMakerRuntimeClient | None = None, timeout_s: float = 30.0
+    ) -> None:
         self._pool = pool
-        self._sagemaker = sagemaker
+        self._sagemaker = sagemaker  # its timeout is its client's (read_timeout)
+        self._timeout = timeout_s  # an HTTP endpoint's call
         self._built: dict[str, ModelEndpoint] = {}
 
     def for_address(self, address: str) -> ModelEndpoint:
@@ -334,7 +337,7 @@ class EndpointFactory:
                     raise Unavailable("no SageMaker runtime client configured")
                 endpoint = SageMakerModelEndpoint(self._sagemaker, address.removeprefix("sagemaker:"))
             elif address.startswith(("http://", "https://")):
-                endpoint = HttpModelEndpoint(address, self._pool)
+                endpoint = HttpModelEndpoint(address, self._pool, self._timeout)
             else:
                 raise EndpointError(f"unsupported endpoint address {address!r}")
             self._built[address] = endpoint
