@@ -174,6 +174,16 @@ def test_only_the_functions_reach_the_cache(translated: dict[str, Any]) -> None:
     assert (https["FromPort"], https["ToPort"], https["CidrIp"]) == (443, 443, "0.0.0.0/0")
 
 
+def test_with_model_servers_over_http_the_functions_reach_their_port(translated: dict[str, Any]) -> None:
+    """In the VPC (ElastiCache) the functions could reach only 443 and the cache: a model server at the
+    template's own example address (http://models.internal:8080) was a connect timeout for every batch."""
+    http = {**VPC, "ModelStacks": "on", "ModelServing": "http", "ModelEndpointAddress": "http://m.internal:8080/x"}
+    resources = resolve(translated, **http, ModelEndpointPort="8080")["Resources"]
+    https, model = resources["FunctionSecurityGroup"]["Properties"]["SecurityGroupEgress"]
+    port = {"Ref": "ModelEndpointPort"}
+    assert https["FromPort"] == 443 and (model["FromPort"], model["ToPort"]) == (port, port)
+
+
 def test_an_engine_without_a_vpc_creates_nothing_and_a_rule_refuses_it(translated: dict[str, Any]) -> None:
     resolved = resolve(translated, ElastiCacheEngine="valkey")
 
