@@ -55,6 +55,20 @@ def test_versions_never_share_entries(cached):
     assert row_keys("mlp", "1", [b"x"]) != row_keys("mlp", "2", [b"x"])
 
 
+def test_a_version_registered_again_after_its_delete_never_answers_the_deleted_ones_entries(cached):
+    """The keys named (model, version, input): after a delete and a new upload under the version's name, the
+    deleted file's predictions were answered for up to the cache's TTL."""
+    from dataclasses import replace
+
+    p, registry, _, endpoint, _cache = cached
+    registry.versions[("mlp", "1")] = replace(model_version(), created_at=1_000)
+    p.predict("digits", {"input": one_hot(3)})
+    registry.versions[("mlp", "1")] = replace(model_version(), created_at=2_000)  # deleted, registered again
+    result = p.predict("digits", {"input": one_hot(3)})
+    assert result.cache_hits == 0 and endpoint.calls == [1, 1]
+    assert p.predict("digits", {"input": one_hot(3)}).cache_hits == 1  # its own entries are hits
+
+
 def test_concurrent_identical_query_waits_for_the_first_computation(cached):
     p, _, queue, endpoint, cache = cached
     import numpy as np

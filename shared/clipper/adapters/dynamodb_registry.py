@@ -195,6 +195,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
                 endpoint=i["endpoint"]["S"],
                 input_shape=_shape_of(i.get("input_shape")),
                 labels=tuple(x["S"] for x in i.get("labels", {}).get("L", [])),
+                created_at=int(i.get("created_at", {}).get("N", "0")),
             )
             artifacts[v] = {a: _plain(i[a]) for a in _ARTIFACT_ATTRS if a in i}
         return ModelRecord(

@@ -31,6 +31,8 @@ def version_info(mv: ModelVersion, active: str, batching: BatchingSettings | Non
     """A version, in our names and in Clipper's (model_name, model_version, is_current_version, container_name,
     batch_size: what clipper_admin's ClipperConnection reads)."""
     info = asdict(mv)
+    if not mv.created_at:  # not read from the registry (the version an add_model answers with): none to say
+        del info["created_at"]
     info["input_type"] = mv.input_type.value
     info["input_shape"] = list(mv.input_shape) if mv.input_shape else None
     info["labels"] = list(mv.labels)

@@ -79,6 +79,15 @@ class ModelVersion:
     endpoint: str
     input_shape: tuple[int, ...] | None = None
     labels: tuple[str, ...] = field(default_factory=tuple)
+    # When the registry registered it (epoch seconds; 0: not read from a registry that records it). A version
+    # deleted and registered again (another upload under its name) is another model: its predictions are cached
+    # under other keys (``cache_version``), so the deleted one's are never answered for it.
+    created_at: int = 0
+
+    @property
+    def cache_version(self) -> str:
+        """The version as the prediction cache's keys name it."""
+        return self.version if not self.created_at else f"{self.version}\x00{self.created_at}"
 
 
 @dataclass(frozen=True)

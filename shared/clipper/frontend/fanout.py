@@ -173,7 +173,7 @@ class Gatherer:
         requests: list[tuple[str, str, str]] = []
         sending: list[ModelAnswer] = []
         for a in fan.answers:
-            key = row_keys(a.model.name, a.model.version, query.rows)
+            key = row_keys(a.model.name, a.model.cache_version, query.rows)
             fan.keys[a.model.name] = key
             try:
                 body, a.sent_ms = self._message(app, a.model, query.rows, query_id, fan, key)
@@ -211,7 +211,7 @@ class Gatherer:
         query computes (a claimed key's first row), and notes the rows other queries compute."""
         assert self._cache is not None
         for a in fan.answers:
-            fan.keys[a.model.name] = row_keys(a.model.name, a.model.version, rows)
+            fan.keys[a.model.name] = row_keys(a.model.name, a.model.cache_version, rows)
         every = [k for a in fan.answers for k in fan.keys[a.model.name]]
         left = self._left(fan.deadline)
         try:
