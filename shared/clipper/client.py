@@ -165,9 +165,14 @@ class ClipperConnection:
     ) -> Any:
         """Register a model version whose serving resources exist (the first version names its queue and
         endpoint; later ones default to the active version's)."""
+        if isinstance(input_shape, str):  # clipper_admin's deploy_model(name, version, input_type, image, ...)
+            raise TypeError(
+                f"deploy_model's 4th argument is input_shape (a list of dimensions), got {input_shape!r}: models "
+                "here are ONNX files, not container images (deploy_onnx_model / deploy_sklearn_model)"
+            )
         body: dict[str, Any] = {
             "model_name": name,
-            "model_version": version,
+            "model_version": str(version),  # 1 as Clipper's examples give it (clipper_admin does the same)
             "input_type": input_type,
             "input_shape": input_shape,
             "labels": labels or [],
@@ -180,7 +185,7 @@ class ClipperConnection:
         return self._call("add_model", body)
 
     def set_model_version(self, name: str, version: str) -> Any:
-        return self._call("set_model_version", {"model_name": name, "model_version": version})
+        return self._call("set_model_version", {"model_name": name, "model_version": str(version)})
 
     def rollback_model(self, name: str) -> Any:
         return self._call("rollback_model", {"model_name": name})
@@ -189,7 +194,7 @@ class ClipperConnection:
         return self._call("get_all_models", {"verbose": verbose})
 
     def get_model_info(self, name: str, version: str) -> Any:
-        return self._call("get_model", {"model_name": name, "model_version": version})
+        return self._call("get_model", {"model_name": name, "model_version": str(version)})
 
     def stop_versioned_models(self, model_versions_dict: dict[str, list[str]]) -> list[Any]:
         """Delete the versions listed. The active version of a model is not deleted: when one is listed, none is
@@ -208,7 +213,7 @@ class ClipperConnection:
                 f"{', '.join(active)}; nothing was deleted",
             )
         return [
-            self._call("delete_versioned_model", {"model_name": m, "model_version": v})
+            self._call("delete_versioned_model", {"model_name": m, "model_version": str(v)})
             for m, versions in model_versions_dict.items()
             for v in versions
         ]
@@ -275,7 +280,7 @@ class ClipperConnection:
         """Give a registered version (not the active one) ``share_percent`` of the model's queries until live
         evidence promotes or rolls it back; ``params`` tune the decision (alpha, beta, margin, min_feedback,
         max_feedback: ``clipper.canary.CanaryParams``). 409 while another canary runs."""
-        body: dict[str, Any] = {"model_name": name, "model_version": version, "share_percent": share_percent}
+        body: dict[str, Any] = {"model_name": name, "model_version": str(version), "share_percent": share_percent}
         if params:
             body["params"] = params
         return self._call("start_canary", body)
@@ -338,7 +343,7 @@ class ClipperConnection:
     def get_upload_url(self, name: str, version: str, promote: bool | None = None) -> Any:
         """A presigned PUT of the version's model file; ``promote`` (sent as the object's metadata: the PUT must
         send the answer's ``headers``) wins over the model's auto_promote."""
-        body: dict[str, Any] = {"model_name": name, "model_version": version}
+        body: dict[str, Any] = {"model_name": name, "model_version": str(version)}
         if promote is not None:
             body["promote"] = promote
         return self._call("get_upload_url", body)
@@ -428,7 +433,13 @@ class ClipperConnection:
 
         trial = None if canary is None else Canary(canary, canary_params or {})
         return Uploader(self, max(self._timeout, 120), progress).deploy(
-            name, version, data, sample, promote, timeout_s, trial
+            name,
+            str(version),
+            data,
+            sample,
+            promote,
+            timeout_s,
+            trial,  # 1 as Clipper's examples give it
         )
 
 

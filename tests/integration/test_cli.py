@@ -506,3 +506,18 @@ def test_bad_option_values_are_named_in_one_line(api, tmp_path, capsys):
     assert clipper(api, "predict", "digits", "--input", f"@{missing}") == 2
     err = capsys.readouterr().err
     assert err.startswith(f"clipper: --input @{missing}: No such file") and len(err.splitlines()) == 1, err
+
+
+def test_the_client_takes_versions_as_clippers_examples_give_them(api):
+    """Clipper's examples give versions as numbers (clipper_admin converts them): here each was a 400
+    "model_version: Input should be a valid string"; a container image in deploy_model's 4th place was a 400
+    about input_shape, a parameter the caller never named."""
+    conn = ClipperConnection(api["url"], TOKEN)
+    conn.deploy_model("mlp", 2, "floats", activate=False)
+    assert conn.get_model_info("mlp", 2)["model_version"] == "2"
+    conn.set_model_version("mlp", 2)
+    conn.set_model_version("mlp", 1)
+    conn.stop_versioned_models({"mlp": [2]})
+    assert conn.get_all_models() == ["mlp:1"]
+    with pytest.raises(TypeError, match="models here are ONNX files"):
+        conn.deploy_model("m5", "1", "floats", "clipper/python-closure-container:latest")  # type: ignore[arg-type]
