@@ -157,6 +157,29 @@ def test_redis_down_for_the_fused_lookup_and_send_gives_default_not_an_error(wor
     assert body["default"] and "queue unavailable (redis 127.0.0.1:6379" in body["default_explanation"]
 
 
+def test_a_version_without_serving_resources_gives_the_default_on_the_fused_path_too(world):
+    """With the cache and the queues on one Redis (the local stack's default) a single input went to the fused
+    lookup-and-send with the version's empty queue name, whose "queue '' does not exist" came back as a 404
+    "unknown application" (found by a review following the README's clipper_admin snippet)."""
+    from clipper.errors import NotFound
+    from tests.fakes import InMemoryCache
+
+    _, registry, queue, _, clock = world
+    registry.versions[("mlp", "1")] = model_version(queue_url="", endpoint="")
+
+    class Fused:
+        def lookup_or_send(self, requests, claim_ttl_s, timeout=None):
+            if any(not url for _, url, _ in requests):
+                raise NotFound("queue", "")  # as the Redis Streams queue answers an empty name
+            return [("sent", None) for _ in requests]
+
+    processor = QueryProcessor(
+        registry, queue, InMemoryReplies(), clock, lambda: 1, cache=InMemoryCache(), fused=Fused()
+    )
+    body = processor.predict("digits", {"input": one_hot(1)}).as_dict()
+    assert body["default"] and "registered without serving resources" in body["default_explanation"]
+
+
 def test_app_without_linked_model_gives_default(world):
     processor, registry, _, _, _ = world
     registry.links["digits"] = []

@@ -36,6 +36,8 @@ FAILED_CLAIM_TTL_S = 0.25
 # The shortest timeout a dependency call gets (a call with no time left still fails fast).
 MIN_CALL_S = 0.001
 
+UNSERVED = "registered without serving resources (deploy a model file)"
+
 
 def _take(rows: Rows, index: list[int]) -> Rows:
     if len(index) == len(rows):
@@ -173,6 +175,9 @@ class Gatherer:
         requests: list[tuple[str, str, str]] = []
         sending: list[ModelAnswer] = []
         for a in fan.answers:
+            if not a.model.queue_url:  # as _enqueue says it (the fused call's empty queue name was a 404)
+                a.fail(f"model {a.model.name}:{a.model.version}: {UNSERVED}", "error")
+                continue
             key = row_keys(a.model.name, a.model.cache_version, query.rows)
             fan.keys[a.model.name] = key
             try:
@@ -250,9 +255,7 @@ class Gatherer:
         for a, rows in outgoing:
             m = a.model
             if not m.queue_url:
-                a.fail(
-                    f"model {m.name}:{m.version}: registered without serving resources (deploy a model file)", "error"
-                )
+                a.fail(f"model {m.name}:{m.version}: {UNSERVED}", "error")
                 continue
             try:
                 known = fan.keys.get(m.name)
