@@ -17,7 +17,7 @@ Needs: numpy, onnx (to build the CNN), onnxruntime or onnxruntime-gpu, uvicorn, 
 requirements, ``model-images/onnx-runtime/requirements.txt``). Run from the repository root:
 
     python bench/gpu_endpoint.py            # on the GPU machine: batch sizes 1..256, ~25 s on an H100
-    python bench/gpu_endpoint.py --quick    # smoke test anywhere, under a minute on 2 CPU cores
+    .venv/bin/python bench/gpu_endpoint.py --quick   # smoke test anywhere, under a minute on 2 CPU cores
 
 Writes bench/results/gpu_endpoint.json (``--out`` to change). ``--plot A.json [B.json ...]`` draws reports
 already written (rows/s and p50 / p99 latency against batch size, one line per report) into
@@ -222,7 +222,7 @@ def main() -> int:
     p.add_argument("--max-requests", type=int, help="requests per batch size at most (default 2000; --quick 10)")
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight (default 1)")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads of the server (CPU)")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_endpoint.json"))
+    p.add_argument("--out", help="default bench/results/gpu_endpoint.json (--quick: gpu_endpoint_quick.json)")
     p.add_argument("--plot", nargs="+", metavar="JSON", help="draw these reports into --png, measure nothing")
     p.add_argument("--png", default=str(ROOT / "bench" / "results" / "gpu_endpoint.png"))
     args = p.parse_args()
@@ -295,7 +295,9 @@ def main() -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "elapsed_s": round(time.monotonic() - started, 1),
     }
-    out = Path(args.out)
+    # a smoke run never replaces the recorded GPU figures (the README quotes them)
+    name = "gpu_endpoint_quick.json" if args.quick else "gpu_endpoint.json"
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     if best:
