@@ -257,6 +257,10 @@ def test_state_shows_queue_depths_and_endpoint_health(aws):
     state = ok(client.post("/admin/get_state", json={}))["models"]["mlp"]
     assert state["queue"] == {"waiting": 1, "in_flight": 0}
     assert state["endpoint_health"].startswith("unreachable")
+    # a model registered without serving resources says so (it read "unreachable (LocationValueError)")
+    ok(client.post("/admin/add_model", json=mlp("2") | {"model_name": "bare", "model_version": "1"}))
+    bare = ok(client.post("/admin/get_state", json={}))["models"]["bare"]
+    assert bare["queue"] == bare["endpoint_health"] == "none (registered without serving resources)"
 
 
 def test_state_shows_the_feedback_waiting_and_dead_lettered(aws):

@@ -95,7 +95,9 @@ def models_state(registry: AdminRegistry, probe: ServingProbe | None) -> dict[st
             "last_canary_event": next(iter(registry.canary_events(name, 1)), None),
         }
         active = versions.get(head.active_version)
-        if probe is not None and active is not None:
+        if probe is not None and active is not None and not active.endpoint:  # registered without resources
+            models[name]["queue"] = models[name]["endpoint_health"] = "none (registered without serving resources)"
+        elif probe is not None and active is not None:
             models[name]["queue"] = _probe_safely(probe.queue_depth, active.queue_url)
             models[name]["endpoint_health"] = _probe_safely(probe.endpoint_health, active.endpoint)
     return models
