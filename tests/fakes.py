@@ -200,6 +200,9 @@ class InMemoryCache:
         self.entries.update(entries)
         self.claims -= set(entries)
 
+    def put_new(self, entries: dict[str, Any], timeout: float | None = None) -> None:
+        self.put_many({k: v for k, v in entries.items() if k not in self.entries})
+
     def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
         owned = {k for k in keys if k not in self.claims}
         self.claims |= owned

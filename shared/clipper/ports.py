@@ -127,6 +127,10 @@ class PredictionCache(Protocol):
 
     def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None: ...
 
+    def put_new(self, entries: dict[str, Any], timeout: float | None = None) -> None:
+        """``put_many`` of the entries whose key holds nothing (or only an expired entry); the others are kept."""
+        ...
+
     def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
         """Mark keys as being computed; returns the keys this caller now owns. A key already claimed
         by a concurrent query is not returned: that query's answer will fill the cache."""

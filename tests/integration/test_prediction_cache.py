@@ -133,3 +133,11 @@ def test_dynamodb_an_output_over_the_item_limit_is_not_cached_and_the_others_are
     cache = DynamoDBPredictionCache(aws.dynamodb, "cache", ttl_s=60)
     cache.put_many({"big": [0.123456789] * 40_000, "small": 3})
     assert cache.get_many(["big", "small"]) == {"small": 3}
+
+
+def test_put_new_keeps_what_a_key_holds(cache):
+    """A query no model answered records itself only where its input has no record: a failed retry does not
+    replace the record of the answer given before."""
+    cache.put_many({"rec": {"outputs": {"a": 1}}})
+    cache.put_new({"rec": {"outputs": {}}, "fresh": {"outputs": {}}})
+    assert cache.get_many(["rec", "fresh"]) == {"rec": {"outputs": {"a": 1}}, "fresh": {"outputs": {}}}

@@ -671,8 +671,8 @@ def test_a_model_that_gives_no_output_loses_its_share(learning, policy):
 
     queue.send = send
     feedback = FeedbackProcessor(registry, store, cache)
-    for i in range(1, 151):  # epsilon_greedy asks the ghost 1 in 20
-        x = one_hot(i % 63 + 1)
+    for i in range(1, 151):  # epsilon_greedy asks the ghost 1 in 20; every input distinct
+        x = [v * (1 + i // 63) for v in one_hot(i % 63 + 1)]
         p.predict("ens", {"input": x})
         msg = FeedbackMessage(feedback_id=f"g{i}", app="ens", payload=_payload(x), label=i % 63 + 1)
         assert feedback.process(msg) == "applied"  # a query the ghost alone was asked is recorded too
@@ -680,3 +680,33 @@ def test_a_model_that_gives_no_output_loses_its_share(learning, policy):
     ghost = next(a for a in state.arms if a.model == "ghost")
     assert ghost.pulls >= 1 and ghost.losses == ghost.pulls  # every time it was asked, a loss
     assert state.weights["good"] > 3 * state.weights["ghost"]
+
+
+def test_a_model_is_not_charged_for_the_frontends_own_failures_nor_a_failed_retry(learning):
+    """The review of d8af522: every selected model without an output was recorded as missing, whatever the
+    cause: with the queue down every model lost on every feedback; and a retry of an answered input that failed
+    replaced the answered record, charging every model for the answer the user did get."""
+    p, registry, cache, store = learning
+    feedback = FeedbackProcessor(registry, store, cache)
+    p._queue.down = True  # the frontend's dependency, no model's doing
+    x = one_hot(9)
+    assert p.predict("ens", {"input": x}).predictions[0].default
+    assert feedback.process(FeedbackMessage(feedback_id="q", app="ens", payload=_payload(x), label=9)) == "no_record"
+    p._queue.down = False
+    y = one_hot(10)
+    assert p.predict("ens", {"input": y}).predictions[0].output in (10, 0)  # answered by both
+    for k in [k for k in cache.entries if not k.startswith("rec:")]:
+        del cache.entries[k]  # the predictions expired, the record kept: the retry asks the models again
+    answered = dict(cache.entries)
+    registry.links["ens"] = ["good", "bad", "ghost"]
+    registry.versions[("ghost", "1")] = model_version("ghost", queue_url="https://sqs.local/nobody")
+    registry.active["ghost"] = "1"
+    inner_send = p._queue.send
+    p._queue.send = lambda url, body: ListQueue.send(p._queue, url, body)  # nobody answers: every model times out
+    assert p.predict("ens", {"input": y}).predictions[0].default
+    p._queue.send = inner_send
+    assert cache.entries == answered  # the answered record stands
+    registry.links["ens"] = ["good", "bad"]
+    assert feedback.process(FeedbackMessage(feedback_id="r", app="ens", payload=_payload(y), label=10)) == "applied"
+    state = store.states[state_key("ens")]
+    assert state.arm("good").losses == 0.0 and state.arm("bad").losses == 1.0  # judged on the answer given

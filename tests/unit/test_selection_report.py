@@ -164,3 +164,11 @@ def test_entry_from_a_prediction_record():
     del record["answer"]  # a record from before answers were recorded
     old = entry_for(10.0, "f1", "a", None, 5, record)
     assert old.answer_loss is None and old.confidence is None and old.losses == {"x": 1.0, "y": 0.0}
+
+
+def test_a_model_that_gave_no_output_counts_the_loss_the_bandit_counted():
+    """The bandit charges a selected model that gave no output a loss of 1; the report's losses came from the
+    outputs alone, so its table disagreed with the weights."""
+    selection = Selection("exp3", ("x",), {"x": 0.5, "y": 0.5})
+    record = {"selection": selection.to_dict(), "outputs": {}, "missing": ["x"], "versions": {"x": "1"}}
+    assert entry_for(10.0, "f1", "a", None, 5, record).losses == {"x": 1.0}

@@ -104,6 +104,25 @@ class DynamoDBPredictionCache:
                     resp = self._client.batch_write_item(RequestItems=request)
                 request = resp.get("UnprocessedItems") or {}
 
+    def put_new(self, entries: dict[str, Any], timeout: float | None = None) -> None:
+        """Conditional puts (an item absent or expired as a read sees it); none over the item limit."""
+        now = int(time.time())
+        expires = str(now + self._ttl)
+        texts = {k: json.dumps(v) for k, v in entries.items()}
+        puts = [
+            {
+                "TableName": self._table,
+                "Item": {"key": {"S": k}, "output": {"S": t}, "expires_at": {"N": expires}},
+                "ConditionExpression": "attribute_not_exists(#k) OR expires_at <= :sec",
+                "ExpressionAttributeNames": {"#k": "key"},
+                "ExpressionAttributeValues": {":sec": {"N": str(now)}},
+            }
+            for k, t in texts.items()
+            if len(t.encode()) <= MAX_OUTPUT_BYTES
+        ]
+        if puts:
+            conditional_puts(self._client, puts, lambda p: p["Item"]["key"]["S"], "dynamodb(cache records)")
+
     def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
         """Conditional puts of up to 100 claims a transaction (``dynamodb_batch``): one call when no key is
         claimed already, two when some are."""

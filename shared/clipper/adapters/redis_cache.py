@@ -98,6 +98,11 @@ class RedisPredictionCache:
         if entries:
             _checked(await self._client.aio.execute(self.put_commands(entries), timeout))
 
+    def put_new(self, entries: dict[str, Any], timeout: float | None = None) -> None:
+        if entries:
+            commands = [("SET", self.entry_key(k), orjson.dumps(v), "EX", self._ttl, "NX") for k, v in entries.items()]
+            _checked(self._client.execute(commands, timeout))
+
     def put_commands(self, entries: dict[str, Any]) -> list[tuple[Any, ...]]:
         """The commands that store ``entries`` and end their claims (for a caller's pipeline)."""
         commands: list[tuple[Any, ...]] = []

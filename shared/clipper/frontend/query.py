@@ -427,31 +427,42 @@ class QueryProcessor:
         if self._cache is None:
             return
         entries: dict[str, dict[str, Any]] = {}
+        unanswered: dict[str, dict[str, Any]] = {}  # no model answered: kept only where no record is
+        # the models selected whose own failure left them without an output (no reply within the SLO, an error
+        # reply): feedback counts each as a loss, so a model that stops answering loses its share instead of
+        # keeping what it had won; not when the frontend's own dependencies failed ("unavailable": the queue,
+        # the cache, the reply channel), which is no model's doing
+        faulted = {a.model.name for a in answers if a.failure in ("timeout", "error")}
+        learns = choice.selection.policy != "single"  # the canary's evidence is the outputs' alone
         for row, key in enumerate(record_keys(app.name, user, query.rows)):
             outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
-            # the models selected that gave no output in time (no reply, an error): feedback counts each as a
-            # loss, so a model that stops answering loses its share instead of keeping what it had won
-            missing = [m for m in choice.selection.models if m not in outputs]
-            if choice.selection.policy == "single":
-                missing = []  # nothing learns from it (the canary's evidence is the outputs'): no write a timeout
-            if outputs or missing:  # with the version asked of each model: a canary's feedback is its own
-                versions = {a.model.name: a.model.version for a in answers if a.model.name in outputs}
-                versions |= {a.model.name: a.model.version for a in answers if a.model.name in missing}
-                entries[key] = {"selection": choice.selection.to_dict(), "outputs": outputs, "versions": versions}
-                if missing:
-                    entries[key]["missing"] = missing
-                trials = {m: t for m, t in choice.trials.items() if m in outputs}
-                if trials:  # the canary trials it was answered in: its feedback is evidence of those alone
-                    entries[key]["trials"] = trials
-                if app.incarnation:  # whose prediction it is: feedback joins it only to this incarnation's states
-                    entries[key]["incarnation"] = app.incarnation
-                if preds is not None:  # what the query answered, for the selection report (clipper.report)
-                    p = preds[row]
-                    entries[key]["answer"] = {"output": p.output, "default": p.default, "confidence": p.confidence}
+            missing = [m for m in choice.selection.models if m not in outputs and m in faulted] if learns else []
+            if not outputs and not missing:
+                continue
+            # with the version asked of each model: a canary's feedback is its own
+            versions = {a.model.name: a.model.version for a in answers if a.model.name in outputs}
+            versions |= {a.model.name: a.model.version for a in answers if a.model.name in missing}
+            entry: dict[str, Any] = {"selection": choice.selection.to_dict(), "outputs": outputs, "versions": versions}
+            if missing:
+                entry["missing"] = missing
+            trials = {m: t for m, t in choice.trials.items() if m in outputs}
+            if trials:  # the canary trials it was answered in: its feedback is evidence of those alone
+                entry["trials"] = trials
+            if app.incarnation:  # whose prediction it is: feedback joins it only to this incarnation's states
+                entry["incarnation"] = app.incarnation
+            if preds is not None:  # what the query answered, for the selection report (clipper.report)
+                p = preds[row]
+                entry["answer"] = {"output": p.output, "default": p.default, "confidence": p.confidence}
+            # a query no model answered does not replace the record of the same input answered before (a retry
+            # that failed would charge every model for the answer the user did get)
+            (entries if outputs else unanswered)[key] = entry
         # past the deadline the answer is ready: a short bound, not the query's remaining time
         timeout = max(0.05, (deadline or 0.0) - self._clock.now())
         try:
-            yield steps.call(self._cache, "put_many", entries, timeout=timeout)
+            if entries:
+                yield steps.call(self._cache, "put_many", entries, timeout=timeout)
+            if unanswered:
+                yield steps.call(self._cache, "put_new", unanswered, timeout=timeout)
         except Unavailable as e:
             logger.warning("query record not kept: %s", e)
 

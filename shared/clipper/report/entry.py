@@ -96,7 +96,9 @@ def entry_for(
         models=tuple(str(m) for m in selection["models"]),
         probabilities={str(m): float(p) for m, p in selection.get("probabilities", [])},
         outputs=outputs,
-        losses={m: loss(o, label) for m, o in outputs.items()},
+        # a model asked that gave no output (its own timeout or error) lost 1, as the bandit counts it
+        losses={m: loss(o, label) for m, o in outputs.items()}
+        | {str(m): 1.0 for m in record.get("missing") or () if m not in outputs},
         versions={str(m): str(v) for m, v in dict(record.get("versions") or {}).items()},
         answer=answer.get("output"),
         default=default,
