@@ -47,9 +47,9 @@ batcher = build_batcher(
     settings,
     dynamodb=aws_client("dynamodb"),
     s3=lazy_aws_client("s3"),
-    # one try per call, within the function's timeout: botocore's retries (max_attempts counts retries) made a hung
-    # endpoint 4 reads of the timeout, past the function's; the message's redelivery is the retry
-    sagemaker=lazy_aws_client("sagemaker-runtime", read_timeout=settings.endpoint_call_timeout_s, max_attempts=0),
+    # two tries of half the call's timeout each, within the function's: botocore's max_attempts counts retries, and
+    # 3 made a hung endpoint 4 reads of the whole timeout, past the function's; one retry still absorbs a throttle
+    sagemaker=lazy_aws_client("sagemaker-runtime", read_timeout=settings.endpoint_call_timeout_s / 2, max_attempts=1),
 )
 
 gc.freeze()

@@ -508,3 +508,17 @@ def test_a_message_handed_back_at_once_reaches_a_reader_blocked_for_new_ones_at_
     other.delete([m.receipt_handle for m in got])
     assert rclient.xlen(stream_keys(url).stream) == 0  # the wake-up entry is gone too
     assert astuple(other.depth()) == (0, 0, 0, 0)
+
+
+def test_a_wake_up_whose_reader_died_is_dropped_never_dead_lettered(rclient: redis.Redis, lean: RespClient):
+    """A wake-up entry delivered to a reader that died before dropping it comes back after the visibility
+    timeout; with MaxReceiveCount 1 it went to the dead-letter stream as an empty message."""
+    url = new_url()
+    keys = stream_keys(url)
+    reader = RedisStreamQueueReader(lean, url, visibility_timeout_s=0.3, max_receive_count=1)
+    assert reader.receive(10, 0) == []  # the group
+    rclient.xadd(keys.stream, {"wake": "1"})
+    rclient.xreadgroup("batchers", "died", {keys.stream: ">"}, count=10)  # taken, never acknowledged
+    time.sleep(0.4)
+    assert reader.receive(10, 0) == []
+    assert rclient.xlen(keys.dead_letter) == 0 and rclient.xlen(keys.stream) == 0

@@ -69,3 +69,13 @@ def test_a_batch_over_a_transactions_4_mb_goes_in_several():
     tiny = [{"TableName": "r", "Item": {"key": {"S": f"k{i}"}}} for i in range(100)]
     conditional_puts(small, tiny, lambda p: p["Item"]["key"]["S"], "r")
     assert small.transactions == [100]  # small items: one transaction of 100, as before
+
+
+def test_the_4_mb_is_counted_in_utf8_bytes():
+    """The size counted characters: 100 items of 40,000 three-byte characters went 29 a transaction, 10 MB."""
+    from clipper.adapters.dynamodb_batch import MAX_BYTES
+
+    client = Recording()
+    puts = [{"TableName": "r", "Item": {"key": {"S": f"k{i}"}, "reply": {"S": "猫" * 40_000}}} for i in range(100)]
+    conditional_puts(client, puts, lambda p: p["Item"]["key"]["S"], "replies")
+    assert max(client.transactions) * 120_000 <= MAX_BYTES and sum(client.transactions) == 100

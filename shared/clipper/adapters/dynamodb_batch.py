@@ -61,7 +61,7 @@ def _size(spec: dict[str, Any]) -> int:
             todo.extend(value.values())
             total += 8 * len(value)
         elif isinstance(value, str):
-            total += len(value)
+            total += len(value.encode("utf-8", "surrogatepass"))  # DynamoDB counts UTF-8 bytes
     return total
 
 
@@ -104,7 +104,8 @@ def _transact(
                 results[pending[0]] = False
                 return
             if code == "TransactionConflictException":  # one item, in another caller's transaction: botocore does
-                time.sleep(0.005 * 2**attempt)  # not retry it; back off and try again, as for a cancelled one
+                if attempt < attempts - 1:  # not retry it; back off and try again, as for a cancelled one
+                    time.sleep(0.005 * 2**attempt)
                 continue
             if code != "TransactionCanceledException":
                 raise translate(e, what) from e

@@ -26,6 +26,7 @@ holder deletes it (it was answered), and deleting twice is harmless.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -257,7 +258,9 @@ class RedisStreamQueueReader:
                 )
         if wakes:
             self._scan_at = 0.0
-            self.delete([receipt_handle(w, 1) for w in wakes])
+            # not deleted: the next scan takes them (and drops them); the messages read still come back now
+            with contextlib.suppress(Unavailable):
+                self.delete([receipt_handle(w, 1) for w in wakes])
         return out
 
     def delete(self, receipt_handles: list[str]) -> None:

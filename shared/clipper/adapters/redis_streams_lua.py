@@ -70,7 +70,7 @@ local function take(id, count)
   redis.call('ZREM', delayed, id)
   if count >= max_rc then
     local e = redis.call('XRANGE', stream, id, id)[1]
-    if e then
+    if e and not is_wake(e[2]) then  -- a wake-up is dropped, never dead-lettered
       redis.call('XADD', dlq, 'MAXLEN', '~', ARGV[6], '*', 'body', body_of(e[2]), 'source_id', id,
         'receive_count', count)
       out[2] = out[2] + 1

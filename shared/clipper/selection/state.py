@@ -230,14 +230,15 @@ def ensure_state(
     incarnation (an application deleted and added again under the same name) -- its version continues the
     old one, so the conditional write still applies --, else the stored one reconciled with the linked
     models; with ``versions`` (model -> active version), its arms follow them (:func:`follow_versions`)."""
+    kept = False  # the stored state, reconciled (an initial state's weights are uniform, as its estimates)
     if state is None:
         fresh = initial_state(policy, models, incarnation)
     elif state.policy != policy or state.incarnation != incarnation:
         fresh = replace(initial_state(policy, models, incarnation), version=state.version + 1)
     else:
-        fresh = reconcile(state, models)
+        fresh, kept = reconcile(state, models), True
     followed = fresh if versions is None else follow_versions(fresh, versions)
-    if policy == "epsilon_greedy" and followed is not state and followed.arms:
+    if policy == "epsilon_greedy" and kept and followed is not state:
         # a model linked (or an arm restarted) since: its optimistic estimate, not the others' mean weight
         followed = replace(followed, arms=accuracy_weights(followed.arms))
     return followed
