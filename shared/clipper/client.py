@@ -137,6 +137,10 @@ class ClipperConnection:
     def unregister_application(self, name: str) -> Any:
         return self._call("delete_app", {"name": name})
 
+    def delete_application(self, name: str) -> Any:
+        """clipper_admin's newer name of ``unregister_application``."""
+        return self.unregister_application(name)
+
     def get_all_apps(self, verbose: bool = False) -> Any:
         return self._call("get_all_applications", {"verbose": verbose})
 
@@ -183,6 +187,42 @@ class ClipperConnection:
         if endpoint:
             body["endpoint"] = endpoint
         return self._call("add_model", body)
+
+    def register_model(
+        self,
+        name: str,
+        version: str,
+        input_type: str,
+        labels: list[str] | None = None,
+        batch_size: int = -1,
+    ) -> Any:
+        """clipper_admin's ``register_model``: a version registered and made active, on the active version's
+        serving resources (a new model: none, so its queries answer the default until a model file is deployed);
+        ``batch_size`` > 0 fixes the model's batch size, -1 leaves its batching as it is."""
+        body: dict[str, Any] = {
+            "model_name": name,
+            "model_version": str(version),
+            "input_type": input_type,
+            "labels": labels or [],
+            "batch_size": batch_size,
+        }
+        return self._call("add_model", body)
+
+    def get_current_model_version(self, name: str) -> str:
+        """The model's active version (clipper_admin's name)."""
+        for info in self.get_all_models(verbose=True):
+            if info["model_name"] == name and info.get("is_current_version"):
+                return str(info["model_version"])
+        raise AdminError(404, "not found", f"model {name!r}: no such model")
+
+    def get_all_model_replicas(self, verbose: bool = False) -> Any:
+        """Clipper's model containers: one per replica of each served version."""
+        return self._call("get_all_containers", {"verbose": verbose})
+
+    def get_model_replica_info(self, name: str, version: str, replica_id: int) -> Any:
+        return self._call(
+            "get_container", {"model_name": name, "model_version": str(version), "replica_id": replica_id}
+        )
 
     def set_model_version(self, name: str, version: str) -> Any:
         return self._call("set_model_version", {"model_name": name, "model_version": str(version)})

@@ -521,3 +521,19 @@ def test_the_client_takes_versions_as_clippers_examples_give_them(api):
     assert conn.get_all_models() == ["mlp:1"]
     with pytest.raises(TypeError, match="models here are ONNX files"):
         conn.deploy_model("m5", "1", "floats", "clipper/python-closure-container:latest")  # type: ignore[arg-type]
+
+
+def test_the_client_has_clipper_admins_names_for_what_it_does(api):
+    """A script ported from clipper_admin to this client met AttributeErrors for names clipper_admin has."""
+    conn = ClipperConnection(api["url"], TOKEN)
+    assert conn.get_current_model_version("mlp") == "1"
+    conn.register_model("mlp", 2, "floats", batch_size=8)  # active at once, on mlp's resources
+    assert conn.get_current_model_version("mlp") == "2"
+    assert conn.get_model_batching("mlp")["batching"]["batch_size"] == 8
+    replicas = conn.get_all_model_replicas(verbose=True)
+    assert replicas and {r["model_name"] for r in replicas} == {"mlp"}
+    first = replicas[0]
+    assert conn.get_model_replica_info(first["model_name"], first["model_version"], first["model_replica_id"])
+    conn.register_application("gone", "floats", "-1", 100000)
+    conn.delete_application("gone")
+    assert "gone" not in conn.get_all_apps()
