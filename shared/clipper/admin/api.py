@@ -78,7 +78,7 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
         """No such route (404) or method (405), in Clipper's error body like every other answer."""
         where = f"{request.method} {request.url.path}"
         if e.status_code == 404:
-            cause = f"{where}: no such operation (POST /admin/<operation>; GET /admin/docs lists them)"
+            cause = f"{where}: no such operation (POST /admin/<operation>; GET /admin/openapi.json lists them)"
         elif e.status_code == 405:
             cause = f"{where}: method not allowed (allowed: {(e.headers or {}).get('Allow', '')})"
         else:
