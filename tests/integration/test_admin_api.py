@@ -412,3 +412,17 @@ def test_a_version_stack_that_fails_to_delete_is_tried_again_and_a_lasting_failu
         assert ("mlp", "2") not in stacks.served
     else:
         assert "deleted from the registry, but its serving stack" in resp.json()["cause"]
+
+
+@pytest.mark.parametrize("value", ["yes", "false", 1, 0])
+def test_a_switch_takes_json_true_or_false_and_refuses_anything_else_naming_it(admin, value):
+    """pydantic's lax bool took "yes", "false", 1 and 0: set_auto_promote applied "false" as false and "yes" as
+    true, so a typo or a stringly-typed client was applied instead of refused."""
+    ok(admin.post("/admin/add_model", json=mlp("1")))
+    refused = admin.post("/admin/set_auto_promote", json={"model_name": "mlp", "auto_promote": value})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["cause"].startswith("auto_promote: expected true or false, got a "), refused.text
+    for op, body in (("get_all_models", {"verbose": value}), ("add_model", mlp("2", activate=value))):
+        answer = admin.post(f"/admin/{op}", json=body)
+        assert answer.status_code == 400, (op, answer.text)
+    assert ok(admin.post("/admin/set_auto_promote", json={"model_name": "mlp", "auto_promote": True}))["auto_promote"]

@@ -6,6 +6,7 @@ them, ``clipper.compat.serverless_manager``); on AWS the routes are IAM-authoris
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 from http import HTTPStatus
@@ -21,6 +22,7 @@ from clipper.admin import schemas
 from clipper.admin.report import ReportService, add_report_route
 from clipper.admin.service import AdminService
 from clipper.core.media import json_content
+from clipper.core.validation import json_kind
 from clipper.errors import ClipperError, Conflict, InvalidInput, NotFound, Unavailable
 
 _STATUS: list[tuple[type[ClipperError], int, str]] = [
@@ -97,6 +99,10 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
         message = first["msg"].removeprefix("Value error, ")
         if first.get("type") == "int_parsing_size":  # pydantic's words for 1e30 speak of an "input string"
             message = f"Input should be a valid integer, got {first.get('input')!r}, far out of range"
+        elif first.get("type") == "bool_type":  # a switch (StrictBool): JSON's true or false
+            got = first.get("input")
+            shown = f" {json.dumps(got)}" if isinstance(got, str | int | float) and len(json.dumps(got)) <= 40 else ""
+            message = f"expected true or false, got {json_kind(got)}{shown}"
         return _error(400, "invalid input", f"{field}: {message}")
 
     @app.exception_handler(ClipperError)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
 
 from clipper.core.media import has_lone_surrogate
 
+# Switches are JSON's true and false (StrictBool): pydantic's lax bool took "yes", "off", 1 and 0 as well, so a
+# typo'd or stringly-typed value was applied instead of refused naming the field.
 InputTypeName = Literal["integers", "bytes", "floats", "doubles", "strings"]
 PolicyName = Literal["single", "epsilon_greedy", "exp3", "exp4"]
 
@@ -118,14 +120,14 @@ class AddApp(Body):
     input_shape: Shape = Field(None, description="fixed input shape, e.g. [64]; omit for any length")
     policy: PolicyName = "single"
     confidence_threshold: Number = Field(0.0, ge=0.0, le=1.0)
-    default_when_unsure: bool = False
+    default_when_unsure: StrictBool = False
 
 
 class SetPolicy(Body):
     name: str
     policy: PolicyName
     confidence_threshold: Number | None = Field(None, ge=0.0, le=1.0)
-    default_when_unsure: bool | None = None
+    default_when_unsure: StrictBool | None = None
 
 
 class SetPolicyParams(Body):
@@ -169,8 +171,8 @@ class AddModel(Body):
     queue_url: str | None = Field(None, description="the model's request queue; default: the active version's")
     endpoint: str | None = Field(None, description="URL or sagemaker:<name>; default: the active version's")
     labels: Annotated[list[str], AfterValidator(_labels)] = Field(default_factory=list)
-    activate: bool = Field(True, description="make this the active version (Clipper's behaviour)")
-    auto_promote: bool | None = Field(
+    activate: StrictBool = Field(True, description="make this the active version (Clipper's behaviour)")
+    auto_promote: StrictBool | None = Field(
         None, description="make each version registered from an upload active (unset: leave the setting as is)"
     )
     # Clipper's add_model fields (clipper_admin's register_model sends them): accepted; container_name is answered
@@ -188,7 +190,7 @@ class AddModel(Body):
 
 class AutoPromote(Body):
     model_name: str
-    auto_promote: bool
+    auto_promote: StrictBool
 
 
 class Replicas(Body):
@@ -199,7 +201,7 @@ class Replicas(Body):
 class UploadTarget(Body):
     model_name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")
     model_version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    promote: bool | None = Field(
+    promote: StrictBool | None = Field(
         None,
         description="false: register the upload without making it active, whatever the model's auto_promote; "
         "true: make it active; unset: the model's auto_promote decides. The PUT must send the answer's headers",
@@ -207,7 +209,7 @@ class UploadTarget(Body):
 
 
 class Verbose(Body):
-    verbose: bool = False
+    verbose: StrictBool = False
 
 
 class Replica(Body):
