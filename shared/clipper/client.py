@@ -40,6 +40,17 @@ class AdminError(ApiError):
     """The management API refused a call; ``status`` is the HTTP status, ``cause`` names the problem."""
 
 
+def active_among(infos: list[dict[str, Any]], named: dict[str, list[Any]]) -> list[str]:
+    """``model:version`` of each version ``named`` (model -> versions) that is its model's active one, from
+    ``get_all_models(verbose=True)``'s answer: the versions a stop must not delete."""
+    listed = {(m, str(v)) for m, versions in named.items() for v in versions}
+    return sorted(
+        f"{info['model_name']}:{info['model_version']}"
+        for info in infos
+        if info.get("is_current_version") and (info["model_name"], info["model_version"]) in listed
+    )
+
+
 class ClipperConnection:
     def __init__(
         self,
@@ -239,12 +250,7 @@ class ClipperConnection:
     def stop_versioned_models(self, model_versions_dict: dict[str, list[str]]) -> list[Any]:
         """Delete the versions listed. The active version of a model is not deleted: when one is listed, none is
         (a refusal never comes after some of them are gone)."""
-        listed = {(m, str(v)) for m, versions in model_versions_dict.items() for v in versions}
-        active = sorted(
-            f"{info['model_name']}:{info['model_version']}"
-            for info in self.get_all_models(verbose=True)
-            if info.get("is_current_version") and (info["model_name"], info["model_version"]) in listed
-        )
+        active = active_among(self.get_all_models(verbose=True), model_versions_dict)
         if active:
             raise AdminError(
                 400,

@@ -88,14 +88,9 @@ class DynamoDBPredictionCache:
         """Cache the outputs; one whose JSON is over DynamoDB's item limit is not cached (it failed the whole
         BatchWriteItem, so none of the batch's outputs were)."""
         expires = str(int(time.time()) + self._ttl)
-        texts = {k: json.dumps(v) for k, v in entries.items()}
-        large = [k for k, t in texts.items() if len(t.encode()) > MAX_OUTPUT_BYTES]
-        if large:
-            logger.warning("%d output(s) over DynamoDB's item limit not cached", len(large))
         items = [
             {"PutRequest": {"Item": {"key": {"S": k}, "output": {"S": t}, "expires_at": {"N": expires}}}}
-            for k, t in texts.items()
-            if k not in large
+            for k, t in _storable(entries).items()
         ]
         for start in range(0, len(items), 25):
             request: dict[str, Any] = {self._table: items[start : start + 25]}
@@ -108,7 +103,6 @@ class DynamoDBPredictionCache:
         """Conditional puts (an item absent or expired as a read sees it); none over the item limit."""
         now = int(time.time())
         expires = str(now + self._ttl)
-        texts = {k: json.dumps(v) for k, v in entries.items()}
         puts = [
             {
                 "TableName": self._table,
@@ -117,8 +111,7 @@ class DynamoDBPredictionCache:
                 "ExpressionAttributeNames": {"#k": "key"},
                 "ExpressionAttributeValues": {":sec": {"N": str(now)}},
             }
-            for k, t in texts.items()
-            if len(t.encode()) <= MAX_OUTPUT_BYTES
+            for k, t in _storable(entries).items()
         ]
         if puts:
             conditional_puts(self._client, puts, lambda p: p["Item"]["key"]["S"], "dynamodb(cache records)")
@@ -146,3 +139,12 @@ class DynamoDBPredictionCache:
         ]
         written = conditional_puts(self._client, puts, lambda p: p["Item"]["key"]["S"], "dynamodb(cache claims)")
         return {k for k, ok in zip(unique, written, strict=True) if ok}
+
+
+def _storable(entries: dict[str, Any]) -> dict[str, str]:
+    """The entries' JSON texts that fit one item; those over DynamoDB's item limit are left out, and logged."""
+    texts = {k: json.dumps(v) for k, v in entries.items()}
+    fitting = {k: t for k, t in texts.items() if len(t.encode()) <= MAX_OUTPUT_BYTES}
+    if len(fitting) < len(texts):
+        logger.warning("%d output(s) over DynamoDB's item limit not cached", len(texts) - len(fitting))
+    return fitting

@@ -36,6 +36,8 @@ from typing import Any
 from clipper_admin.container_manager import ContainerManager
 from clipper_admin.exceptions import ClipperException
 
+from clipper.client import active_among
+
 
 class ServerlessContainerManager(ContainerManager):  # type: ignore[misc]
     def __init__(self, url: str, token: str | None = None, logs_dir: str | Path | None = None) -> None:
@@ -114,12 +116,7 @@ class ServerlessContainerManager(ContainerManager):  # type: ignore[misc]
         """ClipperConnection then calls delete_versioned_model for each version, which retires its stack. A
         model's active version is not deleted here (it serves the linked applications' queries): when one is
         listed, nothing is, so a refusal never comes after some of the versions are gone."""
-        listed = {(m, str(v)) for m, versions in models.items() for v in versions}
-        active = sorted(
-            f"{info['model_name']}:{info['model_version']}"
-            for info in self._admin("get_all_models", {"verbose": True})
-            if info.get("is_current_version") and (info["model_name"], info["model_version"]) in listed
-        )
+        active = active_among(self._admin("get_all_models", {"verbose": True}), models)
         if active:
             raise ClipperException(
                 f"stop: {', '.join(active)} is the active version, which is not deleted (it serves the linked "

@@ -33,7 +33,6 @@ from clipper.feedback.receiving import (
     FeedbackMessage,
     FeedbackNotQueued,
     FeedbackReceiver,
-    feedback_id,
     validate_label,
 )
 
@@ -45,6 +44,5 @@ __all__ = [
     "FeedbackProcessor",
     "FeedbackReceiver",
     "Outcome",
-    "feedback_id",
     "validate_label",
 ]

@@ -68,14 +68,6 @@ def validate_label(body: dict[str, Any]) -> float | int | str:
 _CLIENT_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
-def feedback_id(app: str, user: str | None, body: dict[str, Any], incarnation: int = 0, content: str = "") -> str:
-    """The feedback's id: a new one, or, when the client gives its own ``feedback_id`` (an idempotency key), one
-    derived from it, the application (its incarnation too), the user and what the feedback says (``content``: its
-    input and label as queued), so that a client retrying a feedback whose answer it did not get (a timeout, a
-    503 after the send) sends the same feedback again and it is applied once."""
-    return feedback_key_and_id(app, user, body, incarnation, content)[1]
-
-
 def _shown_key(key: object) -> str:
     """What is wrong with a client's feedback id: its type, its length, or its first character out of the set."""
     if not isinstance(key, str):

@@ -440,8 +440,9 @@ class QueryProcessor:
             if not outputs and not missing:
                 continue
             # with the version asked of each model: a canary's feedback is its own
-            versions = {a.model.name: a.model.version for a in answers if a.model.name in outputs}
-            versions |= {a.model.name: a.model.version for a in answers if a.model.name in missing}
+            versions = {
+                a.model.name: a.model.version for a in answers if a.model.name in outputs or a.model.name in missing
+            }
             entry: dict[str, Any] = {"selection": choice.selection.to_dict(), "outputs": outputs, "versions": versions}
             if missing:
                 entry["missing"] = missing
