@@ -199,27 +199,46 @@ class InMemoryCache:
     def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None:
         self.entries.update(entries)
         self.claims -= set(entries)
+        for k in entries:
+            self.owners.pop(k, None)
 
     def put_new(self, entries: dict[str, Any], timeout: float | None = None) -> None:
         self.put_many({k: v for k, v in entries.items() if k not in self.entries})
 
-    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
+    owners: dict[str, str] = field(default_factory=dict)  # claim -> its owner's token (claims added by hand: none)
+
+    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None, owner: str = "1") -> set[str]:
         owned = {k for k in keys if k not in self.claims}
         self.claims |= owned
+        self.owners.update(dict.fromkeys(owned, owner))
         return owned
 
-    def lookup(self, keys: list[str], claim_ttl_s: float, timeout: float | None = None):
+    def lookup(self, keys: list[str], claim_ttl_s: float, timeout: float | None = None, owner: str = "1"):
         hits = self.get_many(keys)
-        return hits, self.claim([k for k in dict.fromkeys(keys) if k not in hits], claim_ttl_s)
+        return hits, self.claim([k for k in dict.fromkeys(keys) if k not in hits], claim_ttl_s, owner=owner)
 
     failed: dict[str, str] = field(default_factory=dict)
 
-    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None) -> None:
-        self.failed.update(failures)
+    def fail_many(
+        self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, owner: str | None = None
+    ) -> None:
+        self.failed.update((k, c) for k, c in failures.items() if owner is None or self.owners.get(k) == owner)
+
+    def release(self, keys: list[str], owner: str, timeout: float | None = None) -> None:
+        """As Redis's: only the claims ``owner`` holds end."""
+        for k in keys:
+            if self.owners.get(k) == owner:
+                self.claims.discard(k)
+                del self.owners[k]
 
     def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         hits = self.get_many(keys)
         return hits, {k: self.failed[k] for k in keys if k in self.failed and k not in hits}
+
+    def poll_or_claim(self, keys: list[str], claim_ttl_s: float, owner: str, timeout: float | None = None):
+        hits, failed = self.poll(keys)
+        free = [k for k in dict.fromkeys(keys) if k not in hits and k not in failed]
+        return hits, failed, self.claim(free, claim_ttl_s, owner=owner)
 
 
 @dataclass

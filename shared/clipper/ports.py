@@ -112,14 +112,17 @@ class ReplyChannel(ReplyPublisher, Protocol):
 
 class PredictionCache(Protocol):
     """Model outputs by cache key (``clipper.core.cache_keys``), with single-flight claims. ``timeout`` bounds a
-    call where the store can (a query passes its remaining time)."""
+    call where the store can (a query passes its remaining time).
+
+    A claim holds its ``owner``'s token (the query's own, unique), so only its owner ends it: a release or a
+    failure sent late, after the claim expired and another query claimed the key, leaves that query's claim be."""
 
     def get_many(self, keys: list[str], timeout: float | None = None) -> dict[str, Any]:
         """The cached outputs of those keys that hit."""
         ...
 
     def lookup(
-        self, keys: list[str], claim_ttl_s: float, timeout: float | None = None
+        self, keys: list[str], claim_ttl_s: float, timeout: float | None = None, owner: str = "1"
     ) -> tuple[dict[str, Any], set[str]]:
         """``get_many``, then ``claim`` of the misses, in as few round trips as the store allows: the cached
         outputs, and the keys this caller now computes."""
@@ -131,18 +134,32 @@ class PredictionCache(Protocol):
         """``put_many`` of the entries whose key holds nothing (or only an expired entry); the others are kept."""
         ...
 
-    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
-        """Mark keys as being computed; returns the keys this caller now owns. A key already claimed
-        by a concurrent query is not returned: that query's answer will fill the cache."""
+    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None, owner: str = "1") -> set[str]:
+        """Mark keys as being computed by ``owner``; returns the keys it now owns. A key already claimed by a
+        concurrent query is not returned: that query's answer will fill the cache."""
         ...
 
-    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None) -> None:
-        """The owner of these claims got no output: release them with the cause (kept ``ttl_s``), so the
-        queries waiting on them stop at once with it."""
+    def fail_many(
+        self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, owner: str | None = None
+    ) -> None:
+        """The owner of these claims got no output from its model: the claims it still holds (any, without
+        ``owner``) hold the cause for ``ttl_s``, so the queries waiting on them stop at once with it."""
+        ...
+
+    def release(self, keys: list[str], owner: str, timeout: float | None = None) -> None:
+        """The owner of these claims got no output for want of time (or of its own dependencies): the claims it
+        still holds end, so a query waiting on them with time left computes the input itself."""
         ...
 
     def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         """For keys other queries compute: ``(outputs of those that hit, causes of those whose owner failed)``."""
+        ...
+
+    def poll_or_claim(
+        self, keys: list[str], claim_ttl_s: float, owner: str, timeout: float | None = None
+    ) -> tuple[dict[str, Any], dict[str, str], set[str]]:
+        """``poll``, and a claim by ``owner`` of the keys that nobody holds any more (their owner released them,
+        or its claim expired): ``(outputs, causes, the keys ``owner`` now computes)``."""
         ...
 
 
@@ -150,10 +167,14 @@ class LookupOrSend(Protocol):
     """The cache lookup and the sends of a single-input query in one call (one standalone Redis holding both)."""
 
     def lookup_or_send(
-        self, requests: Sequence[tuple[str, str, str]], claim_ttl_s: float, timeout: float | None = None
+        self,
+        requests: Sequence[tuple[str, str, str]],
+        claim_ttl_s: float,
+        timeout: float | None = None,
+        owner: str = "1",
     ) -> list[tuple[str, Any]]:
-        """For each ``(cache key, queue URL, message body)``: ``("hit", output)``, ``("sent", None)`` (claimed,
-        message sent: this query computes it) or ``("waiting", None)`` (another query computes it)."""
+        """For each ``(cache key, queue URL, message body)``: ``("hit", output)``, ``("sent", None)`` (claimed by
+        ``owner``, message sent: this query computes it) or ``("waiting", None)`` (another query computes it)."""
         ...
 
 

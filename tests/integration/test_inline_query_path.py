@@ -60,6 +60,8 @@ def stack(redis_url):  # noqa: F811
     registry.links["shapeless"] = ["a"]  # a has rows of [64]
     registry.apps["slow"] = digits_app(name="slow", latency_slo_micros=150_000)
     registry.links["slow"] = ["c"]  # no batcher reads c's queue: its queries time out
+    registry.apps["short"] = digits_app(name="short", latency_slo_micros=100_000)
+    registry.links["short"] = ["a"]
     for m in ("a", "b", "c"):
         registry.versions[(m, "1")] = model_version(m, queue_url=f"https://sqs.local/123/{prefix}-{m}")
         registry.active[m] = "1"
@@ -293,11 +295,11 @@ def test_a_query_of_the_lane_without_an_answer_gets_the_general_paths_default_an
         http.post("/digits/predict", json={"input": one_hot(0)})
         taken = lane.taken
         mine = _ask(http, True, "slow", one_hot(20))
-        # the claim released with its cause, as the general path does (read at once: a failed claim is kept for
-        # FAILED_CLAIM_TTL_S only)
+        # out of time, the claim ended as the general path ends it: no failure left for followers, the key free for
+        # one with time left
         (key,) = row_keys("c", "1", __import__("numpy").asarray([one_hot(20)], dtype="float32"))
-        _, failed = cache.poll([key])
-        assert key in failed and "timeout" in failed[key]
+        assert cache.poll([key]) == ({}, {})
+        assert cache.claim([key], 1.0, owner="another query") == {key}
         general = _ask(http, False, "slow", one_hot(21))
         assert lane.taken == taken + 1
         assert mine["default"] is True and mine["output"] == -1
@@ -368,3 +370,41 @@ def test_a_model_output_that_is_no_answer_gets_the_default_on_both_paths_and_is_
         for _, body in took.values():  # both with the model's failure, not "no answer within the SLO" (2 s later)
             assert body["default"] is True, body
             assert "no answer for 1 of 1 inputs (null or not a finite number)" in body["default_explanation"], body
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["one-round-trip", "lookup-then-send"])
+def test_a_follower_with_a_longer_slo_computes_the_input_when_its_owner_runs_out_of_time(stack, fused):
+    """Two identical queries on one model: the first (100 ms SLO) claims the input and times out while the model is
+    slow; the second (2 s), waiting on its claim, claims the input itself and answers (it took the first one's
+    timeout as its own default, at once)."""
+    make, endpoint, _, _ = stack
+    real = endpoint.predict
+    row = one_hot(40)
+
+    def slow_once(rows):
+        if endpoint.calls == []:  # the owner's batch
+            time.sleep(0.3)
+        return real(rows)
+
+    endpoint.predict = slow_once
+    with make(True, fused) as http:
+        http.post("/short/predict", json={"input": one_hot(1)})  # the registry copy knows the apps now
+        http.post("/digits/predict", json={"input": one_hot(2)})
+        endpoint.calls.clear()
+        answers: dict[str, dict] = {}
+
+        def ask(app: str) -> None:
+            answers[app] = http.post(f"/{app}/predict", json={"input": row}).json()
+
+        owner = threading.Thread(target=ask, args=("short",))
+        owner.start()
+        time.sleep(0.03)  # the owner's claim is in
+        started = time.monotonic()
+        ask("digits")
+        took = time.monotonic() - started
+        owner.join()
+    assert answers["short"]["default"] is True and "timeout" in answers["short"]["default_explanation"]
+    assert answers["digits"]["default"] is False and answers["digits"]["output"] == 40
+    assert 0.2 < took < 1.5  # it waited for its own send's answer, after the slow batch
+    assert len(endpoint.calls) == 2  # the owner's batch, then the follower's own
+    assert _cached(stack, row)

@@ -141,3 +141,34 @@ def test_put_new_keeps_what_a_key_holds(cache):
     cache.put_many({"rec": {"outputs": {"a": 1}}})
     cache.put_new({"rec": {"outputs": {}}, "fresh": {"outputs": {}}})
     assert cache.get_many(["rec", "fresh"]) == {"rec": {"outputs": {"a": 1}}, "fresh": {"outputs": {}}}
+
+
+def test_only_a_claims_owner_ends_it(cache):
+    """A query's late release or failure (its claim expired and another query claimed the key) leaves the new
+    owner's claim be: it overwrote it, and the new owner's followers took a failure that was not theirs."""
+    import time
+
+    assert cache.claim(["k"], ttl_s=0.2, owner="a") == {"k"}
+    time.sleep(1.1)  # a's claim expired (DynamoDB reads whole seconds for expiry)
+    assert cache.claim(["k"], ttl_s=30, owner="b") == {"k"}
+    cache.fail_many({"k": "model mlp:1: endpoint error: late"}, ttl_s=1.0, owner="a")
+    cache.release(["k"], owner="a")
+    assert cache.poll(["k"]) == ({}, {})  # b's claim: no failure to read
+    assert cache.claim(["k"], ttl_s=30, owner="c") == set()  # and still held
+    cache.fail_many({"k": "model mlp:1: endpoint error: boom"}, ttl_s=1.0, owner="b")
+    assert cache.poll(["k"]) == ({}, {"k": "model mlp:1: endpoint error: boom"})
+
+
+def test_a_released_claim_is_taken_by_a_waiting_query(cache):
+    cache.put_many({"hit": 1})
+    assert cache.claim(["k", "held", "failed"], ttl_s=30, owner="a") == {"k", "held", "failed"}
+    cache.fail_many({"failed": "model mlp:1: endpoint error: boom"}, ttl_s=5.0, owner="a")
+    keys = ["hit", "k", "held", "failed", "free", "k"]
+    assert cache.poll_or_claim(keys, 30, "b") == ({"hit": 1}, {"failed": "model mlp:1: endpoint error: boom"}, {"free"})
+    cache.release(["k"], owner="a")  # a ran out of time: its followers compute the input themselves
+    hits, failed, owned = cache.poll_or_claim(keys, 30, "b")
+    assert owned == {"k"} and hits == {"hit": 1} and set(failed) == {"failed"}
+    assert cache.poll_or_claim(["k"], 30, "c")[2] == set()  # b holds it now
+    assert cache.lookup(["k"], claim_ttl_s=30, owner="c") == ({}, set())
+    cache.release(["k"], owner="b")
+    assert cache.lookup(["k"], claim_ttl_s=30, owner="c") == ({}, {"k"})  # a plain lookup takes it too

@@ -159,13 +159,85 @@ def test_an_owner_whose_model_fails_releases_its_claims_with_the_cause(cached):
     assert len(cache.failed) == 2 and all("endpoint error: boom" in c for c in cache.failed.values())
 
 
-def test_an_owner_without_a_reply_releases_its_claims_as_a_timeout(cached):
+def test_an_owner_without_a_reply_ends_its_claims_instead_of_failing_its_followers(cached):
+    """Out of time, the owner leaves no failure: a follower with time left computes the input itself."""
     p, _, queue, _endpoint, cache = cached
     queue.batcher = None  # nobody answers
     result = p.predict("digits", {"input": one_hot(3)})
-    assert result.predictions[0].default
-    (cause,) = cache.failed.values()
-    assert "timeout" in cause
+    assert result.predictions[0].default and "timeout" in result.predictions[0].default_explanation
+    assert cache.failed == {} and cache.claims == set()
+
+
+def _claimed_by_another_query(cached, key: str, ends_at: float) -> None:
+    """Another query holds the claim on ``key`` and runs out of time at ``ends_at``: it ends its claim."""
+    _p, _, _queue, _endpoint, cache = cached
+    cache.claims.add(key)
+    cache.owners[key] = "other"
+    original = cache.get_many
+
+    def release_later(keys):
+        if key in keys and cache.clock.t >= ends_at:
+            cache.release([key], "other")
+        return original(keys)
+
+    cache.get_many = release_later
+
+
+def test_a_follower_computes_the_input_itself_when_its_owner_ran_out_of_time(cached):
+    """The owner (say on an app with a 10 ms SLO) gave up; this query (100 ms) has time left: it claims the input
+    and sends it (it took the owner's timeout as its own default at once)."""
+    import numpy as np
+
+    p, _, queue, endpoint, cache = cached
+    key = row_keys("mlp", "1", np.asarray([one_hot(7)], dtype=np.float32))[0]
+    _claimed_by_another_query(cached, key, START + 0.03)
+    result = p.predict("digits", {"input": one_hot(7), "debug": True})
+    (pred,) = result.predictions
+    assert not pred.default and pred.output == 7
+    assert len(queue.sent) == 1 and endpoint.calls == [1]
+    assert cache.entries[key] == 7 and cache.claims == set()  # the follower's answer fills the cache for the rest
+    assert result.model_errors == [] and "send" in result.model_timings_ms["mlp"]
+
+
+def test_a_follower_whose_own_send_times_out_ends_its_claim_and_defaults_with_its_own_timeout(cached):
+    import numpy as np
+
+    p, _, queue, _endpoint, cache = cached
+    key = row_keys("mlp", "1", np.asarray([one_hot(7)], dtype=np.float32))[0]
+    _claimed_by_another_query(cached, key, START + 0.03)
+    queue.batcher = None  # nobody answers this one either
+    result = p.predict("digits", {"input": one_hot(7)})
+    (pred,) = result.predictions
+    assert pred.default and "timeout, no reply within the SLO" in pred.default_explanation
+    assert len(queue.sent) == 1 and result.model_errors == ["mlp"]  # its own send: the model's timeout
+    assert cache.claims == set() and cache.failed == {}
+
+
+def test_a_follower_with_too_little_time_left_does_not_take_over(cached):
+    """The owner ends its claim when this query has less than TAKEOVER_MIN_S left: it sends nothing (the batcher
+    would drop the message as expired) and answers the default."""
+    import numpy as np
+
+    from clipper.frontend.fanout import ANSWER_MARGIN_S, TAKEOVER_MIN_S
+
+    p, registry, queue, _endpoint, cache = cached
+    key = row_keys("mlp", "1", np.asarray([one_hot(7)], dtype=np.float32))[0]
+    cache.claims.add(key)
+    cache.owners[key] = "other"
+    deadline = START + registry.apps["digits"].slo_seconds
+    original, polls = cache.get_many, []
+
+    def late_release(keys):
+        polls.append(cache.clock.t)
+        if len(polls) == 1:  # this poll ends with TAKEOVER_MIN_S / 2 left (get_many takes 10 ms of the clock)
+            cache.clock.t = deadline - ANSWER_MARGIN_S - TAKEOVER_MIN_S / 2 - 0.01
+        else:
+            cache.release([key], "other")
+        return original(keys)
+
+    cache.get_many = late_release
+    result = p.predict("digits", {"input": one_hot(7)})
+    assert result.predictions[0].default and queue.sent == [] and len(polls) == 2
 
 
 def test_a_timed_out_querys_unconfirmed_release_is_not_a_warning_but_an_earlier_failure_is(cached, caplog):
@@ -176,10 +248,10 @@ def test_a_timed_out_querys_unconfirmed_release_is_not_a_warning_but_an_earlier_
 
     p, _, queue, endpoint, cache = cached
 
-    def unconfirmed(failures, ttl_s, timeout=None):
+    def unconfirmed(*args, **kwargs):
         raise Unavailable("redis: no answer in time")
 
-    cache.fail_many = unconfirmed
+    cache.fail_many = cache.release = unconfirmed
     replies, wait = p._replies, p._replies.wait
 
     def wait_out(reply_to, models, timeout_s):  # as a real reply channel: nothing came, so it waited it all

@@ -148,7 +148,7 @@ def test_redis_down_for_the_fused_lookup_and_send_gives_default_not_an_error(wor
     _, registry, queue, _, clock = world
 
     class Down:
-        def lookup_or_send(self, requests, claim_ttl_s, timeout=None):
+        def lookup_or_send(self, requests, claim_ttl_s, timeout=None, owner="1"):
             raise Unavailable("redis 127.0.0.1:6379: ConnectionRefusedError")
 
     cache = InMemoryCache()
@@ -168,7 +168,7 @@ def test_a_version_without_serving_resources_gives_the_default_on_the_fused_path
     registry.versions[("mlp", "1")] = model_version(queue_url="", endpoint="")
 
     class Fused:
-        def lookup_or_send(self, requests, claim_ttl_s, timeout=None):
+        def lookup_or_send(self, requests, claim_ttl_s, timeout=None, owner="1"):
             if any(not url for _, url, _ in requests):
                 raise NotFound("queue", "")  # as the Redis Streams queue answers an empty name
             return [("sent", None) for _ in requests]

@@ -1,5 +1,7 @@
 """The prediction cache in DynamoDB, for stacks without Redis: one item per key with a TTL attribute
-(DynamoDB deletes expired items lazily, so reads also check ``expires_at``)."""
+(DynamoDB deletes expired items lazily, so reads also check ``expires_at``). A claim is an item without an
+output whose ``claimed_until`` is ahead and whose ``owner`` is its query's token; a failure adds ``failed``
+(the cause); a release sets ``claimed_until`` to 0. Only the owner's conditional writes end its claim."""
 
 from __future__ import annotations
 
@@ -32,17 +34,32 @@ class DynamoDBPredictionCache:
         return self.poll(keys)[0]
 
     def lookup(
-        self, keys: list[str], claim_ttl_s: float, timeout: float | None = None
+        self, keys: list[str], claim_ttl_s: float, timeout: float | None = None, owner: str = "1"
     ) -> tuple[dict[str, Any], set[str]]:
         """A BatchGetItem, then one transaction of claims for the misses (two calls: DynamoDB has no read-then-
         conditional-write in one). ``timeout`` is the client's own (its read timeout and retries)."""
         hits = self.get_many(keys)
         misses = [k for k in dict.fromkeys(keys) if k not in hits]
-        return hits, self.claim(misses, claim_ttl_s) if misses else set()
+        return hits, self.claim(misses, claim_ttl_s, owner=owner) if misses else set()
 
     def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        out, failed, _ = self._read(keys)
+        return out, failed
+
+    def poll_or_claim(
+        self, keys: list[str], claim_ttl_s: float, owner: str, timeout: float | None = None
+    ) -> tuple[dict[str, Any], dict[str, str], set[str]]:
+        """``poll``, then the claims of the keys no live claim holds (conditional puts: a concurrent claimer
+        wins or loses as in ``claim``)."""
+        out, failed, held = self._read(keys)
+        free = [k for k in dict.fromkeys(keys) if k not in out and k not in failed and k not in held]
+        return out, failed, self.claim(free, claim_ttl_s, owner=owner) if free else set()
+
+    def _read(self, keys: list[str]) -> tuple[dict[str, Any], dict[str, str], set[str]]:
+        """Outputs, failures, and the keys under a live claim."""
         out: dict[str, Any] = {}
         failed: dict[str, str] = {}
+        held: set[str] = set()
         now = time.time()
         unique = list(dict.fromkeys(keys))
         for start in range(0, len(unique), 100):
@@ -53,36 +70,51 @@ class DynamoDBPredictionCache:
                 for item in resp.get("Responses", {}).get(self._table, []):
                     if int(item.get("expires_at", {}).get("N", "0")) <= int(now):
                         continue
+                    key = item["key"]["S"]
                     if "output" in item:
-                        out[item["key"]["S"]] = json.loads(item["output"]["S"])
-                    elif "failed" in item and float(item.get("claimed_until", {}).get("N", "0")) > now:
-                        failed[item["key"]["S"]] = item["failed"]["S"]
+                        out[key] = json.loads(item["output"]["S"])
+                    elif float(item.get("claimed_until", {}).get("N", "0")) > now:
+                        if "failed" in item:
+                            failed[key] = item["failed"]["S"]
+                        else:
+                            held.add(key)
                 request = resp.get("UnprocessedKeys") or {}
-        return out, failed
+        return out, failed, held
 
-    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None) -> None:
-        """Each failed claim keeps its cause until ``ttl_s`` from now (an entry already filled is kept); up to 100
-        a transaction."""
+    def fail_many(
+        self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, owner: str | None = None
+    ) -> None:
+        """Each failed claim keeps its cause until ``ttl_s`` from now (an entry already filled is kept; with
+        ``owner``, only a claim it still holds); up to 100 a transaction."""
         now = time.time()
-        updates = [
-            (
-                "Update",
-                {
-                    "TableName": self._table,
-                    "Key": {"key": {"S": k}},
-                    "UpdateExpression": "SET failed = :c, claimed_until = :u, expires_at = :e",
-                    "ConditionExpression": "attribute_not_exists(#o)",
-                    "ExpressionAttributeNames": {"#o": "output"},
-                    "ExpressionAttributeValues": {
-                        ":c": {"S": cause},
-                        ":u": {"N": f"{now + ttl_s:.3f}"},
-                        ":e": {"N": str(int(now + ttl_s) + 1)},
-                    },
-                },
-            )
-            for k, cause in failures.items()
-        ]
+        values = {":u": {"N": f"{now + ttl_s:.3f}"}, ":e": {"N": str(int(now + ttl_s) + 1)}}
+        update = "SET failed = :c, claimed_until = :u, expires_at = :e"
+        updates = [self._end_claim(k, update, {**values, ":c": {"S": c}}, owner) for k, c in failures.items()]
         conditional_writes(self._client, updates, lambda a: a[1]["Key"]["key"]["S"], "dynamodb(cache claims)")
+
+    def release(self, keys: list[str], owner: str, timeout: float | None = None) -> None:
+        """The claims ``owner`` still holds pass (``claimed_until`` 0): a claimer takes the key at once."""
+        updates = [self._end_claim(k, "SET claimed_until = :z", {":z": {"N": "0"}}, owner) for k in dict.fromkeys(keys)]
+        if updates:
+            conditional_writes(self._client, updates, lambda a: a[1]["Key"]["key"]["S"], "dynamodb(cache claims)")
+
+    def _end_claim(
+        self, key: str, update: str, values: dict[str, Any], owner: str | None
+    ) -> tuple[str, dict[str, Any]]:
+        """An update of a claim: never of a filled entry, and with ``owner`` only of the owner's claim."""
+        condition, names = "attribute_not_exists(#o)", {"#o": "output"}
+        if owner is not None:
+            condition += " AND #w = :w"
+            names["#w"], values = "owner", {**values, ":w": {"S": owner}}
+        spec = {
+            "TableName": self._table,
+            "Key": {"key": {"S": key}},
+            "UpdateExpression": update,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+        }
+        return ("Update", spec)
 
     def put_many(self, entries: dict[str, Any], timeout: float | None = None) -> None:
         """Cache the outputs; one whose JSON is over DynamoDB's item limit is not cached (it failed the whole
@@ -116,7 +148,7 @@ class DynamoDBPredictionCache:
         if puts:
             conditional_puts(self._client, puts, lambda p: p["Item"]["key"]["S"], "dynamodb(cache records)")
 
-    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None) -> set[str]:
+    def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None, owner: str = "1") -> set[str]:
         """Conditional puts of up to 100 claims a transaction (``dynamodb_batch``): one call when no key is
         claimed already, two when some are."""
         now = time.time()
@@ -126,6 +158,7 @@ class DynamoDBPredictionCache:
                 "TableName": self._table,
                 "Item": {
                     "key": {"S": k},
+                    "owner": {"S": owner},
                     "claimed_until": {"N": f"{now + ttl_s:.3f}"},
                     "expires_at": {"N": str(int(now + ttl_s) + 1)},
                 },

@@ -26,12 +26,12 @@ from clipper.errors import Unavailable
 
 logger = logging.getLogger(__name__)
 
-# KEYS: cache entry, claim, stream; ARGV: claim ttl ms, message body, MINID of the stream ('' for none).
+# KEYS: cache entry, claim, stream; ARGV: claim ttl ms, message body, MINID of the stream ('' for none), owner.
 # {1, output}: a hit; {0, 1}: claimed and sent; {0, 0}: another query computes it.
 _LOOKUP_OR_SEND = """
 local v = redis.call('GET', KEYS[1])
 if v then return {1, v} end
-if not redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then return {0, 0} end
+if not redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[1], 'NX') then return {0, 0} end
 if ARGV[3] == '' then
   redis.call('XADD', KEYS[3], '*', 'body', ARGV[2])
 else
@@ -52,13 +52,15 @@ class RedisLookupOrSend:
         self._client = cache.client
         self._script = self._client.script(_LOOKUP_OR_SEND)
 
-    def _commands(self, requests: Sequence[tuple[str, str, str]], claim_ttl_s: float) -> list[tuple[Any, ...]]:
+    def _commands(
+        self, requests: Sequence[tuple[str, str, str]], claim_ttl_s: float, owner: str
+    ) -> list[tuple[Any, ...]]:
         ttl_ms = max(1, int(claim_ttl_s * 1000))
         minid = self._queue.minid()
         return [
             self._script.command(
                 [self._cache.entry_key(key), self._cache.claim_key(key), self._queue.stream_key(url)],
-                [ttl_ms, body, "" if minid is None else minid],
+                [ttl_ms, body, "" if minid is None else minid, owner],
             )
             for key, url, body in requests
         ]
@@ -74,16 +76,24 @@ class RedisLookupOrSend:
         return out
 
     def lookup_or_send(
-        self, requests: Sequence[tuple[str, str, str]], claim_ttl_s: float, timeout: float | None = None
+        self,
+        requests: Sequence[tuple[str, str, str]],
+        claim_ttl_s: float,
+        timeout: float | None = None,
+        owner: str = "1",
     ) -> list[Outcome]:
         """For each ``(cache key, queue URL, message body)``: its cached output, or its message sent (this query
-        computes it), or neither (another query computes it)."""
-        return self._outcomes(self._client.execute(self._commands(requests, claim_ttl_s), timeout))
+        computes it: ``owner`` holds the claim), or neither (another query computes it)."""
+        return self._outcomes(self._client.execute(self._commands(requests, claim_ttl_s, owner), timeout))
 
     async def lookup_or_send_async(
-        self, requests: Sequence[tuple[str, str, str]], claim_ttl_s: float, timeout: float | None = None
+        self,
+        requests: Sequence[tuple[str, str, str]],
+        claim_ttl_s: float,
+        timeout: float | None = None,
+        owner: str = "1",
     ) -> list[Outcome]:
-        return self._outcomes(await self._client.aio.execute(self._commands(requests, claim_ttl_s), timeout))
+        return self._outcomes(await self._client.aio.execute(self._commands(requests, claim_ttl_s, owner), timeout))
 
 
 class RedisPublishAndFill:

@@ -6,8 +6,12 @@ The round trips do not grow with the models: one cache lookup for every model's 
 message (``RequestQueue.send_many``: a pipeline on Redis Streams, concurrent calls on SQS). Each call is bounded
 by the query's remaining time.
 
-Single flight: a row another query computes is awaited in the cache (``await_followers``); when the owner gets no
-output it releases its claims with the cause (``PredictionCache.fail_many``), so its followers stop at once.
+Single flight: a row another query computes is awaited in the cache (``await_followers``). When the owner's model
+fails on it, the owner leaves the cause in its claims (``PredictionCache.fail_many``), so its followers stop at
+once with it; when the owner runs out of time (or its own dependencies fail), it ends its claims
+(``PredictionCache.release``), and a follower with time left claims the row and computes it itself, as it does
+when the owner's claim expired with the owner (its frontend died). Only a claim's owner ends it: a claim holds
+its query's token.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from clipper.core.validation import QueryInput, Rows
 from clipper.errors import Unavailable
 from clipper.frontend.results import ModelAnswer, QueryTicket
 from clipper.frontend.steps import Steps, call
+from clipper.frontend.steps import run as run_steps
 from clipper.ports import ClaimStore, Clock, LookupOrSend, PredictionCache, ReplyChannel, RequestQueue
 
 logger = logging.getLogger(__name__)
@@ -35,6 +40,9 @@ ANSWER_MARGIN_S = 0.002
 FAILED_CLAIM_TTL_S = 0.25
 # The shortest timeout a dependency call gets (a call with no time left still fails fast).
 MIN_CALL_S = 0.001
+# A query waiting on an identical query's computation computes the input itself when that query gave it up and
+# this one has at least this long left (less: the default, as the batcher would drop the message as expired).
+TAKEOVER_MIN_S = 0.005
 
 UNSERVED = "registered without serving resources (deploy a model file)"
 
@@ -60,6 +68,9 @@ class Fanout:
     sent: dict[str, tuple[ModelAnswer, list[int]]] = field(default_factory=dict)
     reply_to: str | None = None
     cache_problem: str | None = None  # why the cache could not be read (it cost the time it took)
+    owner: str = "1"  # the token this query's cache claims hold (its reply address: unique)
+    query: QueryInput | None = None  # the input, as the models take it (a follower may have to send it)
+    query_id: int = 0
 
     @property
     def followers(self) -> bool:
@@ -121,7 +132,8 @@ class Gatherer:
     ) -> Steps[Fanout]:
         """The cache lookup and the sends, as steps (``clipper.frontend.steps``: run on a thread or a loop)."""
         n = query.count
-        fan = Fanout([ModelAnswer(m, [None] * n) for m in models], deadline)
+        fan = Fanout([ModelAnswer(m, [None] * n) for m in models], deadline, query=query, query_id=query_id)
+        fan.owner = self._replies.new_address()
         try:
             yield from self._send_steps(app, fan, query, query_id, timings, ticket)
         except BaseException:  # a failure no default covers (a 500) or the steps abandoned: nothing will wait
@@ -170,7 +182,7 @@ class Gatherer:
         in one call. Its time is the enqueue stage's (the cache stage is part of it)."""
         assert self._fused is not None
         t0 = self._clock.now()
-        fan.reply_to = self._replies.new_address()
+        fan.reply_to = fan.owner
         self._replies.expect(fan.reply_to)
         requests: list[tuple[str, str, str]] = []
         sending: list[ModelAnswer] = []
@@ -190,7 +202,7 @@ class Gatherer:
         ticket.stage = "reading the prediction cache and sending to the request queues"
         left = self._left(fan.deadline)
         try:
-            outcomes = yield call(self._fused, "lookup_or_send", requests, left, timeout=left)
+            outcomes = yield call(self._fused, "lookup_or_send", requests, left, timeout=left, owner=fan.owner)
         except Unavailable as e:  # Redis down: every model's row is a default with this cause, never a 5xx
             for a in sending:
                 a.fail(f"model {a.model.name}:{a.model.version}: queue unavailable ({e})", "unavailable")
@@ -220,7 +232,7 @@ class Gatherer:
         every = [k for a in fan.answers for k in fan.keys[a.model.name]]
         left = self._left(fan.deadline)
         try:
-            hits, owned = yield call(self._cache, "lookup", every, left, timeout=left)
+            hits, owned = yield call(self._cache, "lookup", every, left, timeout=left, owner=fan.owner)
         except Unavailable as e:
             logger.warning("cache unavailable: %s", e)
             fan.cache_problem = str(e)
@@ -249,7 +261,8 @@ class Gatherer:
         query_id: int,
     ) -> Steps[None]:
         """One message per model, sent together; stamps each model's ``send`` time."""
-        fan.reply_to = self._replies.new_address()
+        if fan.reply_to is None:
+            fan.reply_to = fan.owner
         self._replies.expect(fan.reply_to)
         messages: list[tuple[ModelAnswer, list[int], str]] = []
         for a, rows in outgoing:
@@ -370,21 +383,31 @@ class Gatherer:
             yield from self._settle_claims(fan)
 
     def _settle_claims(self, fan: Fanout) -> Steps[None]:
-        """Rows this query claimed but got no output for: release the claims with the cause. Rows repeated within
-        the query take their first occurrence's output."""
+        """Rows this query claimed but got no output for: where the model failed on them, the claims hold the cause
+        (followers take it); where time ran out or a dependency failed, the claims end (a follower with time left
+        computes the row). Rows repeated within the query take their first occurrence's output."""
         failures: dict[str, str] = {}
+        released: list[str] = []
         for a in fan.answers:
             keys, mine = fan.keys.get(a.model.name, []), fan.owned.get(a.model.name, [])
             if a.problem is not None:
-                failures.update((keys[i], a.problem) for i in mine if a.outputs[i] is None)
+                lost = [keys[i] for i in mine if a.outputs[i] is None]
+                if a.failure == "error":
+                    failures.update((k, a.problem) for k in lost)
+                else:
+                    released.extend(lost)
             by_key = {keys[i]: a.outputs[i] for i in mine if a.outputs[i] is not None}
             for i in fan.waiting.get(a.model.name, []):
                 a.outputs[i] = by_key.get(keys[i], a.outputs[i])
-        if failures:
+        if failures or released:
             assert self._cache is not None
             left = fan.deadline - self._clock.now()
             try:
-                yield call(self._cache, "fail_many", failures, FAILED_CLAIM_TTL_S, timeout=self._left(fan.deadline))
+                if failures:
+                    ttl, timeout = FAILED_CLAIM_TTL_S, self._left(fan.deadline)
+                    yield call(self._cache, "fail_many", failures, ttl, timeout=timeout, owner=fan.owner)
+                if released:
+                    yield call(self._cache, "release", released, fan.owner, timeout=self._left(fan.deadline))
             except Unavailable as e:
                 if left > 2 * ANSWER_MARGIN_S:
                     logger.warning("failed claims not released: %s", e)
@@ -393,26 +416,43 @@ class Gatherer:
                     logger.debug("failed claims released at the deadline, not confirmed: %s", e)
 
     def await_followers(self, app: Application, fan: Fanout) -> None:
-        """Rows a concurrent query computes: poll the cache until they are filled, their owner reports a failure
-        (its cause becomes this query's), or the deadline. Blocks (sleeps between polls)."""
+        """Rows a concurrent query computes: poll the cache until they are filled, their owner reports its model's
+        failure (its cause becomes this query's), or the deadline. A row whose owner gave it up (its claim ended
+        or expired) is claimed by this query and computed here while it has ``TAKEOVER_MIN_S`` left. Blocks
+        (sleeps between polls, waits for the replies of what it sends)."""
         assert self._cache is not None
         by_name = {a.model.name: a for a in fan.answers}
         while True:
+            taken: list[tuple[ModelAnswer, list[int]]] = []
             for name, rows in fan.waiting.items():
                 a = by_name[name]
                 pending = [i for i in rows if a.outputs[i] is None]
                 if not pending or a.problem is not None:
                     continue
                 keys = [fan.keys[name][i] for i in pending]
+                owned: set[str] = set()
                 try:
-                    hits, failed = self._cache.poll(keys, timeout=self._left(fan.deadline))
+                    if fan.query is not None and self.wait_timeout(fan) >= TAKEOVER_MIN_S:
+                        left = self._left(fan.deadline)
+                        hits, failed, owned = self._cache.poll_or_claim(keys, left, fan.owner, timeout=left)
+                    else:
+                        hits, failed = self._cache.poll(keys, timeout=self._left(fan.deadline))
                 except Unavailable as e:
                     a.fail(f"model {a.model.name}:{a.model.version}: prediction cache unavailable ({e})", "unavailable")
                     continue
+                first: dict[str, int] = {}
                 for i, k in zip(pending, keys, strict=True):
                     a.outputs[i] = hits.get(k, a.outputs[i])
                     if k in failed and a.problem is None:
                         a.fail(failed[k], "unavailable")  # the owner query's failure, counted there
+                    if k in owned:
+                        first.setdefault(k, i)
+                if first and a.problem is None:
+                    taken.append((a, sorted(first.values())))
+                elif first:  # another row's owner failed: this answer is a default, the rows claimed are let go
+                    self._release_quietly(list(first), fan.owner, fan.deadline)
+            if taken:
+                self._take_over(app, fan, taken)
             remaining = self.wait_timeout(fan)
             if remaining <= 0 or not any(_open(by_name[n], rs) for n, rs in fan.waiting.items()):
                 break
@@ -425,6 +465,51 @@ class Gatherer:
                     "gave no answer within the SLO",
                     "unavailable",  # the owner query's timeout, counted there
                 )
+
+    def _take_over(self, app: Application, fan: Fanout, taken: list[tuple[ModelAnswer, list[int]]]) -> None:
+        """Rows this query claimed after their owner gave them up: sent as this query's own (one message per
+        model), their replies awaited, and taken in as ``absorb`` takes a query's (a failure is this query's own,
+        and ends or marks the claims). Blocks."""
+        assert fan.query is not None
+        n = len(fan.answers[0].outputs)
+        sub = Fanout([ModelAnswer(a.model, [None] * n) for a, _ in taken], fan.deadline, owner=fan.owner)
+        sub.keys = {a.model.name: fan.keys[a.model.name] for a, _ in taken}
+        sub.owned = {a.model.name: rows for a, rows in taken}
+        sub.reply_to = self._replies.new_address()  # the query's own address may have had its wait already
+        try:
+            outgoing = [(mine, rows) for mine, (_, rows) in zip(sub.answers, taken, strict=True)]
+            run_steps(self._enqueue(app, sub, outgoing, fan.query, fan.query_id))
+            replies: list[Reply] | Unavailable = []
+            if sub.sent:
+                try:
+                    replies = self._replies.wait(sub.reply_to, list(sub.sent), self.wait_timeout(fan))
+                except Unavailable as e:
+                    replies = e
+            else:
+                self._replies.forget(sub.reply_to)
+            run_steps(self.absorb(app, sub, replies))
+        except BaseException:
+            self._replies.forget(sub.reply_to)
+            raise
+        now = self._clock.now()
+        for (a, rows), mine in zip(taken, sub.answers, strict=True):
+            keys = fan.keys[a.model.name]
+            by_key = {keys[i]: mine.outputs[i] for i in rows if mine.outputs[i] is not None}
+            for i in fan.waiting[a.model.name]:  # the rows taken, and the same inputs repeated in the query
+                if a.outputs[i] is None:
+                    a.outputs[i] = by_key.get(keys[i])
+            if mine.problem is not None and a.problem is None:
+                a.fail(mine.problem, mine.failure or "error")  # its own send: the model's failure for this query
+            if a.model.name in sub.sent:
+                split_model_time(mine, now)
+                a.timings_ms.update(mine.timings_ms)
+
+    def _release_quietly(self, keys: list[str], owner: str, deadline: float) -> None:
+        assert self._cache is not None
+        try:
+            self._cache.release(keys, owner, timeout=self._left(deadline))
+        except Unavailable as e:
+            logger.warning("claims not released: %s", e)
 
 
 def _open(answer: ModelAnswer, rows: list[int]) -> bool:
@@ -454,4 +539,4 @@ def split_model_time(answer: ModelAnswer, replied_at: float) -> None:
     t["reply"] = max(0.0, elapsed - t["queue"] - (batch_wait or 0.0) - inference)
 
 
-__all__ = ["ANSWER_MARGIN_S", "FAILED_CLAIM_TTL_S", "Fanout", "Gatherer", "split_model_time"]
+__all__ = ["ANSWER_MARGIN_S", "FAILED_CLAIM_TTL_S", "TAKEOVER_MIN_S", "Fanout", "Gatherer", "split_model_time"]
