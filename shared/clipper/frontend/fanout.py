@@ -41,7 +41,10 @@ FAILED_CLAIM_TTL_S = 0.25
 # The shortest timeout a dependency call gets (a call with no time left still fails fast).
 MIN_CALL_S = 0.001
 # A query waiting on an identical query's computation computes the input itself when that query gave it up and
-# this one has at least this long left (less: the default, as the batcher would drop the message as expired).
+# this one has at least this share of its application's SLO left, and this long (less: the default). Identical
+# queries of one application that arrive together end together: a follower with a few ms left would only send a
+# message its batcher drops as expired, to a model that is already late.
+TAKEOVER_SHARE = 0.25
 TAKEOVER_MIN_S = 0.005
 
 UNSERVED = "registered without serving resources (deploy a model file)"
@@ -418,10 +421,11 @@ class Gatherer:
     def await_followers(self, app: Application, fan: Fanout) -> None:
         """Rows a concurrent query computes: poll the cache until they are filled, their owner reports its model's
         failure (its cause becomes this query's), or the deadline. A row whose owner gave it up (its claim ended
-        or expired) is claimed by this query and computed here while it has ``TAKEOVER_MIN_S`` left. Blocks
+        or expired) is claimed by this query and computed here while it has ``takeover_time(app)`` left. Blocks
         (sleeps between polls, waits for the replies of what it sends)."""
         assert self._cache is not None
         by_name = {a.model.name: a for a in fan.answers}
+        enough = takeover_time(app)
         while True:
             taken: list[tuple[ModelAnswer, list[int]]] = []
             for name, rows in fan.waiting.items():
@@ -432,7 +436,7 @@ class Gatherer:
                 keys = [fan.keys[name][i] for i in pending]
                 owned: set[str] = set()
                 try:
-                    if fan.query is not None and self.wait_timeout(fan) >= TAKEOVER_MIN_S:
+                    if fan.query is not None and self.wait_timeout(fan) >= enough:
                         left = self._left(fan.deadline)
                         hits, failed, owned = self._cache.poll_or_claim(keys, left, fan.owner, timeout=left)
                     else:
@@ -512,6 +516,11 @@ class Gatherer:
             logger.warning("claims not released: %s", e)
 
 
+def takeover_time(app: Application) -> float:
+    """How long a follower of ``app`` must have left to compute an input whose owner gave it up."""
+    return max(TAKEOVER_MIN_S, TAKEOVER_SHARE * app.slo_seconds)
+
+
 def _open(answer: ModelAnswer, rows: list[int]) -> bool:
     """Whether some of ``rows`` may still get an output (none yet, and no failure reported)."""
     return answer.problem is None and any(answer.outputs[i] is None for i in rows)
@@ -539,4 +548,4 @@ def split_model_time(answer: ModelAnswer, replied_at: float) -> None:
     t["reply"] = max(0.0, elapsed - t["queue"] - (batch_wait or 0.0) - inference)
 
 
-__all__ = ["ANSWER_MARGIN_S", "FAILED_CLAIM_TTL_S", "TAKEOVER_MIN_S", "Fanout", "Gatherer", "split_model_time"]
+__all__ = ["ANSWER_MARGIN_S", "FAILED_CLAIM_TTL_S", "Fanout", "Gatherer", "split_model_time", "takeover_time"]
