@@ -172,3 +172,16 @@ def test_a_released_claim_is_taken_by_a_waiting_query(cache):
     assert cache.lookup(["k"], claim_ttl_s=30, owner="c") == ({}, set())
     cache.release(["k"], owner="b")
     assert cache.lookup(["k"], claim_ttl_s=30, owner="c") == ({}, {"k"})  # a plain lookup takes it too
+
+
+def test_an_owners_failure_after_its_claim_expired_leaves_the_key_free(cache):
+    """Expired, the claim is gone: the owner's late failure or release does not bring it back (a new identical
+    query computes the input instead of taking the old failure for 250 ms)."""
+    import time
+
+    assert cache.claim(["k", "j"], ttl_s=0.05, owner="a") == {"k", "j"}
+    time.sleep(0.1)
+    cache.fail_many({"k": "model mlp:1: endpoint error: late"}, ttl_s=1.0, owner="a")
+    cache.release(["j"], owner="a")
+    assert cache.poll(["k", "j"]) == ({}, {})
+    assert cache.lookup(["k", "j"], claim_ttl_s=30, owner="b") == ({}, {"k", "j"})

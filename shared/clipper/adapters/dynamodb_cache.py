@@ -101,11 +101,13 @@ class DynamoDBPredictionCache:
     def _end_claim(
         self, key: str, update: str, values: dict[str, Any], owner: str | None
     ) -> tuple[str, dict[str, Any]]:
-        """An update of a claim: never of a filled entry, and with ``owner`` only of the owner's claim."""
+        """An update of a claim: never of a filled entry, and with ``owner`` only of a claim the owner still holds
+        (not expired: once it has, the key is free, as Redis's expired key is gone)."""
         condition, names = "attribute_not_exists(#o)", {"#o": "output"}
         if owner is not None:
-            condition += " AND #w = :w"
-            names["#w"], values = "owner", {**values, ":w": {"S": owner}}
+            condition += " AND #w = :w AND claimed_until > :now"
+            names["#w"] = "owner"
+            values = {**values, ":w": {"S": owner}, ":now": {"N": f"{time.time():.3f}"}}
         spec = {
             "TableName": self._table,
             "Key": {"key": {"S": key}},
