@@ -5,6 +5,7 @@ import pytest
 from clipper.batching.core import Batcher
 from clipper.core.cache_keys import row_keys
 from clipper.frontend.query import QueryProcessor
+from clipper.frontend.results import QueryTicket
 from tests.fakes import FakeResolver, InMemoryCache, model_version
 from tests.unit.test_query_processor import InlineQueue, one_hot, world  # noqa: F401  (fixture)
 
@@ -206,11 +207,32 @@ def test_a_follower_whose_own_send_times_out_ends_its_claim_and_defaults_with_it
     key = row_keys("mlp", "1", np.asarray([one_hot(7)], dtype=np.float32))[0]
     _claimed_by_another_query(cached, key, START + 0.03)
     queue.batcher = None  # nobody answers this one either
-    result = p.predict("digits", {"input": one_hot(7)})
+    ticket = QueryTicket()
+    result = p.predict("digits", {"input": one_hot(7)}, ticket)
     (pred,) = result.predictions
     assert pred.default and "timeout, no reply within the SLO" in pred.default_explanation
     assert len(queue.sent) == 1 and result.model_errors == ["mlp"]  # its own send: the model's timeout
     assert cache.claims == set() and cache.failed == {}
+    # what a late default (the watchdog's) would name: its own send, not other queries' computations
+    assert ticket.stage == "waiting for replies from model mlp:1, sent for inputs whose computing query gave them up"
+
+
+def test_a_follower_does_not_take_over_with_less_time_left_than_the_model_usually_takes(cached):
+    """A quarter of the SLO is left (25 of 100 ms) but the model usually answers in 80 ms: no send, the default."""
+    import numpy as np
+
+    from clipper.frontend.results import ModelAnswer
+
+    p, _, queue, _endpoint, _cache = cached
+    gatherer = p._gatherer
+    gatherer.observe(ModelAnswer(model_version(), [None], sent_at=START), START + 0.08)
+    assert gatherer.usual_answer_s("mlp") == pytest.approx(0.08)
+    key = row_keys("mlp", "1", np.asarray([one_hot(7)], dtype=np.float32))[0]
+    _claimed_by_another_query(cached, key, START + 0.04)  # released with ~58 ms left
+    result = p.predict("digits", {"input": one_hot(7)})
+    assert result.predictions[0].default and queue.sent == []
+    gatherer.observe(ModelAnswer(model_version(), [None], sent_at=START), START)  # a moving average: one fast reply
+    assert gatherer.usual_answer_s("mlp") == pytest.approx(0.072)
 
 
 def test_a_follower_with_too_little_time_left_does_not_take_over(cached):

@@ -46,6 +46,9 @@ MIN_CALL_S = 0.001
 # message its batcher drops as expired, to a model that is already late.
 TAKEOVER_SHARE = 0.25
 TAKEOVER_MIN_S = 0.005
+# Nor with less than the model's usual time to answer (send to reply, a moving average of this frontend's queries):
+# on SQS a send alone takes 5-10 ms locally, and a follower sending with less left only ran into its own timeout.
+ANSWER_TIME_WEIGHT = 0.1
 
 UNSERVED = "registered without serving resources (deploy a model file)"
 
@@ -113,6 +116,7 @@ class Gatherer:
         self._cache = cache
         self._cache_poll = cache_poll_s
         self._fused = fused if cache is not None else None
+        self._answer_s: dict[str, float] = {}  # model -> its usual time from send to reply (moving average)
 
     @property
     def fused(self) -> bool:
@@ -121,6 +125,18 @@ class Gatherer:
 
     def _left(self, deadline: float) -> float:
         return max(MIN_CALL_S, deadline - self._clock.now())
+
+    def observe(self, answer: ModelAnswer, replied_at: float) -> None:
+        """A model's reply to a message this frontend sent: its time from the send to the reply, averaged."""
+        if answer.sent_at is None:
+            return
+        took = replied_at - answer.sent_at + answer.timings_ms.get("send", 0.0) / 1000
+        name, usual = answer.model.name, self._answer_s.get(answer.model.name)
+        self._answer_s[name] = took if usual is None else usual + ANSWER_TIME_WEIGHT * (took - usual)
+
+    def usual_answer_s(self, model: str) -> float:
+        """The model's usual time from send to reply (0 before its first reply)."""
+        return self._answer_s.get(model, 0.0)
 
     # -- out: the cache, then the models ---------------------------------------------------------------------
     def send_steps(
@@ -363,6 +379,7 @@ class Gatherer:
             elif len(reply.outputs or []) != len(rows):
                 a.fail(f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs", "error")
             else:
+                self.observe(a, self._clock.now())
                 empty = 0
                 for i, out in zip(rows, reply.outputs or [], strict=True):
                     if no_answer(out):  # null (NaN and infinities travel as null): the model's failure for the row
@@ -418,11 +435,12 @@ class Gatherer:
                     # confirmed in time, and a warning per late query would cost the frontend more of the core
                     logger.debug("failed claims released at the deadline, not confirmed: %s", e)
 
-    def await_followers(self, app: Application, fan: Fanout) -> None:
+    def await_followers(self, app: Application, fan: Fanout, ticket: QueryTicket | None = None) -> None:
         """Rows a concurrent query computes: poll the cache until they are filled, their owner reports its model's
         failure (its cause becomes this query's), or the deadline. A row whose owner gave it up (its claim ended
-        or expired) is claimed by this query and computed here while it has ``takeover_time(app)`` left. Blocks
-        (sleeps between polls, waits for the replies of what it sends)."""
+        or expired) is claimed by this query and computed here while it has ``takeover_time(app)`` left and the
+        model's usual time to answer. Blocks (sleeps between polls, waits for the replies of what it sends).
+        ``ticket``: the query's, whose stage names a takeover's send and wait (a late default says it)."""
         assert self._cache is not None
         by_name = {a.model.name: a for a in fan.answers}
         enough = takeover_time(app)
@@ -436,7 +454,8 @@ class Gatherer:
                 keys = [fan.keys[name][i] for i in pending]
                 owned: set[str] = set()
                 try:
-                    if fan.query is not None and self.wait_timeout(fan) >= enough:
+                    need = max(enough, self.usual_answer_s(name))
+                    if fan.query is not None and self.wait_timeout(fan) >= need:
                         left = self._left(fan.deadline)
                         hits, failed, owned = self._cache.poll_or_claim(keys, left, fan.owner, timeout=left)
                     else:
@@ -456,7 +475,7 @@ class Gatherer:
                 elif first:  # another row's owner failed: this answer is a default, the rows claimed are let go
                     self._release_quietly(list(first), fan.owner, fan.deadline)
             if taken:
-                self._take_over(app, fan, taken)
+                self._take_over(app, fan, taken, ticket)
             remaining = self.wait_timeout(fan)
             if remaining <= 0 or not any(_open(by_name[n], rs) for n, rs in fan.waiting.items()):
                 break
@@ -470,7 +489,9 @@ class Gatherer:
                     "unavailable",  # the owner query's timeout, counted there
                 )
 
-    def _take_over(self, app: Application, fan: Fanout, taken: list[tuple[ModelAnswer, list[int]]]) -> None:
+    def _take_over(
+        self, app: Application, fan: Fanout, taken: list[tuple[ModelAnswer, list[int]]], ticket: QueryTicket | None
+    ) -> None:
         """Rows this query claimed after their owner gave them up: sent as this query's own (one message per
         model), their replies awaited, and taken in as ``absorb`` takes a query's (a failure is this query's own,
         and ends or marks the claims). Blocks."""
@@ -480,11 +501,17 @@ class Gatherer:
         sub.keys = {a.model.name: fan.keys[a.model.name] for a, _ in taken}
         sub.owned = {a.model.name: rows for a, rows in taken}
         sub.reply_to = self._replies.new_address()  # the query's own address may have had its wait already
+        names = ", ".join(f"model {a.model.name}:{a.model.version}" for a, _ in taken)
+        why = "for inputs whose computing query gave them up"
+        if ticket is not None:
+            ticket.stage = f"sending to {names} {why} (request queue)"
         try:
             outgoing = [(mine, rows) for mine, (_, rows) in zip(sub.answers, taken, strict=True)]
             run_steps(self._enqueue(app, sub, outgoing, fan.query, fan.query_id))
             replies: list[Reply] | Unavailable = []
             if sub.sent:
+                if ticket is not None:
+                    ticket.stage = f"waiting for replies from {names}, sent {why}"
                 try:
                     replies = self._replies.wait(sub.reply_to, list(sub.sent), self.wait_timeout(fan))
                 except Unavailable as e:

@@ -244,7 +244,8 @@ class QueryProcessor:
         thread (the cache is polled)."""
         result = await steps.run_async(self.finish(started, replies, blocking=False))
         if result is None:
-            await asyncio.to_thread(self._gatherer.await_followers, started.ticket.app, started.fanout)  # type: ignore[arg-type]
+            ticket = started.ticket
+            await asyncio.to_thread(self._gatherer.await_followers, ticket.app, started.fanout, ticket)  # type: ignore[arg-type]
             result = await steps.run_async(self.finish(started, None, blocking=False))
         assert result is not None
         return result
@@ -330,7 +331,7 @@ class QueryProcessor:
             if fan.followers:
                 if not blocking:
                     return None
-                self._gatherer.await_followers(app, fan)
+                self._gatherer.await_followers(app, fan, ticket)
         answers = fan.answers
         t0 = self._clock.now()
         preds = [self._combine(app, choice, answers, qid, row) for row, qid in enumerate(ticket.ids)]
