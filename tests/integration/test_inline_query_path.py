@@ -414,3 +414,31 @@ def test_a_follower_with_a_longer_slo_computes_the_input_when_its_owner_runs_out
     assert 0.2 < took < 1.5  # it waited for its own send's answer, after the slow batch
     assert len(endpoint.calls) == 2  # the owner's batch, then the follower's own
     assert _cached(stack, row)
+
+
+def test_a_follower_waiting_out_its_slo_polls_the_cache_at_a_slowing_pace(stack):
+    """An identical query's computation that never ends (its owner holds the claim): the follower polled Redis every
+    2 ms for its whole 2 s SLO (~1,000 round trips on the core the queries share); now ten at 2 ms, then a tenth
+    of the time waited, at most 50 ms."""
+    import numpy as np
+
+    from clipper.core.cache_keys import row_keys
+
+    make, _, _, cache = stack
+    row = one_hot(50)
+    (key,) = row_keys("a", "1", np.asarray([row], dtype=np.float32))
+    polls = {"n": 0}
+    with make(True, True) as http:
+        http.post("/digits/predict", json={"input": one_hot(0)})  # the registry copy knows the app now
+        assert cache.claim([key], 10.0, owner="a query that never answers") == {key}
+        for name in ("poll", "poll_or_claim"):  # the latter while the follower could still take over
+            original = getattr(cache, name)
+
+            def counted(*args, _original=original, **kwargs):
+                polls["n"] += 1
+                return _original(*args, **kwargs)
+
+            setattr(cache, name, counted)
+        answer = http.post("/digits/predict", json={"input": row}).json()
+    assert answer["default"] is True and "gave no answer within the SLO" in answer["default_explanation"]
+    assert 20 <= polls["n"] <= 80  # ~55 at this pace

@@ -302,3 +302,33 @@ def test_dynamodb_a_reply_over_the_item_limit_is_an_error_and_its_batch_is_answe
     assert not answer.ok and "over DynamoDB's item limit (400 KB)" in (answer.error or "")
     (fine,) = channel.wait(small, ["mlp"], 1.0)
     assert fine.ok and fine.outputs == [1]
+
+
+def test_dynamodb_a_long_wait_reads_at_a_slowing_pace_and_an_early_reply_is_seen_at_once(aws):
+    """A model down: a query waiting 1 s for its reply read DynamoDB every 10 ms (~70-100 consistent reads, billed,
+    and throttled under load); the pace slows after the first ten polls, which still see an early reply at once."""
+    import threading
+
+    calls = {"query": 0}
+    client = aws.dynamodb
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def query(self, **kwargs):
+            calls["query"] += 1
+            return client.query(**kwargs)
+
+    channel = DynamoDBReplyChannel(Counting(), aws.replies_table, ttl_s=60, poll_interval_s=0.01)
+    q = channel.new_address()
+    assert channel.wait(q, ["mlp"], timeout_s=1.0) == []
+    assert calls["query"] <= 40  # at a fixed 10 ms: 1 s / (10 ms + a read's time), over 60 here
+
+    early = channel.new_address()
+    timer = threading.Timer(0.04, lambda: channel.publish(early, ok()))
+    timer.start()
+    started = time.monotonic()
+    assert [r.outputs for r in channel.wait(early, ["mlp"], timeout_s=1.0)] == [[1]]
+    assert time.monotonic() - started < 0.04 + 0.03  # seen within a base interval (and a read) of its arrival
+    timer.join()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from clipper.adapters.aws_errors import aws_call
 from clipper.adapters.dynamodb_batch import conditional_puts
 from clipper.core.messages import Reply
+from clipper.core.polling import poll_gap
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -123,9 +124,10 @@ class DynamoDBReplyChannel:
         return await asyncio.to_thread(self.wait, reply_to, models, timeout_s)
 
     def wait(self, reply_to: str, models: Collection[str], timeout_s: float) -> list[Reply]:
-        """Polls until every model replied or the timeout; a poll that could not end before the timeout (as long
-        as the last one took) is not started."""
-        end = time.monotonic() + timeout_s
+        """Polls until every model replied or the timeout, at ``clipper.core.polling``'s pace; a poll that could not
+        end before the timeout (as long as the last one took) is not started."""
+        begun = time.monotonic()
+        end = begun + timeout_s
         wanted = set(models)
         took = 0.0
         while True:
@@ -148,4 +150,4 @@ class DynamoDBReplyChannel:
             remaining = end - now
             if wanted <= {r.model for r in replies} or remaining <= took:
                 return replies
-            time.sleep(min(self._poll, max(0.0, remaining - took)))
+            time.sleep(min(poll_gap(self._poll, now - begun), max(0.0, remaining - took)))

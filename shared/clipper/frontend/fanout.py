@@ -25,6 +25,7 @@ import numpy as np
 from clipper.core.cache_keys import row_keys
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.messages import QueryMessage, Reply, encode_rows, no_answer
+from clipper.core.polling import poll_gap
 from clipper.core.validation import QueryInput, Rows
 from clipper.errors import Unavailable
 from clipper.frontend.results import ModelAnswer, QueryTicket
@@ -436,7 +437,8 @@ class Gatherer:
                     logger.debug("failed claims released at the deadline, not confirmed: %s", e)
 
     def await_followers(self, app: Application, fan: Fanout, ticket: QueryTicket | None = None) -> None:
-        """Rows a concurrent query computes: poll the cache until they are filled, their owner reports its model's
+        """Rows a concurrent query computes: poll the cache (at ``clipper.core.polling``'s pace) until they are
+        filled, their owner reports its model's
         failure (its cause becomes this query's), or the deadline. A row whose owner gave it up (its claim ended
         or expired) is claimed by this query and computed here while it has ``takeover_time(app)`` left and the
         model's usual time to answer. Blocks (sleeps between polls, waits for the replies of what it sends).
@@ -444,6 +446,7 @@ class Gatherer:
         assert self._cache is not None
         by_name = {a.model.name: a for a in fan.answers}
         enough = takeover_time(app)
+        begun = self._clock.now()
         while True:
             taken: list[tuple[ModelAnswer, list[int]]] = []
             for name, rows in fan.waiting.items():
@@ -479,7 +482,7 @@ class Gatherer:
             remaining = self.wait_timeout(fan)
             if remaining <= 0 or not any(_open(by_name[n], rs) for n, rs in fan.waiting.items()):
                 break
-            time.sleep(min(self._cache_poll, remaining))
+            time.sleep(min(poll_gap(self._cache_poll, self._clock.now() - begun), remaining))
         for name, rows in fan.waiting.items():
             a = by_name[name]
             if a.problem is None and any(a.outputs[i] is None for i in rows):
