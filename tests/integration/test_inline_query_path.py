@@ -394,7 +394,7 @@ def test_a_follower_with_a_longer_slo_computes_the_input_when_its_owner_runs_out
         gatherer._answer_s.clear()
         taken = lane.taken if fused else 0
         http.post("/digits/predict", json={"input": one_hot(3)})
-        assert 0 < gatherer.usual_answer_s("a") < 0.3  # either path's answers tell the model's pace
+        assert 0 < gatherer.usual_answer_s(model_version("a")) < 0.3  # either path's answers tell the model's pace
         assert not fused or lane.taken == taken + 1  # the lane's (one input, one model: the common query)
         endpoint.calls.clear()
         answers: dict[str, dict] = {}

@@ -225,14 +225,41 @@ def test_a_follower_does_not_take_over_with_less_time_left_than_the_model_usuall
 
     p, _, queue, _endpoint, _cache = cached
     gatherer = p._gatherer
-    gatherer.observe(ModelAnswer(model_version(), [None], sent_at=START), START + 0.08)
-    assert gatherer.usual_answer_s("mlp") == pytest.approx(0.08)
+    gatherer.observe(ModelAnswer(model_version(), [None], reply_timings={"queue_ms": 70.0, "inference_ms": 10.0}))
+    assert gatherer.usual_answer_s(model_version()) == pytest.approx(0.08)
     key = row_keys("mlp", "1", np.asarray([one_hot(7)], dtype=np.float32))[0]
     _claimed_by_another_query(cached, key, START + 0.04)  # released with ~58 ms left
     result = p.predict("digits", {"input": one_hot(7)})
     assert result.predictions[0].default and queue.sent == []
-    gatherer.observe(ModelAnswer(model_version(), [None], sent_at=START), START)  # a moving average: one fast reply
-    assert gatherer.usual_answer_s("mlp") == pytest.approx(0.072)
+
+
+def test_a_models_usual_answer_time_is_its_own_per_version_and_a_timeout_counts_as_at_least_its_wait(cached):
+    """In an ensemble whose other model is down, a query's wait ends at its deadline: the healthy model's usual
+    time is its own reported one (it was charged the whole wait, and followers never took over its inputs). A canary
+    version has its own. A version that gave no reply by the deadline counts as at least that long."""
+    from clipper.core.messages import Reply
+    from clipper.frontend import steps
+    from clipper.frontend.fanout import Fanout
+    from clipper.frontend.results import ModelAnswer
+
+    p, registry, _queue, _endpoint, cache = cached
+    gatherer, clock, app = p._gatherer, cache.clock, registry.apps["digits"]
+    fast, down, canary = model_version("a"), model_version("b"), model_version("a", version="2")
+    answers = [ModelAnswer(fast, [None], sent_at=clock.now()), ModelAnswer(down, [None], sent_at=clock.now())]
+    fan = Fanout(answers, clock.now() + 1.0)
+    fan.sent = {"a": (answers[0], [0]), "b": (answers[1], [0])}
+    clock.advance(1.0)  # the wait ended at the deadline, b never replied
+    fast_reply = Reply(query_id=1, model="a", version="1", outputs=[3], timings={"queue_ms": 4.0, "inference_ms": 1.0})
+    steps.run(gatherer.absorb(app, fan, [fast_reply]))
+    assert answers[0].outputs == [3] and answers[1].failure == "timeout"
+    assert gatherer.usual_answer_s(fast) == pytest.approx(0.005)
+    assert gatherer.usual_answer_s(down) == pytest.approx(1.0)
+    assert gatherer.usual_answer_s(canary) == 0.0
+    gatherer.observe(ModelAnswer(canary, [None], reply_timings={"queue_ms": 400.0, "inference_ms": 100.0}))
+    assert gatherer.usual_answer_s(canary) == pytest.approx(0.5)
+    assert gatherer.usual_answer_s(fast) == pytest.approx(0.005)
+    gatherer.observe(ModelAnswer(fast, [None], reply_timings={"queue_ms": 14.0, "inference_ms": 1.0}))
+    assert gatherer.usual_answer_s(fast) == pytest.approx(0.006)  # a moving average
 
 
 def test_a_follower_with_too_little_time_left_does_not_take_over(cached):

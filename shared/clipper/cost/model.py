@@ -18,7 +18,7 @@ Per query, by what the code does (the requests are those ``tests/integration/tes
 - the cache and the reply channel: on ElastiCache Serverless (template.yaml's ``Cache``), an ECPU a command (the
   lookup, and per model asked the reply's publish and read, the cache's fill and claim release); on DynamoDB, a read
   for the lookup, a conditional write for the claim and one for the result, a write for the reply and the
-  frontend's reads while it waits (one every ``reply_poll_ms``; the gap grows only after ten polls, past the
+  frontend's reads while it waits (one every ``reply_poll_ms``; the gap grows only after ten of them, past the
   waits this model counts: ``clipper.core.polling``);
 - the frontend's log line (EMF metrics), ``log_bytes_per_query``, at CloudWatch Logs' ingestion price.
 

@@ -117,7 +117,8 @@ class Gatherer:
         self._cache = cache
         self._cache_poll = cache_poll_s
         self._fused = fused if cache is not None else None
-        self._answer_s: dict[str, float] = {}  # model -> its usual time from send to reply (moving average)
+        # (model, version) -> its usual time from send to reply (a moving average)
+        self._answer_s: dict[tuple[str, str], float] = {}
 
     @property
     def fused(self) -> bool:
@@ -127,17 +128,28 @@ class Gatherer:
     def _left(self, deadline: float) -> float:
         return max(MIN_CALL_S, deadline - self._clock.now())
 
-    def observe(self, answer: ModelAnswer, replied_at: float) -> None:
-        """A model's reply to a message this frontend sent: its time from the send to the reply, averaged."""
-        if answer.sent_at is None:
-            return
-        took = replied_at - answer.sent_at + answer.timings_ms.get("send", 0.0) / 1000
-        name, usual = answer.model.name, self._answer_s.get(answer.model.name)
-        self._answer_s[name] = took if usual is None else usual + ANSWER_TIME_WEIGHT * (took - usual)
+    def observe(self, answer: ModelAnswer) -> None:
+        """A version's reply to a message this frontend sent: its time from the send to the batch's end, as its
+        batcher reports it (``queue_ms``, from the message's stamp, and ``inference_ms``), averaged. The model's
+        own time: a query's wait ends with its slowest model's reply."""
+        reported = answer.reply_timings
+        if "queue_ms" in reported:
+            self._average(answer.model, (reported["queue_ms"] + reported.get("inference_ms", 0.0)) / 1000)
 
-    def usual_answer_s(self, model: str) -> float:
-        """The model's usual time from send to reply (0 before its first reply)."""
-        return self._answer_s.get(model, 0.0)
+    def observe_timeout(self, answer: ModelAnswer, now: float) -> None:
+        """A version that did not reply to this query's message by its deadline: at least that long, averaged (a
+        version slower than the SLO is not asked again by a follower with less time left)."""
+        if answer.sent_at is not None:
+            self._average(answer.model, now - answer.sent_at + answer.timings_ms.get("send", 0.0) / 1000)
+
+    def _average(self, model: ModelVersion, took: float) -> None:
+        key = (model.name, model.version)
+        usual = self._answer_s.get(key)
+        self._answer_s[key] = took if usual is None else usual + ANSWER_TIME_WEIGHT * (took - usual)
+
+    def usual_answer_s(self, model: ModelVersion) -> float:
+        """The version's usual time from send to reply (0 before its first)."""
+        return self._answer_s.get((model.name, model.version), 0.0)
 
     # -- out: the cache, then the models ---------------------------------------------------------------------
     def send_steps(
@@ -380,7 +392,7 @@ class Gatherer:
             elif len(reply.outputs or []) != len(rows):
                 a.fail(f"{name}: endpoint error: {len(reply.outputs or [])} outputs for {len(rows)} inputs", "error")
             else:
-                self.observe(a, self._clock.now())
+                self.observe(a)
                 empty = 0
                 for i, out in zip(rows, reply.outputs or [], strict=True):
                     if no_answer(out):  # null (NaN and infinities travel as null): the model's failure for the row
@@ -400,6 +412,8 @@ class Gatherer:
                 if fan.cache_problem is not None:
                     problem += f" (the prediction cache did not answer first: {fan.cache_problem})"
                 a.fail(problem, "timeout")
+                if a.model.name in fan.sent:
+                    self.observe_timeout(a, self._clock.now())
         if self._cache is not None:
             yield from self._settle_claims(fan)
 
@@ -457,7 +471,7 @@ class Gatherer:
                 keys = [fan.keys[name][i] for i in pending]
                 owned: set[str] = set()
                 try:
-                    need = max(enough, self.usual_answer_s(name))
+                    need = max(enough, self.usual_answer_s(a.model))
                     if fan.query is not None and self.wait_timeout(fan) >= need:
                         left = self._left(fan.deadline)
                         hits, failed, owned = self._cache.poll_or_claim(keys, left, fan.owner, timeout=left)

@@ -140,7 +140,7 @@ class SingleModelLane:
                     answer.reply_timings = dict(reply.timings)
                     answer.outputs[0] = reply.outputs[0]
                     split_model_time(answer, now)
-                    self._gatherer.observe(answer, now)
+                    self._gatherer.observe(answer)
                     result = self._result(app, query, qid, answer, timings)
                     if result is not None:
                         return result
