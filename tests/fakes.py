@@ -219,10 +219,8 @@ class InMemoryCache:
 
     failed: dict[str, str] = field(default_factory=dict)
 
-    def fail_many(
-        self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, owner: str | None = None
-    ) -> None:
-        self.failed.update((k, c) for k, c in failures.items() if owner is None or self.owners.get(k) == owner)
+    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, *, owner: str) -> None:
+        self.failed.update((k, c) for k, c in failures.items() if self.owners.get(k) == owner)
 
     def release(self, keys: list[str], owner: str, timeout: float | None = None) -> None:
         """As Redis's: only the claims ``owner`` holds end."""

@@ -139,11 +139,9 @@ class PredictionCache(Protocol):
         concurrent query is not returned: that query's answer will fill the cache."""
         ...
 
-    def fail_many(
-        self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, owner: str | None = None
-    ) -> None:
-        """The owner of these claims got no output from its model: the claims it still holds (any, without
-        ``owner``) hold the cause for ``ttl_s``, so the queries waiting on them stop at once with it."""
+    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, *, owner: str) -> None:
+        """The owner of these claims got no output from its model: the claims it still holds hold the cause for
+        ``ttl_s``, so the queries waiting on them stop at once with it."""
         ...
 
     def release(self, keys: list[str], owner: str, timeout: float | None = None) -> None:

@@ -78,7 +78,7 @@ def test_a_failed_claim_tells_its_cause_then_frees_the_key(cache):
 
     assert cache.claim(["k", "other"], ttl_s=30) == {"k", "other"}
     assert cache.poll(["k", "other"]) == ({}, {})  # computing: neither an output nor a failure yet
-    cache.fail_many({"k": "model mlp:1: endpoint error: boom"}, ttl_s=1.0)
+    cache.fail_many({"k": "model mlp:1: endpoint error: boom"}, ttl_s=1.0, owner="1")
     assert cache.poll(["k", "other"]) == ({}, {"k": "model mlp:1: endpoint error: boom"})
     assert cache.claim(["k"], ttl_s=30) == set()  # held while followers read the cause
     time.sleep(1.1)
@@ -89,7 +89,7 @@ def test_a_failed_claim_tells_its_cause_then_frees_the_key(cache):
 def test_a_filled_entry_is_never_reported_failed(cache):
     cache.claim(["k"], ttl_s=30)
     cache.put_many({"k": 4})
-    cache.fail_many({"k": "late failure"}, ttl_s=1.0)
+    cache.fail_many({"k": "late failure"}, ttl_s=1.0, owner="1")
     assert cache.poll(["k"]) == ({"k": 4}, {})
 
 

@@ -125,12 +125,13 @@ def _holder_fails(cached, key: str, cause: str) -> None:
     once the follower has started waiting."""
     _p, _, queue, _endpoint, cache = cached
     cache.claims.add(key)
+    cache.owners[key] = "other"
     queue.batcher = None
     original = cache.get_many
 
     def fail_later(keys):
         if key in keys and cache.clock.t >= START + 0.02:
-            cache.fail_many({key: cause}, 0.25)
+            cache.fail_many({key: cause}, 0.25, owner="other")
         return original(keys)
 
     cache.get_many = fail_later

@@ -81,11 +81,9 @@ class DynamoDBPredictionCache:
                 request = resp.get("UnprocessedKeys") or {}
         return out, failed, held
 
-    def fail_many(
-        self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, owner: str | None = None
-    ) -> None:
-        """Each failed claim keeps its cause until ``ttl_s`` from now (an entry already filled is kept; with
-        ``owner``, only a claim it still holds); up to 100 a transaction."""
+    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, *, owner: str) -> None:
+        """Each failed claim ``owner`` still holds keeps its cause until ``ttl_s`` from now (an entry already filled
+        is kept); up to 100 a transaction."""
         now = time.time()
         values = {":u": {"N": f"{now + ttl_s:.3f}"}, ":e": {"N": str(int(now + ttl_s) + 1)}}
         update = "SET failed = :c, claimed_until = :u, expires_at = :e"
@@ -98,23 +96,16 @@ class DynamoDBPredictionCache:
         if updates:
             conditional_writes(self._client, updates, lambda a: a[1]["Key"]["key"]["S"], "dynamodb(cache claims)")
 
-    def _end_claim(
-        self, key: str, update: str, values: dict[str, Any], owner: str | None
-    ) -> tuple[str, dict[str, Any]]:
-        """An update of a claim: never of a filled entry, and with ``owner`` only of a claim the owner still holds
-        (not expired: once it has, the key is free, as Redis's expired key is gone)."""
-        condition, names = "attribute_not_exists(#o)", {"#o": "output"}
-        if owner is not None:
-            condition += " AND #w = :w AND claimed_until > :now"
-            names["#w"] = "owner"
-            values = {**values, ":w": {"S": owner}, ":now": {"N": f"{time.time():.3f}"}}
+    def _end_claim(self, key: str, update: str, values: dict[str, Any], owner: str) -> tuple[str, dict[str, Any]]:
+        """An update of a claim the owner still holds: never of a filled entry, nor of an expired claim (the key is
+        free then, as Redis's expired key is gone)."""
         spec = {
             "TableName": self._table,
             "Key": {"key": {"S": key}},
             "UpdateExpression": update,
-            "ConditionExpression": condition,
-            "ExpressionAttributeNames": names,
-            "ExpressionAttributeValues": values,
+            "ConditionExpression": "attribute_not_exists(#o) AND #w = :w AND claimed_until > :now",
+            "ExpressionAttributeNames": {"#o": "output", "#w": "owner"},
+            "ExpressionAttributeValues": {**values, ":w": {"S": owner}, ":now": {"N": f"{time.time():.3f}"}},
         }
         return ("Update", spec)
 

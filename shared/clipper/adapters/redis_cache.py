@@ -150,24 +150,20 @@ class RedisPredictionCache:
         )
         return {k for k, ok in zip(keys, results, strict=True) if ok}
 
-    def fail_many(
-        self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, owner: str | None = None
-    ) -> None:
-        """A failed claim holds ``!<cause>`` until it expires: waiting queries read the cause. With ``owner``, only
-        the claims it still holds."""
+    def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, *, owner: str) -> None:
+        """A failed claim holds ``!<cause>`` until it expires: waiting queries read the cause. Only the claims
+        ``owner`` still holds."""
         if failures:
             _checked(self._client.execute(self._fail_commands(failures, ttl_s, owner), timeout))
 
     async def fail_many_async(
-        self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, owner: str | None = None
+        self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, *, owner: str
     ) -> None:
         if failures:
             _checked(await self._client.aio.execute(self._fail_commands(failures, ttl_s, owner), timeout))
 
-    def _fail_commands(self, failures: dict[str, str], ttl_s: float, owner: str | None) -> list[tuple[Any, ...]]:
+    def _fail_commands(self, failures: dict[str, str], ttl_s: float, owner: str) -> list[tuple[Any, ...]]:
         ttl_ms = max(1, int(ttl_s * 1000))
-        if owner is None:
-            return [("SET", self.claim_key(k), "!" + cause, "PX", ttl_ms) for k, cause in failures.items()]
         end = self._end_claim
         return [end.command([self.claim_key(k)], [owner, "!" + cause, ttl_ms]) for k, cause in failures.items()]
 

@@ -164,8 +164,8 @@ class Gatherer:
     ) -> Steps[Fanout]:
         """The cache lookup and the sends, as steps (``clipper.frontend.steps``: run on a thread or a loop)."""
         n = query.count
-        fan = Fanout([ModelAnswer(m, [None] * n) for m in models], deadline, query=query, query_id=query_id)
-        fan.owner = self._replies.new_address()
+        answers = [ModelAnswer(m, [None] * n) for m in models]
+        fan = Fanout(answers, deadline, owner=self._replies.new_address(), query=query, query_id=query_id)
         try:
             yield from self._send_steps(app, fan, query, query_id, timings, ticket)
         except BaseException:  # a failure no default covers (a 500) or the steps abandoned: nothing will wait
@@ -452,11 +452,11 @@ class Gatherer:
 
     def await_followers(self, app: Application, fan: Fanout, ticket: QueryTicket | None = None) -> None:
         """Rows a concurrent query computes: poll the cache (at ``clipper.core.polling``'s pace) until they are
-        filled, their owner reports its model's
-        failure (its cause becomes this query's), or the deadline. A row whose owner gave it up (its claim ended
-        or expired) is claimed by this query and computed here while it has ``takeover_time(app)`` left and the
-        model's usual time to answer. Blocks (sleeps between polls, waits for the replies of what it sends).
-        ``ticket``: the query's, whose stage names a takeover's send and wait (a late default says it)."""
+        filled, their owner reports its model's failure (its cause becomes this query's), or the deadline. A row
+        whose owner gave it up (its claim ended or expired) is claimed by this query and computed here while it has
+        ``takeover_time(app)`` left and the model's usual time to answer. Blocks (sleeps between polls, waits for
+        the replies of what it sends). ``ticket``: the query's, whose stage names a takeover's send and wait (a late
+        default says it)."""
         assert self._cache is not None
         by_name = {a.model.name: a for a in fan.answers}
         enough = takeover_time(app)
@@ -470,9 +470,9 @@ class Gatherer:
                     continue
                 keys = [fan.keys[name][i] for i in pending]
                 owned: set[str] = set()
+                take = fan.query is not None and self.wait_timeout(fan) >= max(enough, self.usual_answer_s(a.model))
                 try:
-                    need = max(enough, self.usual_answer_s(a.model))
-                    if fan.query is not None and self.wait_timeout(fan) >= need:
+                    if take:
                         left = self._left(fan.deadline)
                         hits, failed, owned = self._cache.poll_or_claim(keys, left, fan.owner, timeout=left)
                     else:
