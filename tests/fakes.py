@@ -208,6 +208,7 @@ class InMemoryCache:
     owners: dict[str, str] = field(default_factory=dict)  # claim -> its owner's token (claims added by hand: none)
 
     def claim(self, keys: list[str], ttl_s: float, timeout: float | None = None, owner: str = "1") -> set[str]:
+        self._expire_failures()
         owned = {k for k in keys if k not in self.claims}
         self.claims |= owned
         self.owners.update(dict.fromkeys(owned, owner))
@@ -218,9 +219,23 @@ class InMemoryCache:
         return hits, self.claim([k for k in dict.fromkeys(keys) if k not in hits], claim_ttl_s, owner=owner)
 
     failed: dict[str, str] = field(default_factory=dict)
+    failed_until: dict[str, float] = field(default_factory=dict)  # as the stores': a failure lasts its ttl
 
     def fail_many(self, failures: dict[str, str], ttl_s: float, timeout: float | None = None, *, owner: str) -> None:
-        self.failed.update((k, c) for k, c in failures.items() if self.owners.get(k) == owner)
+        mine = {k: c for k, c in failures.items() if self.owners.get(k) == owner}
+        self.failed.update(mine)
+        if self.clock is not None:
+            self.failed_until.update(dict.fromkeys(mine, self.clock.t + ttl_s))
+
+    def _expire_failures(self) -> None:
+        """A failure whose ttl passed leaves the key free (with a clock; without one, failures stay)."""
+        if self.clock is None:
+            return
+        for k in [k for k, until in self.failed_until.items() if until <= self.clock.t]:
+            del self.failed_until[k]
+            self.failed.pop(k, None)
+            self.claims.discard(k)
+            self.owners.pop(k, None)
 
     def release(self, keys: list[str], owner: str, timeout: float | None = None) -> None:
         """As Redis's: only the claims ``owner`` holds end."""
@@ -231,6 +246,7 @@ class InMemoryCache:
 
     def poll(self, keys: list[str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         hits = self.get_many(keys)
+        self._expire_failures()
         return hits, {k: self.failed[k] for k in keys if k in self.failed and k not in hits}
 
     def poll_or_claim(self, keys: list[str], claim_ttl_s: float, owner: str, timeout: float | None = None):

@@ -365,3 +365,89 @@ def test_a_late_query_names_the_models_it_sent_to(cached):
     steps.run(p.start("digits", {"input": one_hot(5)}, ticket))
     why = p.late(ticket).predictions[0].default_explanation
     assert "still waiting for replies from model mlp:1 (a dependency" in why
+
+
+def _key(i: int) -> str:
+    import numpy as np
+
+    return row_keys("mlp", "1", np.asarray([one_hot(i)], dtype=np.float32))[0]
+
+
+def _followed(cached, events: dict[str, tuple[float, str, object]]) -> None:
+    """Other queries hold the claims on these keys; at a clock time each fills its key with an output
+    ("fill") or leaves its model's failure in the claim ("fail")."""
+    _p, _, _queue, _endpoint, cache = cached
+    for key in events:
+        cache.claims.add(key)
+        cache.owners[key] = f"other-{key}"
+    original = cache.get_many
+
+    def later(keys):
+        for key, (at, what, value) in events.items():
+            if key in keys and cache.clock.t >= at and cache.owners.get(key) == f"other-{key}":
+                if what == "fill":
+                    cache.put_many({key: value})
+                elif key not in cache.failed:
+                    cache.fail_many({key: str(value)}, 0.25, owner=f"other-{key}")
+        return original(keys)
+
+    cache.get_many = later
+
+
+def test_a_followed_rows_failure_does_not_end_the_wait_for_the_querys_other_followed_rows(cached):
+    """A batch of two inputs, each computed by another query: the first one's model fails on its input (a null
+    output for that input, say), the second one's answers later. The first row is the default with the cause, the
+    second is answered (its owner answered within this query's SLO); it was the default too."""
+    p, _, queue, endpoint, _cache = cached
+    x, y = _key(3), _key(5)
+    _followed(
+        cached, {x: (START + 0.02, "fail", "model mlp:1: no answer for 1 of 1 inputs"), y: (START + 0.05, "fill", 5)}
+    )
+    result = p.predict("digits", {"input_batch": [one_hot(3), one_hot(5)]})
+    first, second = result.predictions
+    assert first.default and first.default_explanation == "model mlp:1: no answer for 1 of 1 inputs"
+    assert not second.default and second.output == 5
+    assert queue.sent == [] and endpoint.calls == []
+
+
+def test_the_querys_own_failed_rows_do_not_end_the_wait_for_its_followed_rows(cached):
+    """The query computes one input (its model fails on it) and follows another query's computation of the other:
+    that one's answer, come within the SLO, is still this query's answer for that input."""
+    p, _, queue, endpoint, _cache = cached
+    _followed(cached, {_key(5): (START + 0.05, "fill", 5)})
+    endpoint.fail_with = "boom"
+    result = p.predict("digits", {"input_batch": [one_hot(3), one_hot(5)]})
+    own, followed = result.predictions
+    assert own.default and "endpoint error: boom" in own.default_explanation
+    assert not followed.default and followed.output == 5
+    assert len(queue.sent) == 1 and endpoint.calls == [1]  # one row sent: its own
+    assert result.model_errors == ["mlp"]  # its own message's failure is charged to the model
+
+
+def test_a_followed_rows_failure_does_not_keep_the_query_from_computing_another_row_given_up(cached):
+    """One followed input's owner fails; another's owner runs out of time and ends its claim: this query, with time
+    left, computes that input itself (the claim it took was let go before, the input answered the default)."""
+    p, _, queue, endpoint, cache = cached
+    x, y = _key(3), _key(5)
+    _followed(cached, {x: (START + 0.02, "fail", "model mlp:1: endpoint error: boom")})
+    _claimed_by_another_query(cached, y, START + 0.03)
+    result = p.predict("digits", {"input_batch": [one_hot(3), one_hot(5)]})
+    first, second = result.predictions
+    assert first.default and "boom" in first.default_explanation
+    assert not second.default and second.output == 5
+    assert len(queue.sent) == 1 and endpoint.calls == [1] and cache.entries[y] == 5
+
+
+def test_an_owners_failure_is_given_to_identical_queries_only_for_its_short_while(cached):
+    """An identical query arriving after the failure's 250 ms computes the input anew (the model may be back), as
+    on Redis and DynamoDB, where the failure expires and leaves the key free."""
+    from clipper.frontend.fanout import FAILED_CLAIM_TTL_S
+
+    p, _, _queue, endpoint, cache = cached
+    endpoint.fail_with = "boom"
+    assert p.predict("digits", {"input": one_hot(3)}).predictions[0].default
+    assert len(cache.failed) == 1
+    endpoint.fail_with = None
+    cache.clock.advance(FAILED_CLAIM_TTL_S)
+    again = p.predict("digits", {"input": one_hot(3)}).predictions[0]
+    assert not again.default and again.output == 3 and endpoint.calls == [1, 1]

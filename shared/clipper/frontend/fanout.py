@@ -451,24 +451,32 @@ class Gatherer:
                     logger.debug("failed claims released at the deadline, not confirmed: %s", e)
 
     def await_followers(self, app: Application, fan: Fanout, ticket: QueryTicket | None = None) -> None:
-        """Rows a concurrent query computes: poll the cache (at ``clipper.core.polling``'s pace) until they are
-        filled, their owner reports its model's failure (its cause becomes this query's), or the deadline. A row
+        """Rows a concurrent query computes: poll the cache (at ``clipper.core.polling``'s pace) until each is
+        filled, its owner reports its model's failure on it (its cause becomes this row's), or the deadline. A row
         whose owner gave it up (its claim ended or expired) is claimed by this query and computed here while it has
-        ``takeover_time(app)`` left and the model's usual time to answer. Blocks (sleeps between polls, waits for
-        the replies of what it sends). ``ticket``: the query's, whose stage names a takeover's send and wait (a late
-        default says it)."""
+        ``takeover_time(app)`` left and the model's usual time to answer. Each row ends on its own: a failure on one
+        input (this query's own, or another owner's) does not end the wait for the others. Blocks (sleeps between
+        polls, waits for the replies of what it sends). ``ticket``: the query's, whose stage names a takeover's
+        send and wait (a late default says it)."""
         assert self._cache is not None
         by_name = {a.model.name: a for a in fan.answers}
         enough = takeover_time(app)
         begun = self._clock.now()
+        # per model, the followed rows that ended without an output, and why: (cause, kind)
+        ended: dict[str, dict[int, tuple[str, str]]] = {name: {} for name in fan.waiting}
+
+        def pending(name: str) -> list[int]:
+            outputs, done = by_name[name].outputs, ended[name]
+            return [i for i in fan.waiting[name] if outputs[i] is None and i not in done]
+
         while True:
             taken: list[tuple[ModelAnswer, list[int]]] = []
-            for name, rows in fan.waiting.items():
-                a = by_name[name]
-                pending = [i for i in rows if a.outputs[i] is None]
-                if not pending or a.problem is not None:
+            for name in fan.waiting:
+                rows = pending(name)
+                if not rows:
                     continue
-                keys = [fan.keys[name][i] for i in pending]
+                a = by_name[name]
+                keys = [fan.keys[name][i] for i in rows]
                 owned: set[str] = set()
                 take = fan.query is not None and self.wait_timeout(fan) >= max(enough, self.usual_answer_s(a.model))
                 try:
@@ -478,28 +486,34 @@ class Gatherer:
                     else:
                         hits, failed = self._cache.poll(keys, timeout=self._left(fan.deadline))
                 except Unavailable as e:
-                    a.fail(f"model {a.model.name}:{a.model.version}: prediction cache unavailable ({e})", "unavailable")
+                    why = f"model {a.model.name}:{a.model.version}: prediction cache unavailable ({e})"
+                    ended[name].update((i, (why, "unavailable")) for i in rows)
                     continue
                 first: dict[str, int] = {}
-                for i, k in zip(pending, keys, strict=True):
+                for i, k in zip(rows, keys, strict=True):
                     a.outputs[i] = hits.get(k, a.outputs[i])
-                    if k in failed and a.problem is None:
-                        a.fail(failed[k], "unavailable")  # the owner query's failure, counted there
-                    if k in owned:
+                    if k in failed:
+                        ended[name][i] = (failed[k], "unavailable")  # the owner query's failure, counted there
+                    elif k in owned:
                         first.setdefault(k, i)
-                if first and a.problem is None:
+                if first:
                     taken.append((a, sorted(first.values())))
-                elif first:  # another row's owner failed: this answer is a default, the rows claimed are let go
-                    self._release_quietly(list(first), fan.owner, fan.deadline)
             if taken:
-                self._take_over(app, fan, taken, ticket)
+                self._take_over(app, fan, taken, ended, ticket)
             remaining = self.wait_timeout(fan)
-            if remaining <= 0 or not any(_open(by_name[n], rs) for n, rs in fan.waiting.items()):
+            if remaining <= 0 or not any(pending(name) for name in fan.waiting):
                 break
             time.sleep(min(poll_gap(self._cache_poll, self._clock.now() - begun), remaining))
-        for name, rows in fan.waiting.items():
+        for name in fan.waiting:
             a = by_name[name]
-            if a.problem is None and any(a.outputs[i] is None for i in rows):
+            lost = [ended[name].get(i) for i in fan.waiting[name] if a.outputs[i] is None]
+            if not lost or a.problem is not None:
+                continue
+            # the query's own failure (a takeover's, charged to the model) before another query's
+            causes = sorted((c for c in lost if c is not None), key=lambda c: c[1] == "unavailable")
+            if causes:
+                a.fail(*causes[0])
+            else:
                 a.fail(
                     f"model {a.model.name}:{a.model.version}: timeout, the identical query computing this input "
                     "gave no answer within the SLO",
@@ -507,11 +521,16 @@ class Gatherer:
                 )
 
     def _take_over(
-        self, app: Application, fan: Fanout, taken: list[tuple[ModelAnswer, list[int]]], ticket: QueryTicket | None
+        self,
+        app: Application,
+        fan: Fanout,
+        taken: list[tuple[ModelAnswer, list[int]]],
+        ended: dict[str, dict[int, tuple[str, str]]],
+        ticket: QueryTicket | None,
     ) -> None:
         """Rows this query claimed after their owner gave them up: sent as this query's own (one message per
         model), their replies awaited, and taken in as ``absorb`` takes a query's (a failure is this query's own,
-        and ends or marks the claims). Blocks."""
+        and ends or marks the claims; the rows it left without an output go into ``ended``). Blocks."""
         assert fan.query is not None
         n = len(fan.answers[0].outputs)
         sub = Fanout([ModelAnswer(a.model, [None] * n) for a, _ in taken], fan.deadline, owner=fan.owner)
@@ -541,14 +560,15 @@ class Gatherer:
             raise
         now = self._clock.now()
         for (a, rows), mine in zip(taken, sub.answers, strict=True):
-            keys = fan.keys[a.model.name]
+            name, keys = a.model.name, fan.keys[a.model.name]
             by_key = {keys[i]: mine.outputs[i] for i in rows if mine.outputs[i] is not None}
-            for i in fan.waiting[a.model.name]:  # the rows taken, and the same inputs repeated in the query
+            lost = {keys[i] for i in rows if mine.outputs[i] is None}
+            for i in fan.waiting[name]:  # the rows taken, and the same inputs repeated in the query
                 if a.outputs[i] is None:
                     a.outputs[i] = by_key.get(keys[i])
-            if mine.problem is not None and a.problem is None:
-                a.fail(mine.problem, mine.failure or "error")  # its own send: the model's failure for this query
-            if a.model.name in sub.sent:
+                    if keys[i] in lost and mine.problem is not None:  # its own send: the model's failure here
+                        ended[name][i] = (mine.problem, mine.failure or "error")
+            if name in sub.sent:
                 split_model_time(mine, now)
                 a.timings_ms.update(mine.timings_ms)
 
@@ -563,11 +583,6 @@ class Gatherer:
 def takeover_time(app: Application) -> float:
     """How long a follower of ``app`` must have left to compute an input whose owner gave it up."""
     return max(TAKEOVER_MIN_S, TAKEOVER_SHARE * app.slo_seconds)
-
-
-def _open(answer: ModelAnswer, rows: list[int]) -> bool:
-    """Whether some of ``rows`` may still get an output (none yet, and no failure reported)."""
-    return answer.problem is None and any(answer.outputs[i] is None for i in rows)
 
 
 def split_model_time(answer: ModelAnswer, replied_at: float) -> None:
