@@ -5,7 +5,8 @@ bench/results/faults.json and faults.png (a timeline per scenario).
 
     python -m bench.faults [--quick] [--scenarios a,b] [--out DIR]
 
-Targets: 0 lost, 0 5xx, every default carries its cause, the frontend's memory bounded.
+Targets: 0 lost, 0 5xx, every default carries its cause, the frontend's memory bounded. Exits 1 when a scenario
+missed one (after writing the report).
 """
 
 from __future__ import annotations
@@ -92,7 +93,13 @@ def _commit() -> str:
     return done.stdout.strip()
 
 
-def main(argv: list[str] | None = None) -> None:
+def missed_targets(summary: list[dict[str, Any]]) -> list[str]:
+    """Per scenario that missed a target, what it missed (the run's exit status is 1 when any did)."""
+    return [f"{r['scenario']}: {', '.join(r['misses_targets'])}" for r in summary if r["misses_targets"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The run; its exit status: 1 when a scenario missed a target (the report is written either way)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="shorter windows, 1,000 unknown names (a check that it runs)")
     p.add_argument("--scenarios", help=f"comma-separated, of: {', '.join(SCENARIOS)}")
@@ -140,10 +147,13 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     report.plot(runs, args.out / f"{name}.png")
     log(f"wrote {args.out / (name + '.json')} and {args.out / (name + '.png')}")
-    missed = [f"{r['scenario']}: {', '.join(r['misses_targets'])}" for r in summary if r["misses_targets"]]
+    missed = missed_targets(summary)
     if missed:
         log("targets missed: " + " | ".join(missed))
+        return 1
+    log("every target met")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

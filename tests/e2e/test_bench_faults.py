@@ -24,9 +24,10 @@ def test_a_quick_fault_run_counts_every_query(tmp_path):
         text=True,
         timeout=180,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "faults_quick.json").read_text())
     (row,) = result["scenarios"]
+    # its exit status says whether a target was missed (a late answer on a slow machine is one: timing)
+    assert done.returncode == (1 if row["misses_targets"] else 0), done.stdout[-3000:] + done.stderr[-3000:]
     assert row["sent"] == row["real"] + row["default"] + row["4xx"] + row["5xx"] + row["lost"] > 50
     assert (row["lost"], row["5xx"], row["defaults_without_cause"], row["wrong"]) == (0, 0, 0, 0)
     assert row["real"] > 0 and row["restarts"] == {}  # (misses_targets also counts late answers: timing)

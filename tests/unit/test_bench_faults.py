@@ -106,3 +106,31 @@ def test_answers_later_than_the_slo_and_a_margin_are_late():
     assert (row["late"], row["slowest_answer_ms"]) == (1, 250.0)  # a lost query or a 4xx is no answer
     assert "1 answers later than the SLO + 100 ms (the slowest 250 ms)" in verdict(row)
     assert summarize(outcomes, 0.0, 0.1)["late"] == 0  # no SLO given: not judged
+
+
+def test_the_run_exits_1_when_a_scenario_misses_a_target_and_0_when_none_does(monkeypatch, tmp_path):
+    """Its report is written either way; the exit status is what a script running it sees."""
+    import bench.faults.__main__ as faults
+    from bench.faults.scenarios import SCENARIOS
+
+    class Inert:  # the stack, its world and the reference model: nothing runs
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    for name in ("LocalStack", "World", "Reference"):
+        monkeypatch.setattr(faults, name, Inert)
+    monkeypatch.setattr(faults, "base_rows", lambda case: None)
+    monkeypatch.setattr(faults, "settle_redeliveries", lambda *args: None)
+    monkeypatch.setattr(faults.time, "sleep", lambda s: None)
+    monkeypatch.setattr(faults.report, "plot", lambda runs, path: path.write_bytes(b"png"))
+    scenario = next(iter(SCENARIOS))
+    for kinds, status in (("rrrr", 0), ("rrxr", 1)):
+        row = summarize(run(kinds), fault_start=0.25, fault_end=0.5)
+        row.update(scenario=scenario, last_serial=4, outcomes=[], fault_start=0.25, fault_end=0.5)
+        row["misses_targets"] = verdict(row)
+        monkeypatch.setattr(faults, "run_scenario", lambda *args, row=row: row)
+        assert faults.main(["--scenarios", scenario, "--out", str(tmp_path)]) == status
+        assert (tmp_path / "faults.json").exists() and (tmp_path / "faults.png").exists()
