@@ -19,8 +19,8 @@ pytestmark = pytest.mark.integration
 def test_parameters_are_stored_with_the_app_and_used_by_its_policy(admin, aws) -> None:  # noqa: F811
     ok(admin.post("/admin/add_app", json={**DIGITS, "policy": "exp3"}))
     info = ok(admin.post("/admin/set_policy_params", json={"name": "digits", "eta": 0.5, "gamma": 0.1}))
-    assert info["policy_params"] == {"eta": 0.5, "gamma": 0.1, "epsilon": None, "k": None}
-    assert info["policy_params_in_use"] == {"gamma": 0.1, "eta": 0.5, "min_ratio": 1e-4}
+    assert info["policy_params"] == {"eta": 0.5, "gamma": 0.1, "epsilon": None, "k": None, "loss_scale": None}
+    assert info["policy_params_in_use"] == {"gamma": 0.1, "eta": 0.5, "min_ratio": 1e-4, "loss_scale": 1.0}
     registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
     assert registry.get_app("digits").policy_params == PolicyParams(eta=0.5, gamma=0.1)
 
@@ -44,6 +44,9 @@ def test_parameters_are_stored_with_the_app_and_used_by_its_policy(admin, aws) -
         ({"k": 2}, "k"),  # exp3 takes no k
         ({"epsilon": 0.2}, "epsilon"),  # nor epsilon
         ({"temperature": 1}, "temperature"),
+        ({"loss_scale": 0}, "loss_scale"),
+        ({"loss_scale": -2.5}, "loss_scale"),
+        ({"loss_scale": "1e400"}, "loss_scale"),
     ],
 )
 def test_bad_parameters_are_refused_naming_the_field_and_change_nothing(admin, aws, body, field) -> None:  # noqa: F811
@@ -65,7 +68,28 @@ def test_the_client_and_the_cli_set_them(api, capsys) -> None:  # noqa: F811
     assert clipper(api, "policy-params", "digits", "--eta", "0.8", "--default", "k") == 0
     assert json.loads(capsys.readouterr().out)["policy_params_in_use"]["eta"] == 0.8
     assert clipper(api, "policy-params", "digits") == 0
-    assert json.loads(capsys.readouterr().out) == {"eta": 0.8, "gamma": None, "epsilon": None, "k": None}
+    assert json.loads(capsys.readouterr().out) == {
+        "eta": 0.8,
+        "gamma": None,
+        "epsilon": None,
+        "k": None,
+        "loss_scale": None,
+    }
     assert api["registry"].get_app("digits").policy_params == PolicyParams(eta=0.8)
     assert clipper(api, "policy-params", "digits", "--epsilon", "0.2") == 2
     assert "epsilon: expected a parameter of exp4" in capsys.readouterr().err
+
+
+def test_the_loss_scale_is_every_policys_and_set_from_the_client_and_the_cli(api, capsys) -> None:  # noqa: F811
+    """A regression application's scores judged on its own scale: taken by each policy (the canary's evidence and
+    the selection report judge a single-model application's outputs too), kept across a change of policy."""
+    conn = ClipperConnection(api["url"], TOKEN)
+    assert conn.set_policy_params("digits", loss_scale=250.0)["policy_params_in_use"] == {"loss_scale": 250.0}
+    for policy in ("epsilon_greedy", "exp3", "exp4"):
+        conn.set_app_policy("digits", policy)
+        assert conn.get_app_info("digits")["policy_params"]["loss_scale"] == 250.0
+    assert clipper(api, "policy-params", "digits", "--loss-scale", "40") == 0
+    assert json.loads(capsys.readouterr().out)["policy_params_in_use"]["loss_scale"] == 40.0
+    assert api["registry"].get_app("digits").policy_params == PolicyParams(loss_scale=40.0)
+    assert clipper(api, "policy-params", "digits", "--default", "loss_scale") == 0
+    assert json.loads(capsys.readouterr().out)["policy_params_in_use"]["loss_scale"] == 1.0

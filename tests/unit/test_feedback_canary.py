@@ -129,3 +129,18 @@ def test_no_record_is_no_evidence():
     processor, _, _, evidence = world("single")
     assert processor.process(feedback("f1")) == "no_record"
     assert evidence.counts == {}
+
+
+def test_a_regression_apps_canary_evidence_is_judged_on_its_loss_scale():
+    """An error of 30 on a score is a loss of 0.3 with the app's loss_scale of 100 (1, the cap, without it)."""
+    from dataclasses import replace
+
+    from clipper.selection import PolicyParams
+
+    for scale, loss_sum in ((None, 1.0), (100.0, 0.3)):
+        processor, registry, cache, evidence = world("single")
+        registry.apps["app"] = replace(registry.apps["app"], policy_params=PolicyParams(loss_scale=scale))
+        record(cache, "single", {"mlp": 1030.0}, {"mlp": "2"})
+        assert processor.process(feedback("f1", label=1000.0)) == "canary_only"
+        (got,) = evidence.load("mlp", CANARY.trial).values()
+        assert got.feedback == 1 and got.loss_sum == pytest.approx(loss_sum)

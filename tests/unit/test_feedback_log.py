@@ -104,3 +104,32 @@ def test_feedback_a_single_model_application_learns_nothing_from_by_design_is_no
     )
     msg = FeedbackMessage(feedback_id="s1", app="digits", payload=_payload(one_hot(4)), label=4)
     assert feedback.process(msg) == "not_learning" and log.entries == []
+
+
+def test_the_logged_losses_of_scores_are_judged_on_the_apps_loss_scale(learning):  # noqa: F811
+    """The selection report counts the losses the bandit learned from: with the app's loss_scale."""
+    from dataclasses import replace
+
+    from clipper.report.entry import entry_for
+    from clipper.selection import PolicyParams, Selection
+
+    p, registry, cache, store = learning
+    registry.apps["ens"] = replace(registry.apps["ens"], policy_params=PolicyParams(loss_scale=4.0))
+    log = ListLog()
+    feedback = FeedbackProcessor(registry, store, cache, log=FeedbackRecorder(log, FakeClock(0.0)))
+    p.predict("ens", {"input": one_hot(7)})  # "good" answers 7, "bad" 0: class labels, losses 0 or 1 whatever the scale
+    msg = FeedbackMessage(feedback_id="f1", app="ens", payload=_payload(one_hot(7)), label=7)
+    assert feedback.process(msg) == "applied"
+    assert log.entries[0].losses == {"good": 0.0, "bad": 1.0}
+    selection = Selection("exp4", ("a", "b"), {"a": 0.5, "b": 0.5}, 0).to_dict()
+    record = {"selection": selection, "outputs": {"a": 9.0, "b": 2.5}, "answer": {"output": 5.75, "default": False}}
+    entry = entry_for(0.0, "f2", "ens", None, 8.0, record, scale=4.0)
+    assert entry.losses == {"a": 0.25, "b": 1.0} and entry.answer_loss == pytest.approx(0.5625)
+    calls = []
+    feedback.log.record = lambda message, rec, scale=1.0: calls.append(scale)  # type: ignore[union-attr,method-assign]
+    p.predict("ens", {"input": one_hot(5)})
+    assert (
+        feedback.process(FeedbackMessage(feedback_id="f3", app="ens", payload=_payload(one_hot(5)), label=5))
+        == "applied"
+    )
+    assert calls == [4.0]  # the processor passes the app's scale on

@@ -74,3 +74,38 @@ def test_parameters_round_trip_as_the_registry_stores_them() -> None:
     assert params.to_dict() == {"eta": 0.35, "k": 2}
     assert PolicyParams.from_dict({k: repr(v) for k, v in params.to_dict().items()}) == params
     assert params.with_values({"eta": None, "gamma": 0.1}) == PolicyParams(gamma=0.1, k=2)
+
+
+def test_a_regression_apps_loss_scale_lets_feedback_tell_its_models_apart() -> None:
+    """Scores in the thousands: every error is over 1, so without a scale each model loses 1 on every label and the
+    bandit learns nothing; with the app's loss_scale an error of 20 is a small loss and one of 400 a large one."""
+    state = initial_state("exp4", ["near", "far"])
+    outputs, label = {"near": 1020.0, "far": 1400.0}, 1000.0
+    for scale, near_loss, far_loss in ((None, 1.0, 1.0), (500.0, 0.04, 0.8)):
+        policy = policy_for("exp4", PolicyParams(loss_scale=scale))
+        selection = policy.select(state, None)  # type: ignore[arg-type]  (exp4 draws nothing)
+        updated = policy.update(state, selection, outputs, label)
+        assert {a.model: a.losses for a in updated.arms} == pytest.approx({"near": near_loss, "far": far_loss})
+        ratio = updated.weights["near"] / updated.weights["far"]
+        assert ratio == pytest.approx(math.exp(0.1 * (far_loss - near_loss)))
+    exp3 = policy_for("exp3", PolicyParams(loss_scale=500.0))
+    chosen = exp3.select(initial_state("exp3", ["near", "far"]), __import__("random").Random(3))
+    judged = exp3.update(initial_state("exp3", ["near", "far"]), chosen, outputs, label)
+    (model,) = chosen.models
+    assert {a.model: a.losses for a in judged.arms}[model] == pytest.approx(0.04 if model == "near" else 0.8)
+
+
+def test_combined_scores_agree_within_a_tenth_of_the_loss_scale() -> None:
+    state = initial_state("exp4", ["a", "b"])
+    outputs = {"a": 1000.0, "b": 1050.0}  # the weighted mean 1025: each within 25 of it
+    for scale, confidence in ((None, 0.0), (500.0, 1.0)):
+        policy = policy_for("exp4", PolicyParams(loss_scale=scale))
+        combined = policy.combine(state, policy.select(state, None), outputs)  # type: ignore[arg-type]
+        assert combined.output == pytest.approx(1025.0) and combined.confidence == confidence
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, math.nan])
+def test_a_loss_scale_must_be_a_positive_number(scale) -> None:
+    for policy in ("single", "epsilon_greedy", "exp3", "exp4"):
+        with pytest.raises(InvalidInput, match=r"^loss_scale: "):
+            policy_for(policy, PolicyParams(loss_scale=scale))

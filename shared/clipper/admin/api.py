@@ -146,7 +146,7 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
     def set_app_policy(body: schemas.SetPolicy) -> dict[str, Any]:
         return service.set_app_policy(body)
 
-    @op("set_policy_params", "Set an application's policy parameters (eta, gamma, epsilon, Exp4's k)")
+    @op("set_policy_params", "Set an application's policy parameters (eta, gamma, epsilon, Exp4's k, loss_scale)")
     def set_policy_params(body: schemas.SetPolicyParams) -> dict[str, Any]:
         return service.set_policy_params(body)
 

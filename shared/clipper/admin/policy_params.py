@@ -1,6 +1,6 @@
-"""``set_policy_params``: an application's selection-policy parameters (eta, gamma, epsilon, Exp4's k), stored with
-the application; the frontend's selection and the feedback update build its policy with them (the frontend within
-its registry cache's TTL)."""
+"""``set_policy_params``: an application's selection-policy parameters (eta, gamma, epsilon, Exp4's k, loss_scale),
+stored with the application; the frontend's selection and the feedback update build its policy with them (the
+frontend within its registry cache's TTL)."""
 
 from __future__ import annotations
 

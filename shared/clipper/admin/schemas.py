@@ -132,13 +132,21 @@ class SetPolicy(Body):
 
 class SetPolicyParams(Body):
     """An application's policy parameters: a value sets one, null returns it to the policy's default, an omitted
-    one keeps its value. Each policy takes its own: epsilon_greedy epsilon; exp3 gamma and eta; exp4 eta and k."""
+    one keeps its value. Each policy takes its own: epsilon_greedy epsilon; exp3 gamma and eta; exp4 eta and k; every
+    policy loss_scale."""
 
     name: str
     eta: Number | None = Field(None, gt=0.0, allow_inf_nan=False, description="Exp3's and Exp4's learning rate")
     gamma: Number | None = Field(None, gt=0.0, le=1.0, description="Exp3's exploration: each model gets gamma / K")
     epsilon: Number | None = Field(None, gt=0.0, le=1.0, description="epsilon-greedy's share of random choices")
     k: int | None = Field(None, ge=1, description="Exp4: how many of the heaviest models answer (null: all)")
+    loss_scale: Number | None = Field(
+        None,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="every policy: the absolute error of a score (a regression output) that feedback counts as a "
+        "whole loss (losses are in [0, 1]; null: 1), and the unit of Exp4's agreement tolerance (0.1 of it)",
+    )
 
 
 class Name(Body):

@@ -9,7 +9,7 @@ from typing import Any
 from clipper.cli.files import load_estimator, load_npy
 from clipper.client import ClipperConnection
 
-POLICY_PARAMS = ("eta", "gamma", "epsilon", "k")
+POLICY_PARAMS = ("eta", "gamma", "epsilon", "k", "loss_scale")
 CANARY_PARAMS = (
     ("alpha", float, "chance of rolling back a canary as good as the active version (default 0.05)"),
     ("beta", float, "chance of promoting a canary worse by the margin (default 0.10)"),
@@ -61,6 +61,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     pp.add_argument("--gamma", type=float, help="exp3's exploration (each model gets gamma / K)")
     pp.add_argument("--epsilon", type=float, help="epsilon_greedy's share of random choices")
     pp.add_argument("--k", type=int, help="exp4: how many of the heaviest models answer")
+    pp.add_argument(
+        "--loss-scale",
+        type=float,
+        help="every policy: the absolute error of a score (a regression output) that counts as a whole loss (1)",
+    )
     pp.add_argument("--default", nargs="+", default=[], choices=POLICY_PARAMS, help="back to the policy's default")
     sub.add_parser("delete-app", help="delete an application and its links").add_argument("name")
     sub.add_parser("models", help="list model versions").add_argument("-v", "--verbose", action="store_true")

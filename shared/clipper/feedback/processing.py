@@ -176,7 +176,7 @@ class FeedbackProcessor:
         if app.policy != "single":
             outcome = self._learn(registry, app, linked, versions, message, record, fresh)
         if canaries:
-            self._add_evidence(canaries, record, message, versions)
+            self._add_evidence(canaries, record, message, versions, app.policy_params.scale)
         return outcome
 
     @staticmethod
@@ -236,7 +236,7 @@ class FeedbackProcessor:
         # message race (a redelivery while the first still runs), one may apply the user's state and the other
         # the app's; both answer "applied", and one logs
         if applied[-1] and self.log is not None:
-            self.log.record(message, record)
+            self.log.record(message, record, app.policy_params.scale)
         return "applied" if any(applied) else "duplicate"
 
     def _canaries(self, registry: Registry, linked: list[str]) -> dict[str, Canary]:
@@ -246,10 +246,15 @@ class FeedbackProcessor:
         return {m: c for m, c in running.items() if c is not None}
 
     def _add_evidence(
-        self, canaries: dict[str, Canary], record: dict[str, Any], msg: FeedbackMessage, active: dict[str, str]
+        self,
+        canaries: dict[str, Canary],
+        record: dict[str, Any],
+        msg: FeedbackMessage,
+        active: dict[str, str],
+        scale: float = 1.0,
     ) -> None:
         """Each canaried model's loss on this feedback, to the version that answered, once per feedback id
-        (``active``: each linked model's active version)."""
+        (``active``: each linked model's active version; ``scale``: the application's loss scale)."""
         assert self.evidence is not None
         versions: dict[str, str] = record.get("versions") or {}
         trials: dict[str, str] = record.get("trials") or {}
@@ -261,7 +266,7 @@ class FeedbackProcessor:
                 continue  # answered in another trial (one aborted since), or before this one started
             if version != canary.version and version != active.get(model):
                 continue  # a version that is in neither side of the trial (switched since the query)
-            delta = VersionEvidence.of_feedback(min(1.0, max(0.0, loss(output, msg.label))))
+            delta = VersionEvidence.of_feedback(min(1.0, max(0.0, loss(output, msg.label, scale))))
             if self.evidence.add_once(model, canary.trial, version, delta, msg.feedback_id):
                 self.touched.add(model)
 

@@ -78,9 +78,16 @@ class FeedbackEntry:
 
 
 def entry_for(
-    time: float, feedback_id: str, app: str, user: str | None, label: Any, record: Mapping[str, Any]
+    time: float,
+    feedback_id: str,
+    app: str,
+    user: str | None,
+    label: Any,
+    record: Mapping[str, Any],
+    scale: float = 1.0,
 ) -> FeedbackEntry:
-    """The entry of a feedback applied at ``time``, from the prediction ``record`` it was joined with."""
+    """The entry of a feedback applied at ``time``, from the prediction ``record`` it was joined with; scores are
+    judged with the application's loss ``scale``."""
     selection = record["selection"]
     outputs: dict[str, Any] = dict(record.get("outputs") or {})
     answer = record.get("answer") or {}
@@ -97,11 +104,11 @@ def entry_for(
         probabilities={str(m): float(p) for m, p in selection.get("probabilities", [])},
         outputs=outputs,
         # a model asked that gave no output (its own timeout or error) lost 1, as the bandit counts it
-        losses={m: loss(o, label) for m, o in outputs.items()}
+        losses={m: loss(o, label, scale) for m, o in outputs.items()}
         | {str(m): 1.0 for m in record.get("missing") or () if m not in outputs},
         versions={str(m): str(v) for m, v in dict(record.get("versions") or {}).items()},
         answer=answer.get("output"),
         default=default,
         confidence=None if answer.get("confidence") is None else float(answer["confidence"]),
-        answer_loss=loss(answer["output"], label) if answered and not default else None,
+        answer_loss=loss(answer["output"], label, scale) if answered and not default else None,
     )

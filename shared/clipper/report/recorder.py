@@ -24,10 +24,13 @@ class FeedbackRecorder:
         self.appended = 0
         self.failures = 0
 
-    def record(self, message: FeedbackMessage, record: Mapping[str, Any]) -> None:
-        """Append the entry of ``message``, applied now, joined with its prediction ``record``."""
+    def record(self, message: FeedbackMessage, record: Mapping[str, Any], scale: float = 1.0) -> None:
+        """Append the entry of ``message``, applied now, joined with its prediction ``record`` (``scale``: the
+        application's loss scale, as the bandit judged the outputs with it)."""
         try:
-            entry = entry_for(self._clock.now(), message.feedback_id, message.app, message.user, message.label, record)
+            entry = entry_for(
+                self._clock.now(), message.feedback_id, message.app, message.user, message.label, record, scale
+            )
             self._log.append(entry)
         except Exception as e:  # a failing log never fails the feedback (the state is updated already)
             self.failures += 1

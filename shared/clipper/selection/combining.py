@@ -13,7 +13,8 @@ The confidence is the weighted fraction of the *selected* models that agree with
 a model that did not reply in time does not agree, so stragglers lower the confidence.
 
 The loss of an output against a label (:func:`loss`) is in [0, 1]: for classes 0 when equal, else 1; for
-scores the absolute error, capped at 1 (a non-finite score loses 1).
+scores the absolute error divided by the application's ``loss_scale`` (1 unless set), capped at 1 (a non-finite
+score loses 1).
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ def _vote_key(value: Any) -> Any:
     return value
 
 
-def loss(output: Any, label: Any) -> float:
-    """The loss of ``output`` given the true ``label``, in [0, 1] (see the module docstring)."""
+def loss(output: Any, label: Any, scale: float = 1.0) -> float:
+    """The loss of ``output`` given the true ``label``, in [0, 1] (see the module docstring). ``scale``: for scores,
+    the absolute error that is a whole loss (the application's ``loss_scale``)."""
     if _real(output) and _real(label) and (_is_score(output) or _is_score(label)):
         try:
-            error = abs(float(output) - float(label))
+            error = abs(float(output) - float(label)) / scale
         except OverflowError:  # an integer beyond a double's range (JSON has no bound): as far off as can be
             return 1.0
         return min(1.0, error) if math.isfinite(error) else 1.0

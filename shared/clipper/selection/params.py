@@ -1,7 +1,9 @@
 """An application's selection-policy parameters, stored with the application: Exp3's and Exp4's learning rate
-``eta``, Exp3's exploration ``gamma``, epsilon-greedy's ``epsilon``, and ``k``, how many of the heaviest models Exp4
-queries. A parameter left unset (None) is the policy's default; a policy ignores the parameters it does not take
-(:data:`TAKES`), so they survive a change of policy and apply again when it changes back."""
+``eta``, Exp3's exploration ``gamma``, epsilon-greedy's ``epsilon``, ``k``, how many of the heaviest models Exp4
+queries, and every policy's ``loss_scale``, the absolute error of a score (a regression output) that is a whole
+loss (feedback's losses are in [0, 1]; 1 unless set), which is also the unit of the agreement tolerance among
+combined scores. A parameter left unset (None) is the policy's default; a policy ignores the parameters it does
+not take (:data:`TAKES`), so they survive a change of policy and apply again when it changes back."""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ from typing import Any
 
 # which parameters each policy takes
 TAKES: dict[str, tuple[str, ...]] = {
-    "single": (),
-    "epsilon_greedy": ("epsilon",),
-    "exp3": ("gamma", "eta"),
-    "exp4": ("eta", "k"),
+    "single": ("loss_scale",),  # the canary's evidence and the selection report judge its outputs too
+    "epsilon_greedy": ("epsilon", "loss_scale"),
+    "exp3": ("gamma", "eta", "loss_scale"),
+    "exp4": ("eta", "k", "loss_scale"),
 }
 
 
@@ -24,6 +26,12 @@ class PolicyParams:
     gamma: float | None = None
     epsilon: float | None = None
     k: int | None = None
+    loss_scale: float | None = None
+
+    @property
+    def scale(self) -> float:
+        """The loss scale in use (1 unless set)."""
+        return 1.0 if self.loss_scale is None else self.loss_scale
 
     def for_policy(self, policy: str) -> dict[str, Any]:
         """The set parameters ``policy`` takes, as its constructor's keyword arguments."""
@@ -44,6 +52,7 @@ class PolicyParams:
             gamma=_float(data.get("gamma")),
             epsilon=_float(data.get("epsilon")),
             k=None if data.get("k") is None else int(data["k"]),
+            loss_scale=_float(data.get("loss_scale")),
         )
 
 

@@ -111,19 +111,27 @@ MISSING_LOSS = 1.0  # a selected model that gave no output: the worst loss
 
 
 def _judged(
-    state: SelectionState, outputs: Mapping[str, Any], label: Any, missing: Iterable[str] = ()
+    state: SelectionState, outputs: Mapping[str, Any], label: Any, missing: Iterable[str] = (), scale: float = 1.0
 ) -> dict[str, float]:
     known = set(state.models)
-    judged = {m: loss(o, label) for m, o in outputs.items() if m in known}
+    judged = {m: loss(o, label, scale) for m, o in outputs.items() if m in known}
     judged |= {m: MISSING_LOSS for m in missing if m in known and m not in outputs}
     return judged
 
 
+@dataclass(frozen=True)
 class _Policy:
-    """What the policies share: combining by weight, and an update that counts before it reweights."""
+    """What the policies share: combining by weight, and an update that counts before it reweights.
+    ``loss_scale``: the absolute error of a score that is a whole loss (feedback's losses are in [0, 1]), and the
+    unit of ``tolerance``, within which combined scores agree."""
 
     name: ClassVar[str] = ""
-    tolerance: float = 0.1
+    tolerance: ClassVar[float] = 0.1
+    loss_scale: float = field(default=1.0, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not self.loss_scale > 0.0 or not math.isfinite(self.loss_scale):
+            raise ValueError("loss_scale must be positive")
 
     def combine(
         self,
@@ -137,7 +145,7 @@ class _Policy:
         for m in selection.models:
             if m not in weights:
                 weights[m] = selection.probabilities.get(m) or mean
-        return combine_outputs(weights, selection.models, outputs, missing, self.tolerance)
+        return combine_outputs(weights, selection.models, outputs, missing, self.tolerance * self.loss_scale)
 
     def update(
         self,
@@ -149,7 +157,8 @@ class _Policy:
     ) -> SelectionState:
         """``missing``: the selected models that gave no output for the query (each loses ``MISSING_LOSS``)."""
         asked = set(selection.models)
-        losses = _judged(state, {m: o for m, o in outputs.items() if m in asked}, label, missing & asked)
+        judged = {m: o for m, o in outputs.items() if m in asked}
+        losses = _judged(state, judged, label, missing & asked, self.loss_scale)
         arms = self._reweight(state, selection, losses)
         return replace(state, arms=with_losses(arms, losses), version=state.version + 1, updates=state.updates + 1)
 
@@ -179,6 +188,7 @@ class EpsilonGreedyPolicy(_Policy):
     epsilon: float = 0.1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 < self.epsilon <= 1.0:
             raise ValueError("epsilon must be in (0, 1]")
 
@@ -207,6 +217,7 @@ class Exp3Policy(_Policy):
     min_ratio: float = DEFAULT_MIN_RATIO
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError("gamma must be in (0, 1]")
         if not self.eta > 0.0 or not math.isfinite(self.eta):
@@ -242,10 +253,11 @@ class Exp4Policy(_Policy):
     name: ClassVar[str] = "exp4"
     eta: float = 0.1
     k: int | None = None
-    tolerance: float = 0.1
+    tolerance: float = 0.1  # type: ignore[misc]  # Exp4's own, a field (the base's is a class constant)
     min_ratio: float = DEFAULT_MIN_RATIO
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.eta > 0.0 or not math.isfinite(self.eta):
             raise ValueError("eta must be positive")
         if self.k is not None and self.k < 1:
