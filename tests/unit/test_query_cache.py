@@ -451,3 +451,144 @@ def test_an_owners_failure_is_given_to_identical_queries_only_for_its_short_whil
     cache.clock.advance(FAILED_CLAIM_TTL_S)
     again = p.predict("digits", {"input": one_hot(3)}).predictions[0]
     assert not again.default and again.output == 3 and endpoint.calls == [1, 1]
+
+
+def test_an_input_filled_while_a_takeover_waited_out_the_deadline_is_still_answered(cached):
+    """One input is taken over (its owner gave it up) and its model never replies, so the takeover's wait runs to
+    the deadline; meanwhile another query fills the batch's other input: the cache is read once more."""
+    p, _, queue, _endpoint, cache = cached
+    x, y = _key(3), _key(5)
+    _claimed_by_another_query(cached, x, START + 0.02)
+    cache.claims.add(y)
+    cache.owners[y] = "other-y"
+    queue.batcher = None  # the takeover's model gives no reply
+    wait = p._replies.wait
+
+    def wait_out(reply_to, models, timeout_s):  # as a real wait: to the deadline; y's owner fills y meanwhile
+        cache.clock.advance(timeout_s)
+        cache.put_many({y: 5})
+        return wait(reply_to, models, timeout_s)
+
+    p._replies.wait = wait_out
+    first, second = p.predict("digits", {"input_batch": [one_hot(3), one_hot(5)]}).predictions
+    assert first.default and "timeout, no reply within the SLO" in first.default_explanation
+    assert not second.default and second.output == 5
+
+
+def _first_send_fails(queue, then=None):
+    from clipper.errors import Unavailable
+
+    send, calls = queue.send_many, []
+
+    def send_many(messages, timeout=None):
+        calls.append(len(messages))
+        if len(calls) == 1:
+            return [Unavailable("blip")] * len(messages)
+        if then is not None:
+            then()
+        return send(messages, timeout)
+
+    queue.send_many = send_many
+    return calls
+
+
+def test_a_repeated_input_ends_as_the_querys_own_computation_of_it_did(cached):
+    """[x, x]: the query's own send of x fails (the frontend's queue): the repeat is answered the same, at once,
+    not sent again (one input, two answers) nor awaited until the deadline as if another query computed it."""
+    from clipper.frontend.results import ModelAnswer
+
+    p, _, queue, _endpoint, cache = cached
+    calls = _first_send_fails(queue)
+    first, again = p.predict("digits", {"input_batch": [one_hot(3), one_hot(3)]}).predictions
+    assert first.default and again.default and len(calls) == 1
+    assert (
+        first.default_explanation == again.default_explanation
+        and "queue unavailable (blip)" in again.default_explanation
+    )
+    p._gatherer.observe(ModelAnswer(model_version(), [None], reply_timings={"queue_ms": 95.0}))  # no takeover now
+    queue.down = True
+    started = cache.clock.t
+    assert all(r.default for r in p.predict("digits", {"input_batch": [one_hot(4), one_hot(4)]}).predictions)
+    assert cache.clock.t - started < 0.05  # not the 100 ms SLO
+
+
+def test_each_followed_input_is_explained_by_its_own_cause(cached):
+    """x's owner fails; y's owner never answers: y's default says so, not x's owner's error."""
+    p, _, _queue, _endpoint, cache = cached
+    x, y = _key(3), _key(5)
+    _followed(cached, {x: (START + 0.02, "fail", "model mlp:1: endpoint error: boom")})
+    cache.claims.add(y)
+    cache.owners[y] = "other-y"
+    first, second = p.predict("digits", {"input_batch": [one_hot(3), one_hot(5)]}).predictions
+    assert first.default_explanation == "model mlp:1: endpoint error: boom"
+    assert second.default_explanation == (
+        "model mlp:1: timeout, the identical query computing this input gave no answer within the SLO"
+    )
+
+
+def test_a_takeovers_own_model_error_is_charged_to_the_model_though_the_querys_own_send_failed(cached):
+    """[x, y]: the query's own send of x fails (the frontend's queue: not the model's failure); y's owner gives it
+    up, this query sends y and the model errors on it: that is the model's failure, charged to it, and each input
+    names its own cause."""
+    p, _, queue, endpoint, _cache = cached
+    _claimed_by_another_query(cached, _key(5), START + 0.02)
+    calls = _first_send_fails(queue, then=lambda: setattr(endpoint, "fail_with", "boom"))
+    gatherer, fans = p._gatherer, []
+    follow = gatherer.await_followers
+    gatherer.await_followers = lambda app, fan, ticket=None: fans.append(fan) or follow(app, fan, ticket)
+    result = p.predict("digits", {"input_batch": [one_hot(3), one_hot(5)]})
+    first, second = result.predictions
+    assert len(calls) == 2 and endpoint.calls == [1] and result.model_errors == ["mlp"]
+    assert fans[0].answers[0].failure == "error"  # the model's own (feedback and the canary's tally count it)
+    assert "queue unavailable (blip)" in first.default_explanation
+    assert "endpoint error: boom" in second.default_explanation
+
+
+def test_in_an_ensemble_one_models_failed_input_leaves_the_other_models_and_inputs_waiting(cached):
+    """Exp4 over mlp and cnn, a batch of two inputs all computed by other queries: mlp's owner fails on the first
+    input; cnn's answer for it, and both models' for the second, still come (the first answered without mlp)."""
+    import numpy as np
+
+    from tests.fakes import digits_app
+
+    p, registry, queue, _endpoint, _cache = cached
+    registry.apps["ens"] = digits_app(name="ens", policy="exp4")
+    registry.links["ens"] = ["mlp", "cnn"]
+    registry.versions[("cnn", "1")] = model_version("cnn")
+    registry.active["cnn"] = "1"
+
+    def key(model: str, i: int) -> str:
+        return row_keys(model, "1", np.asarray([one_hot(i)], dtype=np.float32))[0]
+
+    _followed(
+        cached,
+        {
+            key("mlp", 3): (START + 0.02, "fail", "model mlp:1: endpoint error: boom"),
+            key("cnn", 3): (START + 0.05, "fill", 3),
+            key("mlp", 5): (START + 0.03, "fill", 5),
+            key("cnn", 5): (START + 0.06, "fill", 5),
+        },
+    )
+    first, second = p.predict("ens", {"input_batch": [one_hot(3), one_hot(5)]}).predictions
+    assert (first.output, second.output) == (3, 5) and not first.default and not second.default
+    assert first.missing_models == ("mlp",) and queue.sent == []
+
+
+def test_the_async_path_ends_each_followed_input_on_its_own(cached):
+    """predict_async awaits followed inputs on a worker thread: an owner's failure, a later answer, a takeover and
+    the query's own input, in one batch."""
+    import asyncio
+
+    p, _, _queue, _endpoint, _cache = cached
+    _followed(
+        cached,
+        {
+            _key(3): (START + 0.02, "fail", "model mlp:1: no answer for 1 of 1 inputs"),
+            _key(5): (START + 0.05, "fill", 5),
+        },
+    )
+    _claimed_by_another_query(cached, _key(7), START + 0.03)
+    batch = [one_hot(3), one_hot(5), one_hot(7), one_hot(1)]
+    result = asyncio.run(p.predict_async("digits", {"input_batch": batch}, QueryTicket()))
+    assert [r.output for r in result.predictions][1:] == [5, 7, 1]
+    assert result.predictions[0].default and "no answer" in result.predictions[0].default_explanation

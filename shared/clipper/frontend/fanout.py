@@ -464,6 +464,11 @@ class Gatherer:
         begun = self._clock.now()
         # per model, the followed rows that ended without an output, and why: (cause, kind)
         ended: dict[str, dict[int, tuple[str, str]]] = {name: {} for name in fan.waiting}
+        for name, rows in fan.waiting.items():  # a repeat of an input this query computed ends as that one did
+            a, keys = by_name[name], fan.keys[name]
+            mine = {keys[i] for i in fan.owned.get(name, ())}
+            lost = (a.problem or f"model {a.model.name}:{a.model.version}: no output", a.failure or "error")
+            ended[name].update((i, lost) for i in rows if a.outputs[i] is None and keys[i] in mine)
 
         def pending(name: str) -> list[int]:
             outputs, done = by_name[name].outputs, ended[name]
@@ -500,25 +505,40 @@ class Gatherer:
                     taken.append((a, sorted(first.values())))
             if taken:
                 self._take_over(app, fan, taken, ended, ticket)
-            remaining = self.wait_timeout(fan)
-            if remaining <= 0 or not any(pending(name) for name in fan.waiting):
+            if not any(pending(name) for name in fan.waiting):
                 break
+            remaining = self.wait_timeout(fan)
+            if remaining <= 0:
+                if not taken:
+                    break
+                continue  # a takeover's wait may have run to the deadline: the other rows are read once more
             time.sleep(min(poll_gap(self._cache_poll, self._clock.now() - begun), remaining))
         for name in fan.waiting:
-            a = by_name[name]
-            lost = [ended[name].get(i) for i in fan.waiting[name] if a.outputs[i] is None]
-            if not lost or a.problem is not None:
-                continue
-            # the query's own failure (a takeover's, charged to the model) before another query's
-            causes = sorted((c for c in lost if c is not None), key=lambda c: c[1] == "unavailable")
-            if causes:
-                a.fail(*causes[0])
-            else:
-                a.fail(
-                    f"model {a.model.name}:{a.model.version}: timeout, the identical query computing this input "
-                    "gave no answer within the SLO",
-                    "unavailable",  # the owner query's timeout, counted there
-                )
+            self._end_rows(by_name[name], fan.waiting[name], ended[name])
+
+    @staticmethod
+    def _end_rows(a: ModelAnswer, rows: list[int], ended: dict[int, tuple[str, str]]) -> None:
+        """The followed ``rows`` of ``a`` still without an output: each with its own cause (``ended``, else its
+        owner's timeout). The model's failure is the first of them where it had none, or a takeover's own failure
+        (charged to the model) where it had only the frontend's (not charged)."""
+        timeout = (
+            f"model {a.model.name}:{a.model.version}: timeout, the identical query computing this input gave no "
+            "answer within the SLO",
+            "unavailable",  # the owner query's timeout, counted there
+        )
+        causes = {i: ended.get(i, timeout) for i in rows if a.outputs[i] is None}
+        if not causes:
+            return
+        charged = [c for c in causes.values() if c[1] != "unavailable"]  # a takeover's own: the model's failure
+        if a.problem is not None and a.failure == "unavailable" and charged:
+            # the rows the frontend's own failure left without an output keep that cause
+            kept = {i: a.problem for i, out in enumerate(a.outputs) if out is None and i not in causes}
+            a.row_problems = {**(a.row_problems or {}), **kept}
+            a.problem = None
+        if a.problem is None:
+            a.fail(*(charged or list(causes.values()))[0])
+        if any(cause != a.problem for cause, _ in causes.values()):
+            a.row_problems = {**(a.row_problems or {}), **{i: cause for i, (cause, _) in causes.items()}}
 
     def _take_over(
         self,
@@ -571,13 +591,6 @@ class Gatherer:
             if name in sub.sent:
                 split_model_time(mine, now)
                 a.timings_ms.update(mine.timings_ms)
-
-    def _release_quietly(self, keys: list[str], owner: str, deadline: float) -> None:
-        assert self._cache is not None
-        try:
-            self._cache.release(keys, owner, timeout=self._left(deadline))
-        except Unavailable as e:
-            logger.warning("claims not released: %s", e)
 
 
 def takeover_time(app: Application) -> float:

@@ -405,7 +405,7 @@ class QueryProcessor:
         several = len(choice.selection.models) > 1
         confidence = combined.confidence if several and combined.answered else None
         if res.default:
-            problems = [a.problem for a in answers if a.outputs[row] is None and a.problem]
+            problems = [why for a in answers if a.outputs[row] is None and (why := a.problem_of(row))]
             if not combined.answered:
                 why = "; ".join(problems) or (res.explanation or "no model replied")
             else:

@@ -82,6 +82,12 @@ class ModelAnswer:
     reply_timings: dict[str, float] = field(default_factory=dict)  # as its batcher reported them
     sent_ms: int | None = None  # its message's sent_ms
     sent_at: float | None = None  # when its message's send ended (clock seconds)
+    # rows whose own cause is not ``problem`` (a batch query's inputs that other queries computed end one by one)
+    row_problems: dict[int, str] | None = None
+
+    def problem_of(self, row: int) -> str | None:
+        """Why ``row`` has no output: its own cause where it has one, else the model's."""
+        return self.row_problems.get(row, self.problem) if self.row_problems else self.problem
 
     def fail(self, problem: str, failure: str) -> None:
         """Record why this model gave no output, and what kind of failure it was (the two are always set together)."""
