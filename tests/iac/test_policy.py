@@ -221,3 +221,19 @@ def test_metrics_route_needs_iam(translated: dict[str, Any]) -> None:
     paths = resolve(translated)["Resources"]["HttpApi"]["Properties"]["Body"]["paths"]
 
     assert paths["/metrics"]["get"]["security"] == [{"AWS_IAM": []}]
+
+
+def test_the_admin_function_may_delete_validated_copies_only_and_the_bucket_expires_what_they_leave(
+    translated: dict[str, Any],
+) -> None:
+    """Deleting a version deletes its validated copy (listed under validated/<model>/<version>/, then deleted):
+    the admin role may list and delete under validated/ only; the versioned bucket expires the versions left."""
+    granted = [s for owner, s in statements(translated) if owner == "AdminFunctionRole"]
+    by_sid = {s.get("Sid"): s for s in granted}
+    delete, listing = by_sid["DeleteValidatedCopies"], by_sid["ListValidatedCopies"]
+    assert delete["Action"] == "s3:DeleteObject" and delete["Resource"] == {"Fn::Sub": "${ModelBucket.Arn}/validated/*"}
+    assert listing["Action"] == "s3:ListBucket" and listing["Condition"] == {"StringLike": {"s3:prefix": "validated/*"}}
+    assert not any("s3:DeleteObject" in as_list(s["Action"]) for s in granted if s is not delete)
+    rules = translated["Resources"]["ModelBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
+    (rule,) = [r for r in rules if r.get("Prefix") == "validated/"]
+    assert rule["Status"] == "Enabled" and rule["NoncurrentVersionExpiration"]["NoncurrentDays"] == 7

@@ -305,3 +305,57 @@ def test_an_explicit_promote_of_the_uploader_wins_over_auto_promote(world):
     assert world["registry"].model_and_versions("mlp")[0].active_version == "3"
     plain = ok(admin.post("/admin/get_upload_url", json={"model_name": "mlp", "model_version": "4"}))
     assert plain["headers"] == {}
+
+
+def _validated(world: dict[str, Any], model: str, version: str) -> list[str]:
+    aws = world["aws"]
+    listed = aws.s3.list_objects_v2(Bucket=aws.bucket, Prefix=f"validated/{model}/{version}/")
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def test_a_deleted_versions_validated_copy_goes_with_its_stack(world, stacks):
+    """The copy of the file a version's stack served (the model updater's, under validated/) is storage no one
+    reads once the version and its stack are deleted; the kept version's copy stays."""
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    upload(world, "mlp", "3", (demo / "tree" / "1" / "model.onnx").read_bytes())
+    assert all(_validated(world, "mlp", v) for v in ("1", "2", "3"))
+    ok(admin.post("/admin/delete_versioned_model", json={"model_name": "mlp", "model_version": "2"}))
+    assert _validated(world, "mlp", "2") == [] and _validated(world, "mlp", "1") and _validated(world, "mlp", "3")
+    ok(admin.post("/admin/stop_inactive_model_versions", json={"model_name": "mlp"}))
+    assert _validated(world, "mlp", "3") == [] and _validated(world, "mlp", "1")
+    # the version uploaded again (another file: this test bucket is not versioned, so the same bytes would be
+    # the deleted upload's ETag, which the updater ignores) is validated and copied anew
+    assert upload(world, "mlp", "2", (demo / "tree" / "1" / "model.onnx").read_bytes()).status == "registered"
+    assert _validated(world, "mlp", "2")
+
+
+def test_a_stack_kept_for_another_version_keeps_its_validated_copy(world, stacks):
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    body = {"model_name": "mlp", "model_version": "2", "input_type": "floats", "input_shape": [64]}
+    ok(admin.post("/admin/add_model", json=body))  # served by v1's stack, which serves v1's file
+    ok(admin.post("/admin/delete_versioned_model", json={"model_name": "mlp", "model_version": "1"}))
+    assert _validated(world, "mlp", "1")
+
+
+def test_a_validated_copy_that_cannot_be_deleted_does_not_fail_the_delete(world, stacks, caplog):
+    """The registry item and the stack are gone: a copy left behind is storage, named in a warning."""
+    from clipper.errors import Unavailable
+
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    uploads = S3ModelUploads.delete_prefix
+
+    def refused(self, prefix):
+        raise Unavailable("s3: AccessDenied")
+
+    S3ModelUploads.delete_prefix = refused  # type: ignore[method-assign]
+    try:
+        with caplog.at_level("WARNING", logger="clipper.admin.service"):
+            ok(admin.post("/admin/delete_versioned_model", json={"model_name": "mlp", "model_version": "2"}))
+    finally:
+        S3ModelUploads.delete_prefix = uploads  # type: ignore[method-assign]
+    assert "validated/mlp/2/" in caplog.text and _validated(world, "mlp", "2")

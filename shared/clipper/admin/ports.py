@@ -69,3 +69,7 @@ class ModelUploads(Protocol):
     bucket: str
 
     def upload_url(self, key: str, expires_s: int, metadata: dict[str, str] | None = None) -> str: ...
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix`` (a deleted version's validated copy); returns how many."""
+        ...

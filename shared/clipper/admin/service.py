@@ -4,6 +4,7 @@ anything is written: ``NotFound`` (unknown app, model or version), ``Conflict`` 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -19,7 +20,10 @@ from clipper.admin.views import app_info, models_state, rejection, replicas, ver
 from clipper.core.domain import Application, BatchingSettings, Canary, InputType, ModelVersion, new_incarnation
 from clipper.errors import ChangedMeanwhile, ClipperError, Conflict, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks, check_idle, unserved_reason
+from clipper.models.updater import validated_prefix
 from clipper.ports import CanaryEvidenceStore, Clock
+
+logger = logging.getLogger(__name__)
 
 # a version's serving stack is deleted after its registry item: tried again after these waits before the operation
 # answers 503 (a retry of it finds no version, so a transient failure left the stack serving nothing, billed)
@@ -202,14 +206,17 @@ class AdminService:
     def _retire(self, model: str, gone: ModelVersion, kept: Iterable[ModelVersion]) -> None:
         """Delete a deleted version's serving stack, when it has one (its queue, endpoint and instances), unless
         a version that stays is served by the same queue: a version added without resources of its own copies
-        the active version's, so the stack of an old version may serve the current one."""
+        the active version's, so the stack of an old version may serve the current one. With its stack goes the
+        copy of the file it served (``validated/<model>/<version>/``)."""
         if self._stacks is None or any(v.queue_url == gone.queue_url for v in kept):
             return
         for wait_s in (*RETIRE_BACKOFF_S, None):
             try:
                 self._stacks.delete(model, gone.version)
+                self._drop_validated_copy(model, gone.version)
                 return
             except NotFound:
+                self._drop_validated_copy(model, gone.version)
                 return
             except Unavailable as e:  # throttled, or CloudFormation unreachable: the registry item is gone already
                 if wait_s is None:  # a retry of the operation would find no version (404): say what is left
@@ -218,6 +225,20 @@ class AdminService:
                         f"endpoint, instances) was not: {e}; delete the version's model stack with CloudFormation"
                     ) from e
                 time.sleep(wait_s)
+
+    def _drop_validated_copy(self, model: str, version: str) -> None:
+        """The file a deleted version's stack served, copied there by the model updater: nothing serves it once the
+        stack is gone (an upload of the version again is copied anew). Never fails the delete: the registry item
+        and the stack are gone already; a copy left behind is storage only, and is logged."""
+        if self._uploads is None:
+            return
+        prefix = validated_prefix(model, version)
+        try:
+            self._uploads.delete_prefix(prefix)
+        except (Unavailable, ClipperError) as e:
+            logger.warning(
+                "the validated copy of %s:%s was not deleted (%s): delete %s by hand", model, version, e, prefix
+            )
 
     def get_upload_url(
         self, model: str, version: str, expires_s: int = 900, promote: bool | None = None

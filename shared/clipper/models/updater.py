@@ -175,11 +175,16 @@ class ArtifactStore(Protocol):
         ...
 
 
+def validated_prefix(model: str, version: str) -> str:
+    """Where a version's validated files are kept (deleted with its serving stack)."""
+    return f"validated/{model}/{version}/"
+
+
 def validated_key(model: str, version: str, sha256: str) -> str:
     """Where the validated file is kept for serving: a key no upload URL names, so nothing replaces it (an upload
     URL can be used again for minutes, and a SageMaker instance started later, by a scale-out or a replacement,
     loads what its stack names then)."""
-    return f"validated/{model}/{version}/{sha256}/model.onnx"
+    return f"{validated_prefix(model, version)}{sha256}/model.onnx"
 
 
 class ModelUpdater:
