@@ -275,3 +275,24 @@ def test_held_first_model_is_ready_for_with_what_it_found():
     assert agrees()
     # an unknown application's links (a remembered miss): the lane leaves it to the general path's 404
     assert cached.held_first_model("nope") is None
+
+
+def test_a_second_look_after_a_quiet_while_does_not_take_the_first_looks_reload_for_a_slow_registry():
+    """The first query after a quiet while (the entry past ttl + max_stale) looks twice: the frontend's lane,
+    then the general path. The first look starts a reload; the second saw it in flight and took the entry for
+    current (a slow registry's patience), so the query went on with an application deleted meanwhile (a review
+    helper: a model's answer 10 s after delete_app). A reload started within the bound still keeps it current."""
+    inner, clock = world()
+    runner = ManualRunner()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, max_stale_s=2)
+    cached.get_app("digits")
+    clock.advance(10.0)  # quiet: past the bound, within RELOAD_PATIENCE_S of it
+    first = cached.get_app_held("digits")
+    second = cached.get_app_held("digits")
+    assert first[1] is False and second[1] is False and len(runner.tasks) == 1
+    runner.run()
+    assert cached.get_app_held("digits")[1] is True  # reloaded: current again
+    clock.advance(2.5)  # past the ttl, within the bound: this look's reload is a slow registry's, if it lasts
+    assert cached.get_app_held("digits")[1] is True and len(runner.tasks) == 1
+    clock.advance(5.0)
+    assert cached.get_app_held("digits")[1] is True  # still in flight: patient

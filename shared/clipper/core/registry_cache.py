@@ -86,33 +86,41 @@ class BackgroundReloads:
     """Reloads handed to a ``runner`` (e.g. a one-thread executor's ``submit``), at most one in flight per key
     however many callers ask; what a reload raises is logged as ``what`` (the stale value stays, and the next
     caller past its TTL asks again). It also says how old a value may be answered (``usable``): fresh for
-    ``fresh_s``, then stale while reloaded for ``stale_s`` more (``fresh_s`` when None)."""
+    ``fresh_s``, then stale while reloaded for ``stale_s`` more (``fresh_s`` when None), and past that while a
+    reload started within that time is in flight (a slow source, ``submit``'s ``patient``)."""
 
     def __init__(
         self, runner: Callable[[Callable[[], None]], Any], what: str, fresh_s: float, stale_s: float | None = None
     ) -> None:
         self._runner, self._what = runner, what
         self._bound = fresh_s + (fresh_s if stale_s is None else stale_s)
-        self._in_flight: set[Any] = set()
+        # key -> whether its reload in flight keeps the value usable past the bound (``submit``'s ``patient``)
+        self._in_flight: dict[Any, bool] = {}
         self._lock = threading.Lock()
 
     def usable(self, key: Any, age_s: float) -> bool:
         """Whether a value ``age_s`` old may still be answered: within ``fresh_s + stale_s``, or within
-        ``RELOAD_PATIENCE_S`` past that while its reload is in flight (the source is slow, not the value gone)."""
+        ``RELOAD_PATIENCE_S`` past that while a reload started within it is in flight (the source is slow, not
+        the value gone). A reload started once the value was past the bound (no caller came for a while) does
+        not keep it: a second look then must not take the first look's reload for a slow source."""
         if age_s < self._bound:
             return True
         if age_s >= self._bound + RELOAD_PATIENCE_S:
             return False
         with self._lock:
-            return key in self._in_flight
+            return self._in_flight.get(key, False)
 
-    def submit(self, key: Any, reload: Callable[[], object], inline_when_shut_down: bool = False) -> None:
+    def submit(
+        self, key: Any, reload: Callable[[], object], inline_when_shut_down: bool = False, patient: bool = True
+    ) -> None:
         """Run ``reload`` on the runner unless one for ``key`` is in flight. When the runner is shut down
-        (interpreter exit): run it here (``inline_when_shut_down``), or leave it to the next caller."""
+        (interpreter exit): run it here (``inline_when_shut_down``), or leave it to the next caller.
+        ``patient``: the value was usable when its reload was asked for, so it stays usable while the reload is
+        in flight (``usable``); False for a value already past the bound."""
         with self._lock:
             if key in self._in_flight:
                 return
-            self._in_flight.add(key)
+            self._in_flight[key] = patient
 
         def guarded() -> None:
             try:
@@ -123,7 +131,7 @@ class BackgroundReloads:
                 logger.exception("%s", self._what)
             finally:
                 with self._lock:
-                    self._in_flight.discard(key)
+                    self._in_flight.pop(key, None)
 
         try:
             self._runner(guarded)
@@ -132,7 +140,7 @@ class BackgroundReloads:
                 guarded()
             else:
                 with self._lock:
-                    self._in_flight.discard(key)
+                    self._in_flight.pop(key, None)
 
 
 class CachedRegistry:
@@ -225,10 +233,11 @@ class CachedRegistry:
             return ("model", key[1])
         return key
 
-    def _reload_in_background(self, key: Key) -> None:
+    def _reload_in_background(self, key: Key, patient: bool = True) -> None:
+        """``patient``: the entry was usable when asked (``BackgroundReloads.submit``)."""
         assert self._reloads is not None
         read = self._read_of(key)
-        self._reloads.submit(read, lambda: self._store(key, self._clock.now()), inline_when_shut_down=True)
+        self._reloads.submit(read, lambda: self._store(key, self._clock.now()), True, patient)
 
     def _cached(self, key: Key, now: float) -> object | None:
         """The entry's value (a ``NotFound`` for a remembered miss) if fresh enough, else None."""
@@ -288,8 +297,8 @@ class CachedRegistry:
                 hit = self._entries.get(("app", name))
             if hit is None:
                 return None, False
-            if self._refresh is not None:
-                self._reload_in_background(("app", name))
+            if self._refresh is not None:  # past the bound: this reload does not make it current (a second look)
+                self._reload_in_background(("app", name), patient=False)
             value = hit[1]
         if isinstance(value, NotFound):
             raise value
