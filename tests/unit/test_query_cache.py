@@ -592,3 +592,36 @@ def test_the_async_path_ends_each_followed_input_on_its_own(cached):
     result = asyncio.run(p.predict_async("digits", {"input_batch": batch}, QueryTicket()))
     assert [r.output for r in result.predictions][1:] == [5, 7, 1]
     assert result.predictions[0].default and "no answer" in result.predictions[0].default_explanation
+
+
+def _records(cache, app: str, inputs) -> list:
+    import numpy as np
+
+    from clipper.core.cache_keys import record_keys
+
+    return [cache.entries.get(k) for k in record_keys(app, None, np.asarray(inputs, dtype=np.float32))]
+
+
+def test_feedback_charges_each_input_by_its_own_failure(cached):
+    """A bandit application's records say which selected models failed an input by their own failure (feedback
+    counts a loss of 1 for each): per input. The query's own send failing (the frontend's queue) charges no model
+    though the model errored on its other input; an input whose computing query timed out is charged there, not
+    here, though the model errored on this query's own input."""
+    from dataclasses import replace
+
+    p, registry, queue, endpoint, cache = cached
+    registry.apps["digits"] = replace(registry.apps["digits"], policy="exp3")
+    _claimed_by_another_query(cached, _key(5), START + 0.02)
+    _first_send_fails(queue, then=lambda: setattr(endpoint, "fail_with", "boom"))
+    first, second = p.predict("digits", {"input_batch": [one_hot(3), one_hot(5)]}).predictions
+    assert "queue unavailable" in first.default_explanation and "boom" in second.default_explanation
+    queued, errored = _records(cache, "digits", [one_hot(3), one_hot(5)])
+    assert errored["missing"] == ["mlp"] and (queued is None or "missing" not in queued)
+
+    y = _key(9)
+    cache.claims.add(y)
+    cache.owners[y] = "other-y"  # never answers
+    endpoint.fail_with = "boom"
+    assert all(r.default for r in p.predict("digits", {"input_batch": [one_hot(8), one_hot(9)]}).predictions)
+    own, followed = _records(cache, "digits", [one_hot(8), one_hot(9)])
+    assert own["missing"] == ["mlp"] and (followed is None or "missing" not in followed)

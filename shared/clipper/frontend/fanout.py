@@ -531,14 +531,14 @@ class Gatherer:
             return
         charged = [c for c in causes.values() if c[1] != "unavailable"]  # a takeover's own: the model's failure
         if a.problem is not None and a.failure == "unavailable" and charged:
-            # the rows the frontend's own failure left without an output keep that cause
-            kept = {i: a.problem for i, out in enumerate(a.outputs) if out is None and i not in causes}
+            # the rows the frontend's own failure left without an output keep that cause (and are not charged)
+            kept = {i: (a.problem, a.failure) for i, out in enumerate(a.outputs) if out is None and i not in causes}
             a.row_problems = {**(a.row_problems or {}), **kept}
             a.problem = None
         if a.problem is None:
             a.fail(*(charged or list(causes.values()))[0])
-        if any(cause != a.problem for cause, _ in causes.values()):
-            a.row_problems = {**(a.row_problems or {}), **{i: cause for i, (cause, _) in causes.items()}}
+        if any(cause != (a.problem, a.failure) for cause in causes.values()):
+            a.row_problems = {**(a.row_problems or {}), **causes}
 
     def _take_over(
         self,

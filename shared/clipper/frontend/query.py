@@ -433,11 +433,13 @@ class QueryProcessor:
         # reply): feedback counts each as a loss, so a model that stops answering loses its share instead of
         # keeping what it had won; not when the frontend's own dependencies failed ("unavailable": the queue,
         # the cache, the reply channel), which is no model's doing
-        faulted = {a.model.name for a in answers if a.failure in ("timeout", "error")}
+        # (per input: a batch query's input that another query computed ends on its own, and its owner's failure
+        # is counted in that query)
         learns = choice.selection.policy != "single"  # the canary's evidence is the outputs' alone
         for row, key in enumerate(record_keys(app.name, user, query.rows)):
             outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
-            missing = [m for m in choice.selection.models if m not in outputs and m in faulted] if learns else []
+            faulted = {a.model.name for a in answers if a.failure_of(row) in ("timeout", "error")} if learns else ()
+            missing = [m for m in choice.selection.models if m not in outputs and m in faulted]
             if not outputs and not missing:
                 continue
             # with the version asked of each model: a canary's feedback is its own

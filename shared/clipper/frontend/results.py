@@ -82,12 +82,19 @@ class ModelAnswer:
     reply_timings: dict[str, float] = field(default_factory=dict)  # as its batcher reported them
     sent_ms: int | None = None  # its message's sent_ms
     sent_at: float | None = None  # when its message's send ended (clock seconds)
-    # rows whose own cause is not ``problem`` (a batch query's inputs that other queries computed end one by one)
-    row_problems: dict[int, str] | None = None
+    # rows whose own cause and kind are not ``problem`` and ``failure`` (a batch query's inputs that other queries
+    # computed end one by one)
+    row_problems: dict[int, tuple[str, str]] | None = None
 
     def problem_of(self, row: int) -> str | None:
         """Why ``row`` has no output: its own cause where it has one, else the model's."""
-        return self.row_problems.get(row, self.problem) if self.row_problems else self.problem
+        own = self.row_problems.get(row) if self.row_problems else None
+        return own[0] if own is not None else self.problem
+
+    def failure_of(self, row: int) -> str | None:
+        """What kind of failure left ``row`` without an output (``failure``'s kinds): its own, else the model's."""
+        own = self.row_problems.get(row) if self.row_problems else None
+        return own[1] if own is not None else self.failure
 
     def fail(self, problem: str, failure: str) -> None:
         """Record why this model gave no output, and what kind of failure it was (the two are always set together)."""
