@@ -33,6 +33,10 @@ _STATUS: list[tuple[type[ClipperError], int, str]] = [
 ]
 
 
+# the types a strict field takes, as a 400 names them (pydantic's "Input should be a valid integer" says not what came)
+_EXPECTED = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number"}
+
+
 def _error(status: int, error: str, cause: str) -> JSONResponse:
     return JSONResponse({"error": error, "cause": cause}, status_code=status)
 
@@ -99,10 +103,10 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
         message = first["msg"].removeprefix("Value error, ")
         if first.get("type") == "int_parsing_size":  # pydantic's words for 1e30 speak of an "input string"
             message = f"Input should be a valid integer, got {first.get('input')!r}, far out of range"
-        elif first.get("type") == "bool_type":  # a switch (StrictBool): JSON's true or false
+        elif first.get("type") in _EXPECTED:  # a switch (StrictBool), a number or an integer (Strict): JSON's own
             got = first.get("input")
             shown = f" {json.dumps(got)}" if isinstance(got, str | int | float) and len(json.dumps(got)) <= 40 else ""
-            message = f"expected true or false, got {json_kind(got)}{shown}"
+            message = f"expected {_EXPECTED[first['type']]}, got {json_kind(got)}{shown}"
         return _error(400, "invalid input", f"{field}: {message}")
 
     @app.exception_handler(ClipperError)

@@ -5,24 +5,39 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+)
 
 from clipper.core.media import has_lone_surrogate
 
 # Switches are JSON's true and false (StrictBool): pydantic's lax bool took "yes", "off", 1 and 0 as well, so a
-# typo'd or stringly-typed value was applied instead of refused naming the field.
+# typo'd or stringly-typed value was applied instead of refused naming the field. Likewise numbers are JSON numbers
+# (Number, StrictInt): the lax ones took true as 1 and "100000" as 100000 (an application registered with an SLO
+# of 1 us from one JSON slip), and an integer field takes no 2.0.
 InputTypeName = Literal["integers", "bytes", "floats", "doubles", "strings"]
 PolicyName = Literal["single", "epsilon_greedy", "exp3", "exp4"]
 
 
 def _storable(x: float) -> float:
-    """DynamoDB numbers go down to 1e-130: a smaller non-zero one (5e-324) would fail the write (a 503)."""
+    """DynamoDB numbers go from 1e-130 to under 1e126: a smaller non-zero one (5e-324) or a larger one (1e200) would
+    fail the write (a 503)."""
     if 0.0 < abs(x) < 1e-100:
         raise ValueError("a number of magnitude at least 1e-100, or 0 (the registry stores no smaller)")
+    if abs(x) > 1e125:
+        raise ValueError("a number of magnitude at most 1e125 (the registry stores no larger)")
     return x
 
 
-Number = Annotated[float, AfterValidator(_storable)]
+Number = Annotated[float, Strict(), AfterValidator(_storable)]
 
 # A string field's bound where its own is not given: every such field is a name, an address or a label, and the
 # registry (DynamoDB: 400 KB an item, 2 KB a key) refused larger ones with a ValidationException, answered 503
@@ -74,8 +89,8 @@ def _labels(labels: list[str]) -> list[str]:
     return labels
 
 
-Shape = Annotated[list[int] | None, AfterValidator(_shape)]
-ModelShape = Annotated[list[int] | None, AfterValidator(_model_shape)]
+Shape = Annotated[list[StrictInt] | None, AfterValidator(_shape)]
+ModelShape = Annotated[list[StrictInt] | None, AfterValidator(_model_shape)]
 
 
 class Body(BaseModel):
@@ -116,7 +131,7 @@ class AddApp(Body):
     default_output: Annotated[str, AfterValidator(_answerable)] = Field(
         max_length=MAX_DEFAULT_CHARS, description="answered as the JSON it spells (else as the string)"
     )
-    latency_slo_micros: int = Field(gt=0, le=30_000_000, description="at most 30 s (API Gateway's limit)")
+    latency_slo_micros: StrictInt = Field(gt=0, le=30_000_000, description="at most 30 s (API Gateway's limit)")
     input_shape: Shape = Field(None, description="fixed input shape, e.g. [64]; omit for any length")
     policy: PolicyName = "single"
     confidence_threshold: Number = Field(0.0, ge=0.0, le=1.0)
@@ -139,7 +154,7 @@ class SetPolicyParams(Body):
     eta: Number | None = Field(None, gt=0.0, allow_inf_nan=False, description="Exp3's and Exp4's learning rate")
     gamma: Number | None = Field(None, gt=0.0, le=1.0, description="Exp3's exploration: each model gets gamma / K")
     epsilon: Number | None = Field(None, gt=0.0, le=1.0, description="epsilon-greedy's share of random choices")
-    k: int | None = Field(None, ge=1, description="Exp4: how many of the heaviest models answer (null: all)")
+    k: StrictInt | None = Field(None, ge=1, description="Exp4: how many of the heaviest models answer (null: all)")
     loss_scale: Number | None = Field(
         None,
         gt=0.0,
@@ -188,7 +203,7 @@ class AddModel(Body):
     # it is (clipper_admin sends -1 by default: a register_model must not undo a size set before).
     container_name: str | None = Field(None, description="Clipper's model container image (recorded, not run)")
     model_data_path: str | None = Field(None, description="Clipper's (deprecated there too): ignored")
-    batch_size: int | None = Field(
+    batch_size: StrictInt | None = Field(
         None,
         ge=-1,
         description="Clipper's: > 0 fixes the model's batch size; -1 (clipper_admin's default) or unset leaves the "
@@ -203,7 +218,7 @@ class AutoPromote(Body):
 
 class Replicas(Body):
     model_name: str
-    num_replicas: int = Field(ge=1, le=100, description="serving instances of each of the model's versions")
+    num_replicas: StrictInt = Field(ge=1, le=100, description="serving instances of each of the model's versions")
 
 
 class UploadTarget(Body):
@@ -223,14 +238,14 @@ class Verbose(Body):
 class Replica(Body):
     model_name: str
     model_version: str
-    replica_id: int = Field(ge=0)
+    replica_id: StrictInt = Field(ge=0)
 
 
 class ModelBatching(Body):
     model_name: str
     controller: Literal["aimd", "quantile", "fixed"] = "aimd"
-    batch_size: int = Field(0, ge=0, description="the fixed controller's size (0 otherwise)")
-    max_batch_size: int = Field(256, ge=1, le=10_000, description="the adaptive size's upper bound")
+    batch_size: StrictInt = Field(0, ge=0, description="the fixed controller's size (0 otherwise)")
+    max_batch_size: StrictInt = Field(256, ge=1, le=10_000, description="the adaptive size's upper bound")
     batch_wait_ms: Number = Field(1.0, ge=0, le=1_000, description="how long a batch waits for more after its first")
 
 
@@ -242,15 +257,19 @@ class CanaryParamsBody(Body):
     margin: Number | None = Field(None, gt=0.0, le=1.0, description="the loss-rate difference called worse (0.05)")
     # counts at most a billion, the guards' ratio at most a million: the registry stores numbers of 38 digits and
     # reads them back as doubles (a count of 10**40 came back changed; past 1e125 DynamoDB refuses it: a 503)
-    min_feedback: int | None = Field(None, ge=1, le=10**9, description="labels each version needs before the test (50)")
-    max_feedback: int | None = Field(
+    min_feedback: StrictInt | None = Field(
+        None, ge=1, le=10**9, description="labels each version needs before the test (50)"
+    )
+    max_feedback: StrictInt | None = Field(
         None, ge=1, le=10**9, description="canary labels after which the lean decides (5000)"
     )
     guard_alpha: Number | None = Field(None, gt=0.0, lt=0.5, description="level of the error and SLO guards")
     guard_ratio: Number | None = Field(
         None, gt=1.0, le=1e6, allow_inf_nan=False, description="rate ratio the guards detect"
     )
-    guard_min_events: int | None = Field(None, ge=1, le=10**9, description="errors (or misses) before a guard speaks")
+    guard_min_events: StrictInt | None = Field(
+        None, ge=1, le=10**9, description="errors (or misses) before a guard speaks"
+    )
 
 
 class StartCanary(Body):
@@ -264,4 +283,4 @@ class StartCanary(Body):
 
 class CanaryRef(Body):
     model_name: str
-    events: int = Field(10, ge=0, le=100, description="how many of the last canary events to answer")
+    events: StrictInt = Field(10, ge=0, le=100, description="how many of the last canary events to answer")
