@@ -353,6 +353,7 @@ def test_unknown_routes_methods_bad_json_and_other_bodies_answer_clippers_error_
             415,
             "Content-Type: expected application/json, got text/plain",
         ),
+        (admin.get("/admin/ping/", follow_redirects=False), 404, "GET /admin/ping/: "),  # not a bare 307
     ]
     for resp, status, cause in cases:
         assert resp.status_code == status and set(resp.json()) == {"error", "cause"}, resp.text

@@ -125,6 +125,11 @@ def test_unknown_routes_and_methods_answer_in_clippers_shape(client):
     assert r.status_code == 405 and set(r.json()) == {"error", "cause"} and r.json()["error"] == "method not allowed"
     r = client.post("/digits/nothing-here", json={})
     assert r.status_code == 404 and set(r.json()) == {"error", "cause"}
+    for path in ("/digits/predict/", "/health/"):  # a trailing slash: a 404 in the shape, not a bare 307
+        r = client.request(
+            "POST" if "predict" in path else "GET", path, json={"input": one_hot(1)}, follow_redirects=False
+        )
+        assert r.status_code == 404 and set(r.json()) == {"error", "cause"}, (path, r.status_code, r.text)
 
 
 def test_the_query_id_is_a_response_header(client):

@@ -51,6 +51,7 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
         docs_url="/admin/docs",
         openapi_url="/admin/openapi.json",
         redoc_url=None,
+        redirect_slashes=False,  # /admin/ping/ is a 404 in the API's shape, not a bare 307 to /admin/ping
     )
     bearer = HTTPBearer(auto_error=False)
     basic = HTTPBasic(auto_error=False)

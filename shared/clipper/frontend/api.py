@@ -128,7 +128,14 @@ def create_app(
 ) -> ClipperApi:
     """``query_threads``: how many queries run at once on worker threads (each holds its thread until its
     replies come). ``fast_path``: answer ``POST /<app>/predict`` in front of the framework (tests compare)."""
-    app = ClipperApi(title=title, version="1", description="Clipper's prediction API, served on AWS Lambda.")
+    # redirect_slashes: Starlette answered /<app>/predict/ with a bare 307 to /<app>/predict (no body; a client
+    # that does not follow a redirected POST saw an empty error): an unknown route is a 404 in Clipper's shape
+    app = ClipperApi(
+        title=title,
+        version="1",
+        description="Clipper's prediction API, served on AWS Lambda.",
+        redirect_slashes=False,
+    )
     handling = QueryHandling(processor, max_body_bytes, feedback, observe, query_threads)
     if fast_path:
         app.fast_path = PredictFastPath(handling)
