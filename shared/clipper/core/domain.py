@@ -53,7 +53,7 @@ class Application:
     # Exp4: under this confidence the response says so; with default_when_unsure it carries the default.
     confidence_threshold: float = 0.0
     default_when_unsure: bool = False
-    # eta, gamma, epsilon, Exp4's k (set_policy_params); unset ones are the policy's defaults
+    # eta, gamma, epsilon, Exp4's k, loss_scale (set_policy_params); unset ones are the policy's defaults
     policy_params: PolicyParams = field(default_factory=PolicyParams)
     # Which registration of the name this is (random, set when the application is added; 0 for one registered
     # before it existed): an application deleted and added again under the same name is a new one, so bandit

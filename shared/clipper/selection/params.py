@@ -13,7 +13,7 @@ from typing import Any
 
 # which parameters each policy takes
 TAKES: dict[str, tuple[str, ...]] = {
-    "single": ("loss_scale",),  # the canary's evidence and the selection report judge its outputs too
+    "single": ("loss_scale",),  # a canary's evidence judges its outputs too (its feedback teaches no bandit)
     "epsilon_greedy": ("epsilon", "loss_scale"),
     "exp3": ("gamma", "eta", "loss_scale"),
     "exp4": ("eta", "k", "loss_scale"),

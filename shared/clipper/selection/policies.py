@@ -15,7 +15,8 @@ selection and outputs it cached for the query and the true label; it returns a n
   :mod:`clipper.selection.combining`), with a confidence; feedback multiplies every model's weight by
   ``exp(-eta * loss)``.
 
-Losses are in [0, 1]: 0/1 by equality for class labels, the absolute error (capped at 1) for scores. A
+Losses are in [0, 1]: 0/1 by equality for class labels, the absolute error divided by the application's
+``loss_scale`` (capped at 1) for scores. A
 selected model that gave no output (no reply within the SLO, an error: ``missing``) loses 1 (``MISSING_LOSS``),
 as a wrong answer does: the query was answered without it. Not judging it let a model that stopped answering
 keep, and then win, the share the others lost on their mistakes. Weights stay a distribution with a floor
