@@ -296,3 +296,22 @@ def test_a_second_look_after_a_quiet_while_does_not_take_the_first_looks_reload_
     assert cached.get_app_held("digits")[1] is True and len(runner.tasks) == 1
     clock.advance(5.0)
     assert cached.get_app_held("digits")[1] is True  # still in flight: patient
+
+
+def test_a_reload_asked_for_past_the_bound_and_again_within_it_keeps_the_entry_current_while_in_flight():
+    """After a quiet while the first look's reload (past the bound: not patient) is still queued behind a slow
+    registry when the query's recheck has refreshed the entry; the queries that follow ask for it again within the
+    bound: that ask makes it patient, or every query past the bound would read the registry itself (the bursts of
+    defaults of a saturated core). Found by a review helper."""
+    inner, clock = world()
+    runner = ManualRunner()  # nothing runs: the one reload stays in flight
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, max_stale_s=2)
+    cached.get_app("digits")
+    clock.advance(10.0)
+    assert cached.get_app_held("digits")[1] is False
+    cached.reread_app("digits")  # the query's recheck
+    seen = []
+    for _ in range(10):  # a query every 0.5 s
+        clock.advance(0.5)
+        seen.append(cached.get_app_held("digits")[1])
+    assert all(seen) and len(runner.tasks) == 1, seen

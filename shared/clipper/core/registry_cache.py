@@ -118,7 +118,8 @@ class BackgroundReloads:
         ``patient``: the value was usable when its reload was asked for, so it stays usable while the reload is
         in flight (``usable``); False for a value already past the bound."""
         with self._lock:
-            if key in self._in_flight:
+            if key in self._in_flight:  # asked for again: a patient ask makes the one in flight patient
+                self._in_flight[key] = self._in_flight[key] or patient
                 return
             self._in_flight[key] = patient
 
