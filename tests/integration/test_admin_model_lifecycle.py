@@ -359,3 +359,29 @@ def test_a_validated_copy_that_cannot_be_deleted_does_not_fail_the_delete(world,
     finally:
         S3ModelUploads.delete_prefix = uploads  # type: ignore[method-assign]
     assert "validated/mlp/2/" in caplog.text and _validated(world, "mlp", "2")
+
+
+def test_a_version_uploaded_again_while_its_stack_is_deleted_keeps_its_new_copy(world, stacks):
+    """The updater handles an upload of the version (another file) between the registry's delete and the copy's:
+    only the deleted registration's copy (its file's digest) goes; the new one's stack serves its own. Found by a
+    review helper (the whole version's prefix was deleted)."""
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    old = _validated(world, "mlp", "2")
+    real_delete, state = type(stacks).delete, {}
+
+    def delete_then_upload_again(self, model, version):
+        real_delete(self, model, version)
+        if version == "2" and not state:
+            state["outcome"] = upload(world, "mlp", "2", (demo / "tree" / "1" / "model.onnx").read_bytes())
+            state["copy"] = [k for k in _validated(world, "mlp", "2") if k not in old]
+
+    type(stacks).delete = delete_then_upload_again  # type: ignore[method-assign]
+    try:
+        ok(admin.post("/admin/delete_versioned_model", json={"model_name": "mlp", "model_version": "2"}))
+    finally:
+        type(stacks).delete = real_delete  # type: ignore[method-assign]
+    assert state["outcome"].status == "registered" and state["copy"]
+    assert "2" in world["registry"].model_and_versions("mlp")[1]
+    assert _validated(world, "mlp", "2") == state["copy"]  # the deleted one's gone, the new one's kept

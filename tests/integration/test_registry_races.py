@@ -52,7 +52,7 @@ def test_deleting_a_canarys_version_that_the_reviewer_promotes_meanwhile_is_refu
     add(service, "2", False)
     service.start_canary(schemas.StartCanary(model_name="m", model_version="2", share_percent=10))
     promote = lambda: registry.end_canary("m", registry.running_canary("m").trial, True)  # noqa: E731
-    after_first_read(registry, "model_and_versions", promote)
+    after_first_read(registry, "model_record", promote)
     with pytest.raises(InvalidInput, match="model_version"):
         service.delete_versioned_model("m", "2")
     head, versions = registry.model_and_versions("m")
@@ -64,7 +64,7 @@ def test_deleting_a_version_made_active_meanwhile_is_refused(registry):
     service = AdminService(registry)
     add(service, "1", True)
     add(service, "2", False)
-    after_first_read(registry, "model_and_versions", lambda: registry.set_active_version("m", "2"))
+    after_first_read(registry, "model_record", lambda: registry.set_active_version("m", "2"))
     with pytest.raises(InvalidInput, match="model_version"):
         service.delete_versioned_model("m", "2")
     assert registry.active_version("m").version == "2"

@@ -17,7 +17,15 @@ from clipper.admin.compatibility import check_compatible, check_serves_linked_ap
 from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
 from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
-from clipper.core.domain import Application, BatchingSettings, Canary, InputType, ModelVersion, new_incarnation
+from clipper.core.domain import (
+    Application,
+    BatchingSettings,
+    Canary,
+    InputType,
+    ModelRecord,
+    ModelVersion,
+    new_incarnation,
+)
 from clipper.errors import ChangedMeanwhile, ClipperError, Conflict, InvalidInput, NotFound, Unavailable
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks, check_idle, unserved_reason
 from clipper.models.updater import validated_prefix
@@ -203,20 +211,20 @@ class AdminService:
     def get_num_replicas(self, model: str) -> dict[str, Any]:
         return {"model_name": model, "num_replicas": self._registry.model_record(model).replicas}
 
-    def _retire(self, model: str, gone: ModelVersion, kept: Iterable[ModelVersion]) -> None:
+    def _retire(self, model: str, gone: ModelVersion, kept: Iterable[ModelVersion], sha256: str = "") -> None:
         """Delete a deleted version's serving stack, when it has one (its queue, endpoint and instances), unless
         a version that stays is served by the same queue: a version added without resources of its own copies
         the active version's, so the stack of an old version may serve the current one. With its stack goes the
-        copy of the file it served (``validated/<model>/<version>/``)."""
+        copy of the file it served (``sha256``: the file's, as registered; none for a version added without one)."""
         if self._stacks is None or any(v.queue_url == gone.queue_url for v in kept):
             return
         for wait_s in (*RETIRE_BACKOFF_S, None):
             try:
                 self._stacks.delete(model, gone.version)
-                self._drop_validated_copy(model, gone.version)
+                self._drop_validated_copy(model, gone.version, sha256)
                 return
             except NotFound:
-                self._drop_validated_copy(model, gone.version)
+                self._drop_validated_copy(model, gone.version, sha256)
                 return
             except Unavailable as e:  # throttled, or CloudFormation unreachable: the registry item is gone already
                 if wait_s is None:  # a retry of the operation would find no version (404): say what is left
@@ -226,13 +234,21 @@ class AdminService:
                     ) from e
                 time.sleep(wait_s)
 
-    def _drop_validated_copy(self, model: str, version: str) -> None:
-        """The file a deleted version's stack served, copied there by the model updater: nothing serves it once the
-        stack is gone (an upload of the version again is copied anew). Never fails the delete: the registry item
+    def _drop_validated_copy(self, model: str, version: str, sha256: str) -> None:
+        """The file a deleted version's stack served, copied there by the model updater (``validated/<model>/
+        <version>/<sha256>/``): nothing serves it once the stack is gone. Not when the version was registered again
+        from the same bytes meanwhile (an upload handled while its stack was deleted: the copy is the new
+        registration's; another file is copied under its own digest). Never fails the delete: the registry item
         and the stack are gone already; a copy left behind is storage only, and is logged."""
-        if self._uploads is None:
+        if self._uploads is None or not sha256:
             return
-        prefix = validated_prefix(model, version)
+        try:
+            again = self._registry.model_record(model).artifacts.get(version, {})
+        except NotFound:
+            again = {}
+        if again.get("sha256") == sha256:
+            return
+        prefix = f"{validated_prefix(model, version)}{sha256}/"
         try:
             self._uploads.delete_prefix(prefix)
         except (Unavailable, ClipperError) as e:
@@ -329,21 +345,24 @@ class AdminService:
         return {"model_name": model, "active_version": after.active, "previous_version": now.active}
 
     def delete_versioned_model(self, model: str, version: str) -> dict[str, Any]:
-        head, versions = self._registry.model_and_versions(model)
+        record = self._registry.model_record(model)  # NotFound
+        head, versions = record.head, record.versions
         if version not in versions:
             raise NotFound("model version", f"{model}:{version}")
         if version == head.active_version:
             raise InvalidInput("model_version", "an inactive version (set another version active first)", version)
         self._deleted(model, self._registry.delete_version(model, version))
-        self._retire(model, versions[version], [v for k, v in versions.items() if k != version])
+        kept = [v for k, v in versions.items() if k != version]
+        self._retire(model, versions[version], kept, _sha256(record, version))
         return {"deleted": f"{model}:{version}"}
 
     def stop_inactive_model_versions(self, model: str) -> dict[str, Any]:
-        head, versions = self._registry.model_and_versions(model)
+        record = self._registry.model_record(model)  # NotFound
+        head, versions = record.head, record.versions
         gone = [v for v in versions if v != head.active_version]
         for v in gone:
             self._deleted(model, self._registry.delete_version(model, v))
-            self._retire(model, versions[v], [versions[k] for k in versions if k not in gone])
+            self._retire(model, versions[v], [versions[k] for k in versions if k not in gone], _sha256(record, v))
         return {"deleted": [f"{model}:{v}" for v in gone]}
 
     def _deleted(self, model: str, ended: Canary | None) -> None:
@@ -401,3 +420,8 @@ class AdminService:
             return self._probe.queue_depth(queue_url)
         except ClipperError as e:
             return f"unknown ({e})"
+
+
+def _sha256(record: ModelRecord, version: str) -> str:
+    """The digest of the file ``version`` was registered from ("" for a version added without one)."""
+    return str(record.artifacts.get(version, {}).get("sha256") or "")
