@@ -459,3 +459,11 @@ def test_a_number_is_a_json_number_and_an_integer_an_integer(admin, op, body, fi
     assert ok(admin.post("/admin/get_state", json={})) == before
     if body.get(field) is True:
         assert refused.json()["cause"].endswith("got a boolean true"), refused.text
+
+
+def test_an_integer_past_a_numbers_range_is_named_as_such(admin):
+    ok(admin.post("/admin/add_app", json=DIGITS))
+    raw = '{"name": "digits", "eta": 1' + "0" * 400 + "}"
+    refused = admin.post("/admin/set_policy_params", content=raw, headers={"Content-Type": "application/json"})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["cause"] == "eta: expected a number, got an integer out of a number's range"

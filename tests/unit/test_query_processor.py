@@ -351,3 +351,25 @@ def test_a_bandit_app_refuses_an_input_only_when_no_linked_model_takes_it(world)
     processor.predict("ens", {"input": one_hot(5)})  # free takes anything: no refusal, and no shaping for it
     shapes = {decode_rows(QueryMessage.from_json(body).payload).shape for _, body in queue.sent[sent:]}
     assert shapes == {(1, 64)}
+
+
+def test_a_late_single_model_query_names_the_models_choice_not_a_bandit_state(world):
+    """A single-model application reads no bandit state: a default given while its model is chosen says so."""
+    from dataclasses import replace
+
+    from clipper.frontend.results import QueryTicket
+
+    processor, registry, _queue, _endpoint, _ = world
+    seen, choose = [], processor._selector.choose
+    ticket = QueryTicket()
+
+    def watching(app, user):
+        seen.append((app.policy, ticket.stage))
+        return choose(app, user)
+
+    processor._selector.choose = watching
+    processor.predict("digits", {"input": one_hot(1)}, ticket)
+    registry.apps["digits"] = replace(registry.apps["digits"], policy="exp3")
+    ticket = QueryTicket()
+    processor.predict("digits", {"input": one_hot(1)}, ticket)
+    assert seen == [("single", "choosing the model"), ("exp3", "reading the bandit state")]

@@ -107,7 +107,10 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
         elif first.get("type") in _EXPECTED:  # a switch (StrictBool), a number or an integer (Strict): JSON's own
             got = first.get("input")
             shown = f" {json.dumps(got)}" if isinstance(got, str | int | float) and len(json.dumps(got)) <= 40 else ""
-            message = f"expected {_EXPECTED[first['type']]}, got {json_kind(got)}{shown}"
+            kind = json_kind(got)
+            if first["type"] == "float_type" and isinstance(got, int) and not isinstance(got, bool):
+                kind, shown = "an integer out of a number's range", ""  # JSON's integer past a double's
+            message = f"expected {_EXPECTED[first['type']]}, got {kind}{shown}"
         return _error(400, "invalid input", f"{field}: {message}")
 
     @app.exception_handler(ClipperError)

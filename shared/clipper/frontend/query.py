@@ -285,7 +285,8 @@ class QueryProcessor:
         timings["validate"] = ticket.validate_ms
         start = self._clock.now()
         try:
-            ticket.stage = "reading the bandit state"
+            # (a late default names it: a single-model application reads no bandit state)
+            ticket.stage = "choosing the model" if app.policy == "single" else "reading the bandit state"
             choice = self._selector.choose(app, ticket.user)
         except ClipperError as e:
             return self._fallback(ticket, timings, f"no model to serve the query: {e}")
