@@ -221,11 +221,8 @@ class AdminService:
         for wait_s in (*RETIRE_BACKOFF_S, None):
             try:
                 self._stacks.delete(model, gone.version)
-                self._drop_validated_copy(model, gone.version, sha256)
-                return
             except NotFound:
-                self._drop_validated_copy(model, gone.version, sha256)
-                return
+                pass  # no stack of its own, or gone already
             except Unavailable as e:  # throttled, or CloudFormation unreachable: the registry item is gone already
                 if wait_s is None:  # a retry of the operation would find no version (404): say what is left
                     raise Unavailable(
@@ -233,6 +230,9 @@ class AdminService:
                         f"endpoint, instances) was not: {e}; delete the version's model stack with CloudFormation"
                     ) from e
                 time.sleep(wait_s)
+                continue
+            self._drop_validated_copy(model, gone.version, sha256)
+            return
 
     def _drop_validated_copy(self, model: str, version: str, sha256: str) -> None:
         """The file a deleted version's stack served, copied there by the model updater (``validated/<model>/
@@ -243,11 +243,10 @@ class AdminService:
         if self._uploads is None or not sha256:
             return
         try:
-            again = self._registry.model_record(model).artifacts.get(version, {})
+            if _sha256(self._registry.model_record(model), version) == sha256:
+                return
         except NotFound:
-            again = {}
-        if again.get("sha256") == sha256:
-            return
+            pass
         prefix = f"{validated_prefix(model, version)}{sha256}/"
         try:
             self._uploads.delete_prefix(prefix)

@@ -86,15 +86,17 @@ class ModelAnswer:
     # computed end one by one)
     row_problems: dict[int, tuple[str, str]] | None = None
 
+    def _of(self, row: int) -> tuple[str | None, str | None]:
+        own = self.row_problems.get(row) if self.row_problems else None
+        return own if own is not None else (self.problem, self.failure)
+
     def problem_of(self, row: int) -> str | None:
         """Why ``row`` has no output: its own cause where it has one, else the model's."""
-        own = self.row_problems.get(row) if self.row_problems else None
-        return own[0] if own is not None else self.problem
+        return self._of(row)[0]
 
     def failure_of(self, row: int) -> str | None:
         """What kind of failure left ``row`` without an output (``failure``'s kinds): its own, else the model's."""
-        own = self.row_problems.get(row) if self.row_problems else None
-        return own[1] if own is not None else self.failure
+        return self._of(row)[1]
 
     def fail(self, problem: str, failure: str) -> None:
         """Record why this model gave no output, and what kind of failure it was (the two are always set together)."""
