@@ -24,6 +24,10 @@ def summarize(
     answered = [o.latency_ms for o in outcomes if o.kind in ("real", "default")]
     late = 0 if slo_ms is None else sum(1 for ms in answered if ms > slo_ms + LATE_MARGIN_MS)
     causes = Counter(_cause(o.cause) for o in outcomes if o.kind == "default")
+    examples: dict[str, list[str]] = {}
+    for o in outcomes:  # a few whole texts per cause: the part the grouping drops is often the reason
+        if o.kind == "default" and len(seen := examples.setdefault(_cause(o.cause), [])) < 3:
+            seen.append(f"{o.sent_s:.2f} s, {o.latency_ms:.1f} ms: {o.cause[:300]}")
     return {
         "sent": len(outcomes),
         **{k: counts.get(k, 0) for k in KINDS},
@@ -32,6 +36,7 @@ def summarize(
         "slowest_answer_ms": round(max(answered), 1) if answered else None,
         "defaults_without_cause": sum(1 for o in outcomes if o.kind == "default" and not o.cause),
         "default_causes": dict(causes.most_common()),
+        "default_examples": examples,
         "fault_s": round(fault_end - fault_start, 2),
         "recovery_s": recovery(outcomes, fault_end),
     }

@@ -105,6 +105,7 @@ class OpenLoop:
         self.latency = np.full(n, math.nan)
         self.late = np.full(n, math.nan)
         self.outcome = np.full(n, PENDING, dtype=np.int8)
+        self.causes: dict[int, str] = {}  # query -> its default's explanation (what the stack gave up on)
         self.warmup_s, self.slo_s, self.timeout_s = warmup_s, slo_s, timeout_s
         self.max_connections, self.initial = max_connections, initial_connections
         self.planned = int(np.sum(offsets >= warmup_s))
@@ -158,6 +159,7 @@ class OpenLoop:
             cpu_s=cpu,
             stopped_early=self.stop,
             connections=self.opened,
+            causes=self.causes,
         )
 
     async def _send_all(self) -> None:
@@ -219,7 +221,10 @@ class OpenLoop:
         outcome = ERROR
         if status == 200:
             try:
-                outcome = DEFAULT if orjson.loads(body).get("default") is True else REAL
+                answer = orjson.loads(body)
+                outcome = DEFAULT if answer.get("default") is True else REAL
+                if outcome == DEFAULT:
+                    self.causes[i] = str(answer.get("default_explanation") or "")
             except (orjson.JSONDecodeError, AttributeError):
                 outcome = ERROR
         self._record(i, outcome, time.perf_counter() - self.t0 - self._offsets[i])

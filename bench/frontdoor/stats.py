@@ -14,7 +14,8 @@ queries (those scheduled after the warm-up), the nearest-rank p99 latency is wit
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,7 @@ class TrialRecord:
     cpu_s: float  # the generator process's CPU time during the trial
     stopped_early: bool = False
     connections: int = 0
+    causes: dict[int, str] = field(default_factory=dict)  # query -> its default's explanation
 
 
 def summarize(record: TrialRecord, slo_ms: float, rate: float) -> dict[str, Any]:
@@ -109,7 +111,15 @@ def summarize(record: TrialRecord, slo_ms: float, rate: float) -> dict[str, Any]
         "generator_late_p99_ms": round(nearest_rank(np.sort(late), 0.99) * 1000, 3) if len(late) else None,
         "generator_cpu_fraction": round(record.cpu_s / record.wall_s, 3) if record.wall_s > 0 else None,
         "connections": record.connections,
+        "default_causes": default_causes(record, measured),
     }
+
+
+def default_causes(record: TrialRecord, measured: np.ndarray) -> dict[str, int]:
+    """The measured defaults counted by their explanation, without its parenthesised detail (addresses, times):
+    which stage the stack gave up in, the thing a failing trial's defaults say."""
+    counted = Counter(cause.split(" (", 1)[0][:120] for i, cause in record.causes.items() if measured[i])
+    return dict(counted.most_common())
 
 
 def _finite(value: float) -> float | None:

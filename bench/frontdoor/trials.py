@@ -155,4 +155,7 @@ def _say(r: dict[str, Any], slo_ms: float) -> None:
         f"{r['generator_cpu_fraction']:.0%}, late p99 {late if late is not None else '-'} ms"
         + ("; stopped early (the verdict was settled)" if r["stopped_early"] else "")
         + f"; settled in {r['settle_s']:.1f} s"
+        + "".join(
+            f"\n      default: {cause or '(no explanation)'} x{n}" for cause, n in r.get("default_causes", {}).items()
+        )
     )

@@ -24,6 +24,10 @@ def test_counts_and_causes():
     assert (row["sent"], row["real"], row["default"], row["5xx"], row["lost"]) == (30, 24, 4, 1, 1)
     assert row["default_causes"] == {"model mlp:1: timeout, no reply within the SLO of 100 ms": 3, "": 1}
     assert row["defaults_without_cause"] == 1
+    whole = "model mlp:1: timeout, no reply within the SLO of 100 ms (waited 100 ms)"
+    assert row["default_examples"]["model mlp:1: timeout, no reply within the SLO of 100 ms"] == [
+        f"{t:.2f} s, 5.0 ms: {whole}" for t in (0.75, 1.0, 1.25)
+    ]
     assert verdict({**row, "scenario": "s"}) == ["1 lost", "1 answered 5xx", "1 defaults without a cause"]
     assert "| s |" in table([{**row, "scenario": "s"}])
 

@@ -84,6 +84,22 @@ def test_defaults_are_misses_even_when_fast():
     assert one["ok"] and one["defaults"] == 1
 
 
+def test_defaults_are_counted_by_their_explanation_in_the_measured_window():
+    offsets = [0.5, 1.1, 1.2, 1.3, 1.4]
+    rec = record([5.0] * 5, [DEFAULT, DEFAULT, DEFAULT, DEFAULT, REAL], offsets=offsets, warmup_s=1.0)
+    rec.causes = {
+        0: "model mlp:1: timeout, no reply within the SLO of 20 ms (waited 20 ms)",  # in the warm-up: not counted
+        1: "model mlp:1: timeout, no reply within the SLO of 20 ms (waited 21 ms)",
+        2: "model mlp:1: timeout, no reply within the SLO of 20 ms (waited 20 ms)",
+        3: "model mlp:1: queue unavailable (redis: no answer in time)",
+    }
+    r = summarize(rec, slo_ms=20.0, rate=5.0)
+    assert r["default_causes"] == {
+        "model mlp:1: timeout, no reply within the SLO of 20 ms": 2,
+        "model mlp:1: queue unavailable": 1,
+    }
+
+
 def test_errors_and_timeouts_are_misses_and_have_no_latency():
     outcome = [REAL] * 97 + [ERROR, TIMEOUT, DEFAULT]
     r = summarize(record([1.0] * 97 + [np.nan, np.nan, 3.0], outcome), slo_ms=20.0, rate=100.0)
