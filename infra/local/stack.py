@@ -223,6 +223,8 @@ class LocalStack:
                 "CLIPPER_MODEL_BUCKET": o["ModelBucketName"],
                 # how soon a switch reaches the frontends and batchers: 2 s unless the environment says otherwise
                 "CLIPPER_CONFIG_TTL_S": os.environ.get("CLIPPER_CONFIG_TTL_S", "2"),
+                # one process answers every request here: a flood of made-up names must not starve the others
+                "CLIPPER_UNKNOWN_APP_READS_PER_S": os.environ.get("CLIPPER_UNKNOWN_APP_READS_PER_S", "20"),
                 "POWERTOOLS_LOG_LEVEL": "WARNING",
                 "POWERTOOLS_METRICS_DISABLED": "true",
                 "CLIPPER_ADMIN_TOKEN": admin_token(self.dir),

@@ -40,6 +40,10 @@ class FrontendSettings(CommonSettings):
     # Queries running at once in one process (each holds a worker thread until its replies come or its deadline).
     query_threads: int = Field(64, ge=1)
     config_ttl_s: float = Field(2.0, ge=0)
+    # Reads a second of application names this process does not hold; past it a name missing from the registry's
+    # list of names (one keys-only scan, trusted for a second) is a 404 without its own read. 0 (AWS: each request
+    # its own invocation; API Gateway's throttling bounds a flood) reads every name; the local stack sets 20.
+    unknown_app_reads_per_s: float = Field(0.0, ge=0)
     max_body_bytes: int = Field(5 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1000, ge=1)
     reply_poll_interval_s: float = Field(0.01, gt=0)

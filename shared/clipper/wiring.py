@@ -236,11 +236,13 @@ def _registry(
     clock: Clock,
     ttl_s: float,
     refresh: Callable[[Callable[[], None]], Any] | None = None,
+    unknown_reads_per_s: float = 0.0,
 ) -> Any:
     from clipper.adapters.dynamodb_registry import DynamoDBRegistry
     from clipper.core.registry_cache import CachedRegistry
 
-    return CachedRegistry(DynamoDBRegistry(dynamodb, settings.registry_table), clock, ttl_s, refresh=refresh)
+    inner = DynamoDBRegistry(dynamodb, settings.registry_table)
+    return CachedRegistry(inner, clock, ttl_s, refresh=refresh, unknown_reads_per_s=unknown_reads_per_s)
 
 
 def _claims(settings: CommonSettings, s3: Any) -> Any:
@@ -339,7 +341,7 @@ def build_query_processor(
 
     clock = clock or SystemClock()
     refresh = background_runner() if background_refresh else None
-    registry = _registry(settings, dynamodb, clock, settings.config_ttl_s, refresh)
+    registry = _registry(settings, dynamodb, clock, settings.config_ttl_s, refresh, settings.unknown_app_reads_per_s)
     tally = CanaryTally(DynamoDBCanaryEvidence(dynamodb, settings.registry_table))
     if background_refresh:
         tally.start()

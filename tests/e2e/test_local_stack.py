@@ -87,6 +87,7 @@ def test_make_run_supervises_its_processes_keeps_its_state_and_stops_cleanly(dem
         background_work_runs_behind_the_queries(state)
         one_feedback_after_an_idle_spell_is_applied(url, state, x[0])
         redis_rewrites_its_file_only_when_the_launcher_asks(state)
+        frontend_bounds_its_reads_of_unknown_names(state)
         manage_as_a_user(url, token)
         a_killed_model_server_comes_back_on_its_port(url, state, x[200:260])
         killed_batcher_and_frontend_come_back(url, state, x[260:320])
@@ -188,6 +189,15 @@ def redis_rewrites_its_file_only_when_the_launcher_asks(state: Path) -> None:
     client = RespClient.from_url(json.loads((state / "env.json").read_text())["REDIS_URL"])
     assert client.call("CONFIG", "GET", "appendonly") == [b"appendonly", b"yes"]
     assert client.call("CONFIG", "GET", "auto-aof-rewrite-percentage") == [b"auto-aof-rewrite-percentage", b"0"]
+
+
+def frontend_bounds_its_reads_of_unknown_names(state: Path) -> None:
+    """One process answers every request here: its frontend reads at most 20 unknown names a second before it
+    answers them from the registry's list of names (``CLIPPER_UNKNOWN_APP_READS_PER_S``; 0, every name read, on
+    AWS)."""
+    pid = processes(state)["frontend"]["pid"]
+    environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+    assert environ.get("CLIPPER_UNKNOWN_APP_READS_PER_S") == "20"
 
 
 def manage_as_a_user(url: str, token: str) -> None:

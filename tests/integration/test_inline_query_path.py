@@ -465,3 +465,30 @@ def test_the_first_query_after_a_quiet_while_is_not_answered_for_an_application_
         clock.advance(10.0)  # past ttl + max_stale, well within the patience for a slow registry
         gone = http.post("/short/predict", json={"input": one_hot(4)})
         assert gone.status_code == 404 and "short" in gone.json()["cause"], gone.text
+
+
+def test_a_query_for_a_name_the_copy_does_not_hold_is_charged_one_read_lane_and_admission_together(stack):
+    """Through the HTTP app (the lane's look, then the general path's admission and read): a budget of 3 reads of
+    unknown names reads 3 of them, a 4th before the list comes, and the list answers the next without a read."""
+    from tests.fakes import FakeClock
+
+    make, _, _, _ = stack
+    clock, reloads, reads = FakeClock(), [], []
+
+    def copy(inner: Any) -> CachedRegistry:
+        inner.app_names = lambda: sorted(inner.apps)
+        get_app = inner.get_app
+        inner.get_app = lambda name: (reads.append(name), get_app(name))[1]
+        return CachedRegistry(inner, clock, ttl_s=2, refresh=reloads.append, unknown_reads_per_s=3)
+
+    with make(True, True, copy) as http:
+        assert http.processor.lane is not None
+        for i in range(4):
+            assert http.post(f"/nope-{i}/predict", json={"input": one_hot(1)}).status_code == 404
+        assert reads == ["nope-0", "nope-1", "nope-2", "nope-3"]  # 3 within the budget, 1 before the list came
+        assert len(reloads) == 1
+        reloads.pop()()
+        gone = http.post("/nope-4/predict", json={"input": one_hot(1)})
+        assert gone.status_code == 404 and "nope-4" in gone.json()["cause"]
+        assert len(reads) == 4  # answered from the list
+        assert http.post("/digits/predict", json={"input": one_hot(2)}).json()["output"] == 2  # on the list: read

@@ -88,3 +88,45 @@ def test_a_models_batching_settings_round_trip_and_reach_its_batcher(registry):
     assert config.slo_s == pytest.approx(digits_app().slo_seconds / 2)
     with pytest.raises(NotFound):
         registry.set_model_settings("nope", batching=chosen)
+
+
+def test_past_its_budget_a_frontends_copy_answers_unknown_names_from_one_scan_of_the_names(registry, aws, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from clipper.settings import FrontendSettings
+    from clipper.wiring import _registry
+
+    registry.put_app(digits_app())
+    registry.put_app(digits_app(name="other"))
+    calls: list[tuple[str, dict[str, object]]] = []
+
+    def count(event_name: str, params: dict[str, object], **_: object) -> None:
+        calls.append((event_name.rsplit(".", 1)[-1], params))
+
+    aws.dynamodb.meta.events.register("provide-client-params.dynamodb.*", count)
+    monkeypatch.setenv("CLIPPER_UNKNOWN_APP_READS_PER_S", "5")  # as the local stack sets it (20)
+    settings = FrontendSettings(registry_table=aws.registry_table, replies_table="replies")
+    assert FrontendSettings(registry_table="r" * 3, replies_table="r" * 3).unknown_app_reads_per_s == 5
+    runner = ThreadPoolExecutor(max_workers=1)
+    cached = _registry(settings, aws.dynamodb, FakeClock(), 2.0, runner.submit, settings.unknown_app_reads_per_s)
+    try:
+        for i in range(5):
+            assert cached.get_app_held(f"nope-{i}", admit=True) == (None, False)  # within the budget: each read
+            with pytest.raises(NotFound):
+                cached.get_app(f"nope-{i}")
+        assert [op for op, _ in calls] == ["Query"] * 5
+        assert cached.get_app_held("nope-5", admit=True) == (None, False)  # over the budget: the names asked for
+        runner.submit(lambda: None).result()  # the scan, on the refresh thread, is done
+        scan = [params for op, params in calls if op == "Scan"]
+        assert len(scan) == 1 and scan[0]["ProjectionExpression"] == "pk"  # the names alone
+        calls.clear()
+        for i in range(6, 200):
+            with pytest.raises(NotFound, match=f"application 'nope-{i}'"):
+                cached.get_app_held(f"nope-{i}", admit=True)
+        assert calls == []
+        assert cached.get_app_held("other", admit=True) == (None, False)  # listed: read by name
+        assert cached.get_app("other").name == "other"
+    finally:
+        runner.shutdown()
+    monkeypatch.delenv("CLIPPER_UNKNOWN_APP_READS_PER_S")
+    assert FrontendSettings(registry_table="r" * 3, replies_table="r" * 3).unknown_app_reads_per_s == 0  # AWS

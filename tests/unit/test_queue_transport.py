@@ -3,6 +3,8 @@ request queues' transport. No sockets: a Redis client connects on its first comm
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from clipper.adapters.redis_streams import (
@@ -96,3 +98,21 @@ def test_the_frontend_runs_on_its_loop_and_in_one_round_trip_only_on_a_standalon
     s = FrontendSettings(registry_table="registry", replies_table="replies")
     processor = build_query_processor(s, dynamodb=None, sqs=None, s3=None, background_refresh=False)
     assert processor._inline is inline and (processor._gatherer._fused is not None) is fused
+
+
+def test_the_frontends_registry_copy_gets_the_budget_of_unknown_names_its_settings_say(monkeypatch: pytest.MonkeyPatch):
+    import clipper.wiring as wiring
+    from clipper.settings import FrontendSettings
+
+    seen: list[float] = []
+    real = wiring._registry
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(args[5] if len(args) > 5 else kwargs.get("unknown_reads_per_s", 0.0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(wiring, "_registry", spy)
+    monkeypatch.setenv("CLIPPER_UNKNOWN_APP_READS_PER_S", "20")
+    s = FrontendSettings(registry_table="registry", replies_table="replies")
+    wiring.build_query_processor(s, dynamodb=None, sqs=None, s3=None, background_refresh=False)
+    assert seen == [20.0]

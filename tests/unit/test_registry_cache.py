@@ -315,3 +315,185 @@ def test_a_reload_asked_for_past_the_bound_and_again_within_it_keeps_the_entry_c
         clock.advance(0.5)
         seen.append(cached.get_app_held("digits")[1])
     assert all(seen) and len(runner.tasks) == 1, seen
+
+
+@dataclass
+class ListingRegistry(OneQueryRegistry):
+    """Also offers the list of application names (one scan), counted."""
+
+    scans: int = 0
+    during_scan: Callable[[], None] | None = None
+
+    def app_names(self) -> list[str]:
+        self.scans += 1
+        names = sorted(self.apps)
+        if self.during_scan is not None:
+            self.during_scan()
+        return names
+
+
+def flooded(per_s: float = 3.0) -> tuple[ListingRegistry, FakeClock, ManualRunner, CachedRegistry]:
+    inner, clock, runner = ListingRegistry(), FakeClock(), ManualRunner()
+    inner.apps["digits"] = digits_app()
+    cached = CachedRegistry(inner, clock, ttl_s=2.0, refresh=runner, unknown_reads_per_s=per_s)
+    return inner, clock, runner, cached
+
+
+def admitted(cached: CachedRegistry, name: str) -> bool:
+    """A query's admission of a name the copy does not hold: True when the query is to read it itself (the
+    general path's ``get_app``), False when it was answered ``NotFound`` at once."""
+    try:
+        app, _ = cached.get_app_held(name, admit=True)
+    except NotFound:
+        return False
+    assert app is None
+    return True
+
+
+def unknown(cached: CachedRegistry, name: str) -> None:
+    """A query for a name that does not exist, admitted and then read when the admission says so."""
+    if admitted(cached, name):
+        with pytest.raises(NotFound):
+            cached.get_app(name)
+
+
+def test_unknown_names_are_each_read_within_the_budget():
+    inner, _, runner, cached = flooded(per_s=3.0)
+    for i in range(3):
+        unknown(cached, f"nope-{i}")
+    assert inner.queries == 3 and inner.scans == 0 and not runner.tasks
+
+
+def test_the_budget_is_taken_at_admission_so_queries_admitted_together_cannot_overrun_it():
+    inner, _, runner, cached = flooded(per_s=3.0)
+    let_in = [admitted(cached, f"nope-{i}") for i in range(50)]  # 50 admissions before any read ends
+    assert let_in[:3] == [True] * 3  # the budget's reads; the rest read too until the list comes, then are 404s
+    runner.run()
+    assert [admitted(cached, f"more-{i}") for i in range(50)] == [False] * 50
+    assert inner.queries == 0  # admissions read nothing themselves
+
+
+def test_past_the_budget_names_missing_from_the_list_are_answered_without_their_own_read():
+    inner, _, runner, cached = flooded(per_s=3.0)
+    for i in range(3):
+        unknown(cached, f"nope-{i}")
+    inner.apps["elsewhere"] = digits_app(name="elsewhere")
+    unknown(cached, "nope-3")  # over the budget, no list yet: read alone, the list asked for off the path
+    assert inner.queries == 4 and len(runner.tasks) == 1
+    runner.run()
+    assert inner.scans == 1
+    reads = inner.queries
+    for i in range(4, 100):
+        with pytest.raises(NotFound, match=f"nope-{i}"):
+            cached.get_app_held(f"nope-{i}", admit=True)
+    assert inner.queries == reads and inner.scans == 1 and not runner.tasks
+    assert admitted(cached, "elsewhere")  # on the list: read, as any name under the budget
+    assert cached.get_app("elsewhere").name == "elsewhere" and inner.queries == reads + 1
+    assert cached.get_app_held("nope-x", admit=False) == (None, False)  # the lane's look decides nothing
+
+
+def test_the_lanes_look_takes_no_read_of_the_budget():
+    _, _, runner, cached = flooded(per_s=3.0)
+    for i in range(10):
+        assert cached.get_app_held(f"nope-{i}", admit=False) == (None, False)
+    assert [admitted(cached, f"nope-{i}") for i in range(3)] == [True] * 3  # the budget whole for admissions
+    assert not runner.tasks
+
+
+def test_applications_being_added_are_each_found_however_many_a_second():
+    inner, clock, runner, cached = flooded(per_s=3.0)
+    for i in range(200):  # an application created and queried at once, 50 a second
+        inner.apps[f"tenant-{i}"] = digits_app(name=f"tenant-{i}")
+        assert admitted(cached, f"tenant-{i}")  # a found name gives its read back
+        assert cached.get_app(f"tenant-{i}").name == f"tenant-{i}"
+        clock.advance(0.02)
+    assert inner.scans == 0 and not runner.tasks
+
+
+def test_the_list_is_trusted_as_long_as_a_remembered_miss_and_read_again_at_half_of_it():
+    inner, clock, runner, cached = flooded(per_s=3.0)
+    for i in range(4):
+        unknown(cached, f"nope-{i}")
+    runner.run()  # the list at t=0
+    clock.advance(0.4)  # 1.2 reads back: one is read, then the list (0.4 s old) answers
+    unknown(cached, "again-0")
+    assert not admitted(cached, "again-1") and not runner.tasks
+    clock.advance(0.2)  # 0.6 s old: still answered from, and asked for again
+    unknown(cached, "again-2")
+    assert not admitted(cached, "again-3") and len(runner.tasks) == 1
+    inner.apps["late"] = digits_app(name="late")  # added after the list was read
+    clock.advance(0.5)  # 1.1 s old, its reload not run yet: not trusted, names are read
+    for i in range(2):
+        unknown(cached, f"more-{i}")
+    reads = inner.queries
+    assert admitted(cached, "more-2") and admitted(cached, "late")
+    runner.run()  # the list again: now it has "late"
+    assert admitted(cached, "late") and cached.get_app("late").name == "late"
+    assert inner.queries == reads + 1
+
+
+def test_invalidate_drops_the_list_and_what_a_scan_in_flight_read():
+    inner, _, runner, cached = flooded(per_s=1.0)
+    unknown(cached, "nope-0")
+    assert admitted(cached, "nope-1") and len(runner.tasks) == 1  # the scan asked for
+
+    def restored() -> None:  # (a restore of the registry while the scan runs): what it read is not kept
+        inner.apps["restored"] = digits_app(name="restored")
+        cached.invalidate()
+
+    inner.during_scan = restored
+    runner.run()
+    inner.during_scan = None
+    assert admitted(cached, "restored")  # no list: read
+    assert len(runner.tasks) == 1
+    runner.run()
+    assert not admitted(cached, "nope-2") and admitted(cached, "restored")
+
+
+def test_a_name_admitted_by_many_queries_at_once_is_charged_once_and_given_back_when_found():
+    inner, clock, runner, cached = flooded(per_s=20.0)
+    inner.apps["a"] = digits_app(name="a")
+    assert all(admitted(cached, "a") for _ in range(64))  # 64 first queries at once: one token
+    assert cached.get_app("a").name == "a"  # the first to read; the others find it held
+    clock.advance(0.2)
+    inner.apps["b"] = digits_app(name="b")  # created, then queried by 16 clients at once
+    assert all(admitted(cached, "b") for _ in range(16))
+    assert cached.get_app("b").name == "b"
+    for i in range(19):  # the budget whole again: each name's token came back
+        unknown(cached, f"nope-{i}")
+    assert not runner.tasks and inner.scans == 0
+
+
+def test_a_read_no_admission_charged_gives_nothing_back():
+    inner, _, runner, cached = flooded(per_s=2.0)
+    inner.apps["a"] = digits_app(name="a")
+    assert admitted(cached, "nope-0")  # charged, its read not done yet
+    assert cached.get_app("a").name == "a"  # read with no admission (a feedback's, say): no token made
+    with pytest.raises(NotFound):
+        cached.get_app("nope-0")
+    assert admitted(cached, "nope-1") and not runner.tasks
+    assert admitted(cached, "nope-2") and len(runner.tasks) == 1  # the budget spent: read, the list asked for
+
+
+def test_invalidate_drops_a_list_read_before():
+    inner, _, runner, cached = flooded(per_s=1.0)
+    unknown(cached, "nope-0")
+    unknown(cached, "nope-1")
+    runner.run()
+    assert not admitted(cached, "nope-2")  # answered from the list
+    inner.apps["nope-2"] = digits_app(name="nope-2")
+    cached.invalidate()
+    assert admitted(cached, "nope-2")  # no list: read
+
+
+def test_under_one_read_a_second_the_first_unknown_name_is_still_read():
+    inner, _, runner, cached = flooded(per_s=0.5)
+    unknown(cached, "nope-0")
+    assert inner.queries == 1 and not runner.tasks
+
+
+def test_without_a_budget_every_unknown_name_is_read():
+    inner, _, runner, cached = flooded(per_s=0.0)
+    for i in range(50):
+        unknown(cached, f"nope-{i}")
+    assert inner.queries == 50 and inner.scans == 0 and not runner.tasks

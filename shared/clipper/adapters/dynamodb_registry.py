@@ -462,13 +462,15 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
         earlier = self.version_history(model, missing_ok=True).earlier
         return earlier[-1] if earlier else None
 
-    def _scan(self, sk: str) -> list[dict[str, Any]]:
+    def _scan(self, sk: str, keys_only: bool = False) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         kwargs: dict[str, Any] = {
             "TableName": self._table,
             "FilterExpression": "sk = :sk",
             "ExpressionAttributeValues": {":sk": {"S": sk}},
         }
+        if keys_only:  # the names alone: a frontend's list of applications (``CachedRegistry``) during a flood
+            kwargs["ProjectionExpression"] = "pk"
         while True:
             with aws_call("dynamodb.Scan(registry)"):
                 resp = self._client.scan(**kwargs)
@@ -478,7 +480,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
     def app_names(self) -> list[str]:
-        return _names(self._scan("APP"), "APP#")
+        return _names(self._scan("APP", keys_only=True), "APP#")
 
     def model_names(self) -> list[str]:
         return _names(self._scan("MODEL"), "MODEL#")

@@ -15,6 +15,17 @@ while) is reloaded on the query path, as without a runner; not while its reload 
 ``RELOAD_PATIENCE_S`` more): a registry slow to answer would answer the query's read no sooner, and every query
 meanwhile would make one of its own (on a saturated core, the local stack's emulated DynamoDB at its background
 niceness took over 2 s, and the queries waiting on their reads in that time were answered with their defaults).
+
+Names the copy does not hold are read one by one (so an application added a moment ago is found). With
+``unknown_reads_per_s`` (the local stack's frontend, where one process serves every request) a query's admission
+takes a token for such a read (one a name: the admissions of a name already charged, its read not settled yet,
+take none); past that rate (a flood of made-up names: each read held a worker thread, the
+registry and the GIL the event loop needs for every other query), a name missing from the registry's list of
+application names, read within ``negative_ttl_s`` (as long as a remembered miss), is answered ``NotFound`` without
+a read of its own. A read (or a look) that finds its application gives its token back, so applications being
+added, however many and however often queried at once, are each read; only during a flood can one added in the last
+``negative_ttl_s`` be missed, as a remembered miss can. The list is read (one keys-only scan of the registry, off
+the query path) only while over that rate.
 """
 
 from __future__ import annotations
@@ -35,9 +46,39 @@ _NO_CANARY = object()
 
 logger = logging.getLogger(__name__)
 
+# Names charged a token and not settled yet: an admission that never read its name (none is known) cannot grow them
+MAX_PENDING = 1024
+
 # How much longer than ``ttl_s + max_stale_s`` an entry whose reload is in flight is still answered. A reload that
 # fails or ends in that time ends it sooner; one that hangs longer leaves the next read to the query path.
 RELOAD_PATIENCE_S = 30.0
+
+
+class ReadBudget:
+    """A token bucket: ``per_s`` reads a second, up to ``max(1, per_s)`` at once after a quiet while."""
+
+    def __init__(self, per_s: float, now: float) -> None:
+        self._per_s, self._cap = per_s, max(1.0, per_s)
+        self._tokens, self._at = self._cap, now
+        self._lock = threading.Lock()
+
+    def _refill(self, now: float) -> None:
+        self._tokens = min(self._cap, self._tokens + max(0.0, now - self._at) * self._per_s)
+        self._at = now
+
+    def take(self, now: float) -> bool:
+        """One read's token, if one is left now."""
+        with self._lock:
+            self._refill(now)
+            if self._tokens < 1.0:
+                return False
+            self._tokens -= 1.0
+            return True
+
+    def give_back(self, now: float) -> None:
+        with self._lock:
+            self._refill(now)
+            self._tokens = min(self._cap, self._tokens + 1.0)
 
 
 def _model_entries(record: ModelRecord) -> dict[Key, object]:
@@ -65,12 +106,12 @@ def _absent(e: NotFound) -> NotFound:
 
 def held_app(registry: Registry, name: str) -> tuple[Application | None, bool]:
     """The application as ``registry`` holds it without a read (None: a registry that reads every time, or a copy
-    that never held it; a remembered miss raises ``NotFound``), and whether it is current
-    (``CachedRegistry.get_app_held``). A plain registry holds nothing."""
+    that never held it; a remembered miss, or a name the copy answers from its list of names, raises ``NotFound``),
+    and whether it is current (``CachedRegistry.get_app_held``, an admission). A plain registry holds nothing."""
     held = getattr(registry, "get_app_held", None)
     if held is None:
         return None, True
-    app, current = held(name)
+    app, current = held(name, admit=True)
     return app, current
 
 
@@ -155,7 +196,11 @@ class CachedRegistry:
         max_entries: int = 4096,
         max_negative: int = 1024,
         negative_ttl_s: float = 1.0,
+        unknown_reads_per_s: float = 0.0,
     ) -> None:
+        """``unknown_reads_per_s``: reads a second, of application names the copy does not hold, that admissions
+        (``get_app_held``) allow before a name is answered from the registry's list of names (0: every such name
+        is read; it needs a ``refresh`` runner and a registry that offers ``app_names``)."""
         self._inner = inner
         self._clock = clock
         self._ttl = ttl_s
@@ -174,6 +219,16 @@ class CachedRegistry:
         )
         # a model's active version, its canary and the canary's version: one read where the registry offers it
         self._model_record: Callable[[str], ModelRecord] | None = getattr(inner, "model_record", None)
+        # the registry's application names (when, what), read while unknown names come faster than the budget
+        self._app_names: Callable[[], list[str]] | None = getattr(inner, "app_names", None)
+        self._names: tuple[float, frozenset[str]] | None = None
+        self._names_generation = 0  # invalidate() moves it on: a list read before is not kept
+        self._budget = (  # the list is trusted for as long as a miss is remembered: none, no list
+            ReadBudget(unknown_reads_per_s, clock.now())
+            if unknown_reads_per_s > 0 and refresh is not None and self._app_names is not None and self._negative_ttl
+            else None
+        )
+        self._pending: dict[str, float] = {}  # name -> when its admission took a token; until a read settles it
 
     # -- loading -----------------------------------------------------------------------------------------
     def _load(self, key: Key) -> dict[Key, object]:
@@ -268,6 +323,8 @@ class CachedRegistry:
             loaded = self._load(key)
             self._keep(loaded, now)
             value = loaded[key]
+        if self._pending and key[0] == "app":
+            self._settle(key[1], not isinstance(value, NotFound), now)
         if isinstance(value, NotFound):
             raise value
         return value
@@ -279,24 +336,29 @@ class CachedRegistry:
 
     def get_app_nowait(self, name: str) -> Application | None:
         """The application as this copy knows it, without a read (a remembered miss raises ``NotFound``); None
-        when it never held it. An entry past ``ttl_s + max_stale_s`` is answered too (and reloaded off the path
-        when a runner is set): a query needs its application's deadline and default output to be answered in
-        time while the registry cannot be read, even if the query itself then waits for the registry."""
+        when it never held it (no admission: the budget of unknown names is not asked, ``get_app_held``). An entry past
+        ``ttl_s + max_stale_s`` is answered too (and reloaded off the path when a runner is set): a query needs
+        its application's deadline and default output to be answered in time while the registry cannot be read,
+        even if the query itself then waits for the registry."""
         return self.get_app_held(name)[0]
 
-    def get_app_held(self, name: str) -> tuple[Application | None, bool]:
+    def get_app_held(self, name: str, admit: bool = False) -> tuple[Application | None, bool]:
         """``get_app_nowait``'s answer, and whether it is current: fresh, or stale within ``max_stale_s`` while
         reloaded, or past that while a reload queries already started is still in flight (the registry is slow,
         not the entry forgotten: every query would otherwise read it itself, on a saturated core the defaults'
         cause). A query or a feedback acting on an entry that is not current (no query came for a while: a policy
         change, a delete or a new incarnation may have been made meanwhile) reads the application first
-        (``reread_app``). Decided from one look, before the reload this answer may start."""
+        (``reread_app``). Decided from one look, before the reload this answer may start. A name the copy does
+        not hold is (None, False), or, with ``admit`` (a query's or a feedback's admission, once per request) past
+        the budget of such reads, ``NotFound`` when the registry's recent list of names lacks it."""
         value = self._cached(("app", name), self._clock.now())
         current = value is not None
         if value is None:
             with self._lock:
                 hit = self._entries.get(("app", name))
             if hit is None:
+                if admit and self._absent_by_list(name):
+                    raise NotFound("application", name)
                 return None, False
             if self._refresh is not None:  # past the bound: this reload does not make it current (a second look)
                 self._reload_in_background(("app", name), patient=False)
@@ -304,6 +366,48 @@ class CachedRegistry:
         if isinstance(value, NotFound):
             raise value
         return value, current  # type: ignore[return-value]
+
+    def _absent_by_list(self, name: str) -> bool:
+        """Whether ``name``, held neither as an entry nor as a miss, is answered ``NotFound`` without a read of its
+        own: no read's token is left (else this admission takes one: the query reads the name) and the registry's
+        list of names, read within ``negative_ttl_s``, lacks it. Past the budget the list is read again off the path
+        once it is half that old; until it comes, names are read one by one."""
+        if self._budget is None:
+            return False
+        now = self._clock.now()
+        with self._lock:
+            if name in self._pending:
+                return False  # charged already: one token a name, whatever the admissions meanwhile
+        if self._budget.take(now):
+            with self._lock:
+                if len(self._pending) >= MAX_PENDING:
+                    self._pending.clear()
+                self._pending[name] = now
+            return False
+        names, trusted_s = self._names, self._negative_ttl
+        if names is None or now - names[0] >= trusted_s / 2:
+            assert self._reloads is not None
+            self._reloads.submit(("app names",), self._load_names, False, True)
+        return names is not None and now - names[0] < trusted_s and name not in names[1]
+
+    def _settle(self, name: str, found: bool, now: float) -> None:
+        """``name`` was read, or looked at once held: its admission's token comes back when it exists (a read that
+        no admission charged gives none back)."""
+        assert self._budget is not None
+        with self._lock:
+            charged = self._pending.pop(name, None) is not None
+        if charged and found:
+            self._budget.give_back(now)
+
+    def _load_names(self) -> None:
+        assert self._app_names is not None
+        with self._lock:
+            generation = self._names_generation
+        at = self._clock.now()  # before the scan: its age is never understated
+        names = frozenset(self._app_names())
+        with self._lock:
+            if generation == self._names_generation:
+                self._names = (at, names)
 
     def reread_app(self, name: str) -> Application:
         """The application read from the registry now (with its links), kept in this copy, whatever reload is in
@@ -387,3 +491,4 @@ class CachedRegistry:
         with self._lock:
             self._entries.clear()
             self._negative.clear()
+            self._names, self._names_generation = None, self._names_generation + 1

@@ -70,7 +70,7 @@ class SingleModelLane:
         registry copy, without a read; None for anything the general path must decide."""
         registry = self._registry
         try:
-            app, current = registry.get_app_held(app_name)
+            app, current = registry.get_app_held(app_name, admit=False)  # the general path admits it
         except ClipperError:
             return None  # unknown application: the general path says so
         if app is None or not current or app.policy != "single":
