@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from clipper.client_auth import SigningError, signer_for
-from clipper.client_query import ApiError, json_answer
+from clipper.client_query import ApiError, json_answer, json_value
 
 Progress = Callable[[str], None]
 
@@ -76,7 +76,7 @@ class ClipperConnection:
 
     def _request(self, path: str, body: dict[str, Any] | None = None) -> urllib.request.Request:
         """A request to the admin API, authenticated: the bearer token, or signed last (SigV4)."""
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else json.dumps(body, default=json_value).encode()
         req = urllib.request.Request(f"{self.url}{path}", data=data, method="GET" if body is None else "POST")
         req.add_header("Content-Type", "application/json")
         if self._token:

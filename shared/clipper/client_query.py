@@ -98,6 +98,15 @@ def shaped(value: Any, input_shape: Sequence[int] | None) -> Any:
     return value
 
 
+def json_value(value: Any) -> Any:
+    """``json.dumps``'s ``default``: a numpy number as its Python number (a label ``y[i]``, a uid, the items of a
+    list built from an array), a numpy array as its lists; anything else is not JSON (``TypeError``, as
+    without it)."""
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):
+        return value.tolist()  # a numpy scalar's tolist() is its Python number
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def encode_input(value: Any) -> Any:
     """One input as JSON: numpy arrays as lists, bytes as base64 text, the rest as given."""
     if isinstance(value, bytes | bytearray):
@@ -120,7 +129,9 @@ def query_body(value: Any, uid: int | str | None = None) -> dict[str, Any]:
 
 
 def post(url: str, body: dict[str, Any], timeout_s: float) -> Any:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, json.dumps(body, default=json_value).encode(), {"Content-Type": "application/json"}
+    )
     return json_answer(req, timeout_s, QueryError, url)
 
 

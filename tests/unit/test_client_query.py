@@ -32,3 +32,33 @@ def test_what_is_not_numbers_or_matches_no_reading_is_sent_as_given():
     assert shaped([[1, 2], [3]], [2, 3]) == [[1, 2], [3]]  # ragged: the API names the field
     assert shaped(["a", "b"], None) == ["a", "b"]
     assert shaped([[1, 2]], [5]) == [[1, 2]]
+
+
+def test_numpy_numbers_are_sent_as_json_numbers(monkeypatch):
+    """``conn.update(app, X[i], y[i])``: a numpy label, uid or list items were a TypeError before any request."""
+    import json
+
+    import clipper.client_query as cq
+    from clipper.client import ClipperConnection
+
+    sent: list[dict] = []
+    monkeypatch.setattr(cq, "json_answer", lambda req, *a: sent.append(json.loads(req.data)) or {"ok": True})
+    x = np.array([0.5, 1.5], dtype=np.float32)
+    cq.predict("http://h", "a", list(x), np.int64(7), False, 1.0)
+    cq.update("http://h", "a", x, np.int64(3), np.int32(7), 1.0, feedback_id="f")
+    assert sent == [
+        {"input": [0.5, 1.5], "uid": 7},
+        {"input": [0.5, 1.5], "uid": 7, "label": 3, "feedback_id": "f"},
+    ]
+    assert isinstance(sent[0]["input"][0], float) and isinstance(sent[1]["label"], int)
+    conn = ClipperConnection("http://h", token="t")
+    assert json.loads(conn._request("/admin/op", {"slo": np.int64(20000), "v": np.float64(0.25)}).data) == {
+        "slo": 20000,
+        "v": 0.25,
+    }
+    try:
+        cq.predict("http://h", "a", {"not": object()}, None, False, 1.0)
+    except TypeError as e:
+        assert "object is not JSON serializable" in str(e)
+    else:
+        raise AssertionError("an object that is not JSON was sent")
