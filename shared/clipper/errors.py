@@ -42,10 +42,10 @@ class PayloadTooLarge(InvalidInput):
 class NotFound(ClipperError):
     """An application, model or version does not exist."""
 
-    def __init__(self, kind: str, name: str) -> None:
+    def __init__(self, kind: str, name: str, detail: str = "") -> None:
         self.kind = kind
         self.name = name
-        super().__init__(f"{kind} '{name}' does not exist")
+        super().__init__(f"{kind} '{name}' does not exist" + (f" ({detail})" if detail else ""))
 
 
 class Conflict(ClipperError):

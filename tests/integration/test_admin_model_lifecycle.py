@@ -205,6 +205,17 @@ def test_a_rejected_upload_is_visible_in_get_model_and_get_state(world):
         registered["status"] == "registered" and registered["artifact"] == "s3://clipper-models/models/mlp/1/model.onnx"
     )
     assert admin.post("/admin/get_model", json={"model_name": "mlp", "model_version": "9"}).status_code == 404
+    # switching to it, trying it as a canary or deleting it: a 404 that says it was rejected, and why
+    for op, body in (
+        ("set_model_version", {"model_name": "mlp", "model_version": "3"}),
+        ("start_canary", {"model_name": "mlp", "model_version": "3", "share_percent": 10}),
+        ("delete_versioned_model", {"model_name": "mlp", "model_version": "3"}),
+    ):
+        refused = admin.post(f"/admin/{op}", json=body)
+        cause = refused.json()["cause"]
+        assert refused.status_code == 404 and "mlp:3' does not exist (its upload was rejected: the file is not" in cause
+    never = admin.post("/admin/set_model_version", json={"model_name": "mlp", "model_version": "9"})
+    assert never.status_code == 404 and never.json()["cause"] == "model version 'mlp:9' does not exist"
 
 
 def test_an_upload_url_puts_the_model_where_the_updater_reads_it(world):

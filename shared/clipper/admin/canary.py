@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from clipper.admin import schemas
 from clipper.admin.compatibility import check_serves_linked_apps
+from clipper.admin.views import no_version
 from clipper.canary import CanaryEvidence, CanaryParams, VersionEvidence, decide
 from clipper.core.domain import Application, Canary, Model, ModelRecord
 from clipper.errors import Conflict, InvalidInput
@@ -66,6 +67,8 @@ def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float)
     record = registry.model_record(req.model_name)  # NotFound
     active = record.head.active_version
     candidate = record.versions.get(req.model_version)
+    if candidate is None and req.model_version in record.rejected:
+        raise no_version(record, req.model_version)  # its upload was rejected: the 404 says why
     if candidate is not None:  # an unknown version: the registry's 404 below
         # it answers a share of the queries, then all of them if promoted
         check_serves_linked_apps(registry, candidate, "model_version", record.linked_apps)

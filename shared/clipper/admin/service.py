@@ -16,7 +16,7 @@ from clipper.admin.canary import deleted_canary_event, end_by_hand, get_canary, 
 from clipper.admin.compatibility import check_compatible, check_serves_linked_apps, linked_apps
 from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
-from clipper.admin.views import app_info, models_state, rejection, replicas, version_info
+from clipper.admin.views import app_info, models_state, no_version, rejection, replicas, version_info
 from clipper.core.domain import (
     Application,
     BatchingSettings,
@@ -323,7 +323,7 @@ class AdminService:
     def set_model_version(self, model: str, version: str) -> dict[str, Any]:
         record = self._registry.model_record(model)  # NotFound
         if version not in record.versions:
-            raise NotFound("model version", f"{model}:{version}")
+            raise no_version(record, version)
         refuse_switch_while_canary(record.head)  # and the registry's write is conditional on no canary
         check_serves_linked_apps(self._registry, record.versions[version], "model_version", record.linked_apps)
         previous = self._registry.set_active_version(model, version)
@@ -347,7 +347,7 @@ class AdminService:
         record = self._registry.model_record(model)  # NotFound
         head, versions = record.head, record.versions
         if version not in versions:
-            raise NotFound("model version", f"{model}:{version}")
+            raise no_version(record, version)
         if version == head.active_version:
             raise InvalidInput("model_version", "an inactive version (set another version active first)", version)
         self._deleted(model, self._registry.delete_version(model, version))

@@ -9,7 +9,7 @@ from typing import Any
 
 from clipper.admin.ports import AdminRegistry, ServingProbe
 from clipper.core.domain import Application, BatchingSettings, ModelRecord, ModelVersion
-from clipper.errors import ClipperError
+from clipper.errors import ClipperError, NotFound
 
 
 def app_info(app: Application, links: list[str]) -> dict[str, Any]:
@@ -68,6 +68,17 @@ def replicas(record: ModelRecord) -> list[dict[str, Any]]:
 
 def rejection(item: dict[str, Any]) -> dict[str, Any]:
     return {k: item[k] for k in ("reasons", "rejected_at", "artifact", "sha256", "etag") if k in item}
+
+
+def no_version(record: ModelRecord, version: str) -> NotFound:
+    """The 404 for a version ``record`` does not hold; one whose upload was rejected says so, and why (``clipper
+    model`` lists it as rejected: "does not exist" alone read as if it never was)."""
+    name = f"{record.head.name}:{version}"
+    rejected = record.rejected.get(version)
+    if rejected is None:
+        return NotFound("model version", name)
+    reasons = "; ".join(str(r) for r in rejected.get("reasons", [])) or "no reason recorded"
+    return NotFound("model version", name, f"its upload was rejected: {reasons}; upload a new version")
 
 
 def models_state(registry: AdminRegistry, probe: ServingProbe | None) -> dict[str, Any]:
