@@ -103,9 +103,13 @@ def _numeric_row(app: Application, value: Any, field: str, booleans: bool = True
         info = np.iinfo(np.int32)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
             raise InvalidInput(field, "integers within the 32-bit range", "an out-of-range value")
+    sent = arr
     with np.errstate(over="ignore", invalid="ignore"):
         arr = arr.astype(app.input_type.numpy_dtype, copy=False)
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        if np.isfinite(sent).all():  # finite as sent (1e39), past the type's range once converted (float32)
+            limit = float(np.finfo(arr.dtype).max)
+            raise InvalidInput(field, f"{kind_text} within +-{limit:.4g} ({arr.dtype})", "a value out of that range")
         raise InvalidInput(field, kind_text + " (no NaN or infinity, within range)", "a non-finite value")
     if app.input_shape is not None:
         shape = app.input_shape
