@@ -95,6 +95,7 @@ class Served:
     replicas: list[Replica] = field(default_factory=list)
     registered: bool = False  # seen in the registry (created before the updater registers it)
     gone_since: float | None = None  # when reconcile first found it deleted (its processes stop a grace later)
+    adopted: bool = False  # started by the stack itself (a demo model): its stack is deployed with the service's
 
 
 # How long a deleted version's processes still answer: a frontend's registry copy may route a query to it for up to
@@ -152,6 +153,15 @@ class LocalModelServing:
         with self._lock:
             self._stacks.delete(model, version)
             self._stop(model, version)
+
+    def adopt(self, model: str, version: str, queue_url: str, model_path: Path, replica: Replica) -> None:
+        """A version whose processes the stack started itself (a demo model, registered by the stack): followed as
+        an uploaded one is (stopped a grace after its delete, its replica count the registry's); its stack is
+        deployed with the service's, so ``recreate_stacks`` leaves it to that."""
+        with self._lock:
+            self._served[(model, version)] = Served(
+                queue_url, model_path, ModelArtifact("", "", ""), [replica], registered=True, adopted=True
+            )
 
     # -- following the registry ------------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -223,6 +233,8 @@ class LocalModelServing:
         """Create the served versions' stacks again in a moto that restarted empty (the processes still run)."""
         with self._lock:
             for (model, version), served in self._served.items():
+                if served.adopted:
+                    continue
                 try:
                     self._stacks.create(model, version, served.artifact, max(1, len(served.replicas)))
                 except ClipperError as e:

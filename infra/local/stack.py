@@ -32,7 +32,7 @@ import boto3
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.adapters.resp import RespClient
 from infra.local import aof, demo, gate
-from infra.local.serving import LocalModelServing
+from infra.local.serving import LocalModelServing, Replica
 from infra.local.state import SNAPSHOT_TABLES, Ports, Snapshot, repoint_endpoints
 from infra.local.supervisor import Child, ChildSpec, Stage, Supervisor, lower_thread_priority
 
@@ -76,6 +76,7 @@ class LocalStack:
         self.outputs: dict[str, str] = {}
         self.queues: dict[str, dict[str, str]] = {}
         self.serving: LocalModelServing | None = None
+        self.demo_endpoints: dict[str, str] = {}  # the demo models' servers, by model
         self.dispatcher: Any = None
         self.snapshot: Snapshot | None = None
         self.ready = threading.Event()  # started: a signal now stops it instead of abandoning the start
@@ -124,6 +125,7 @@ class LocalStack:
         gate.open_gate(self.env["AWS_ENDPOINT_URL"])
         self.state_ready.set()
         endpoints = demo.start_models(self, self.models, self.queues, Path(self.args.models), self.args.slo_ms)
+        self.demo_endpoints = endpoints
         self.spawn(
             "feedback",
             [
@@ -250,6 +252,11 @@ class LocalStack:
         from infra.local.uploads import start_uploads
 
         self.serving = local_serving(self.name, self.outputs, self.dir / "artifacts", self, self.args.slo_ms)
+        for m in self.models:  # the demo versions' processes stop after their delete too, and scale
+            name = m["name"]
+            replica = Replica(f"endpoint-{name}", f"batcher-{name}", self.demo_endpoints[name])
+            path = Path(self.args.models) / m["path"]
+            self.serving.adopt(name, "1", self.queues[name]["QueueUrl"], path, replica)
         self.dispatcher = start_uploads(self.name, self.outputs, self.serving, self.args.background_nice)
         bucket = self.outputs["ModelBucketName"]
         log(f"uploads to s3://{bucket}/models/<name>/<version>/model.onnx reach the model updater")

@@ -120,9 +120,32 @@ def test_make_run_supervises_its_processes_keeps_its_state_and_stops_cleanly(dem
         feedback_is_skipped_without_the_cache(url, state, x[0])
         redis_and_moto_come_back(again, url, state, x[300:400], uploaded)
         background_work_runs_behind_the_queries(state)  # moto and redis restarted at theirs, persist-lr's at 5
+        a_deleted_demo_versions_processes_stop(conn, state)
         stopped_cleanly(again)
     finally:
         again.close()
+
+
+def a_deleted_demo_versions_processes_stop(conn: Any, state: Path) -> None:
+    """A demo model's version 1 deleted after another version took over (its own queue and server): its server
+    and batcher, which the stack started itself, stop a grace after the delete, as an upload's do."""
+    assert processes(state)["endpoint-tree"]["status"] == "running"
+    conn._call(
+        "add_model",
+        {
+            "model_name": "tree",
+            "model_version": "2",
+            "input_type": "floats",
+            "queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/elsewhere",
+            "endpoint": "http://127.0.0.1:9/",
+        },
+    )
+    conn._call("delete_versioned_model", {"model_name": "tree", "model_version": "1"})
+    eventually(
+        lambda: not {"endpoint-tree", "batcher-tree"} & set(processes(state)),  # stopped: off the list
+        "the deleted demo version's processes still run",
+        30,
+    )
 
 
 def an_upload_whose_event_was_lost_at_the_stop(state: Path) -> None:

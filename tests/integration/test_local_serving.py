@@ -195,3 +195,30 @@ def test_a_deleted_version_answers_for_a_grace_while_the_frontends_registry_copi
     clock.advance(STOP_GRACE_S - 4.0)
     local.reconcile()
     assert host.commands == {}
+
+
+def test_a_demo_versions_processes_stop_after_its_delete_and_follow_its_replica_count(aws, tmp_path):
+    """The demo models' servers and batchers are started by the stack itself, not by an upload: deleted (after a
+    second version of the model), they ran on until the stack stopped (a review helper); now adopted, they stop a
+    grace after the delete as an upload's do, and scale with the registry's replica count."""
+    from infra.local.serving import Replica
+
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_version(model_version("tree", "1", queue_url=aws.queue_url), activate=True)
+    host, clock = RecordingHost(), FakeClock(0.0)
+    host.commands |= {"endpoint-tree": ["server"], "batcher-tree": ["batcher"]}  # as demo.start_models spawns them
+    local = serving(aws, tmp_path, host, clock.now)
+    local.adopt("tree", "1", aws.queue_url, tmp_path / "tree.onnx", Replica("endpoint-tree", "batcher-tree", "u"))
+    local.recreate_stacks()  # after a moto restart: the demo's stacks come back with the service's, not here
+    assert boto3.client("cloudformation").list_stacks()["StackSummaries"] == []
+    registry.set_model_settings("tree", replicas=2)
+    local.reconcile()
+    assert {"endpoint-tree", "batcher-tree", "endpoint-tree-1-1", "batcher-tree-1-1"} <= set(host.commands)
+    assert aws.queue_url in host.commands["batcher-tree-1-1"]
+    registry.put_version(model_version("tree", "2", queue_url=aws.queue_url + "-2"), activate=True)
+    registry.delete_version("tree", "1")
+    local.reconcile()
+    assert "endpoint-tree" in host.commands  # a stale registry copy may still route there
+    clock.advance(STOP_GRACE_S)
+    local.reconcile()
+    assert not any("tree" in name for name in host.commands), host.commands
