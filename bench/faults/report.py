@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.faults.load import Outcome
+from bench.frontdoor.stats import cause_of
 
 KINDS = ("real", "default", "4xx", "5xx", "lost")
 SETTLE_S = 2.0  # recovered: every query sent in the next SETTLE_S seconds was answered by a model
@@ -23,10 +24,11 @@ def summarize(
     counts = Counter(o.kind for o in outcomes)
     answered = [o.latency_ms for o in outcomes if o.kind in ("real", "default")]
     late = 0 if slo_ms is None else sum(1 for ms in answered if ms > slo_ms + LATE_MARGIN_MS)
-    causes = Counter(_cause(o.cause) for o in outcomes if o.kind == "default")
+    grouped = [(cause_of(o.cause), o) for o in outcomes if o.kind == "default"]
+    causes = Counter(cause for cause, _ in grouped)
     examples: dict[str, list[str]] = {}
-    for o in outcomes:  # a few whole texts per cause: the part the grouping drops is often the reason
-        if o.kind == "default" and len(seen := examples.setdefault(_cause(o.cause), [])) < 3:
+    for cause, o in grouped:  # a few whole texts per cause: the part the grouping drops is often the reason
+        if len(seen := examples.setdefault(cause, [])) < 3:
             seen.append(f"{o.sent_s:.2f} s, {o.latency_ms:.1f} ms: {o.cause[:300]}")
     return {
         "sent": len(outcomes),
@@ -40,12 +42,6 @@ def summarize(
         "fault_s": round(fault_end - fault_start, 2),
         "recovery_s": recovery(outcomes, fault_end),
     }
-
-
-def _cause(text: str) -> str:
-    """A cause without the parts that differ per query (addresses, numbers)."""
-    head = text.split(" (", 1)[0]
-    return head[:120]
 
 
 def recovery(outcomes: list[Outcome], fault_end: float) -> float | None:

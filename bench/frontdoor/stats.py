@@ -115,10 +115,16 @@ def summarize(record: TrialRecord, slo_ms: float, rate: float) -> dict[str, Any]
     }
 
 
+def cause_of(text: str) -> str:
+    """A default's explanation without the parts that differ per query (the parenthesised addresses, times):
+    which stage the stack gave up in."""
+    return text.split(" (", 1)[0][:120]
+
+
 def default_causes(record: TrialRecord, measured: np.ndarray) -> dict[str, int]:
-    """The measured defaults counted by their explanation, without its parenthesised detail (addresses, times):
-    which stage the stack gave up in, the thing a failing trial's defaults say."""
-    counted = Counter(cause.split(" (", 1)[0][:120] for i, cause in record.causes.items() if measured[i])
+    """The measured defaults counted by their explanation (``cause_of``), the thing a failing trial's defaults
+    say."""
+    counted = Counter(cause_of(cause) for i, cause in record.causes.items() if measured[i])
     return dict(counted.most_common())
 
 

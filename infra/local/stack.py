@@ -76,7 +76,6 @@ class LocalStack:
         self.outputs: dict[str, str] = {}
         self.queues: dict[str, dict[str, str]] = {}
         self.serving: LocalModelServing | None = None
-        self.demo_endpoints: dict[str, str] = {}  # the demo models' servers, by model
         self.dispatcher: Any = None
         self.snapshot: Snapshot | None = None
         self.ready = threading.Event()  # started: a signal now stops it instead of abandoning the start
@@ -125,7 +124,6 @@ class LocalStack:
         gate.open_gate(self.env["AWS_ENDPOINT_URL"])
         self.state_ready.set()
         endpoints = demo.start_models(self, self.models, self.queues, Path(self.args.models), self.args.slo_ms)
-        self.demo_endpoints = endpoints
         self.spawn(
             "feedback",
             [
@@ -140,7 +138,7 @@ class LocalStack:
         )
         registry = DynamoDBRegistry(boto3.client("dynamodb"), self.env["CLIPPER_REGISTRY_TABLE"])
         demo.seed(registry, self.models, self.queues, endpoints, self.args.slo_ms)
-        self.start_uploads()
+        self.start_uploads(endpoints)
         url = self.start_frontend()
         self.say_ready(url, time.monotonic() - started)
         self.ready.set()
@@ -246,15 +244,16 @@ class LocalStack:
         bucket = self.outputs["ModelBucketName"]
         return Snapshot(self.dir / "state", boto3.client("dynamodb"), boto3.client("s3"), tables, bucket)
 
-    def start_uploads(self) -> None:
-        """The S3 -> model updater dispatch, and the processes of every version uploaded in an earlier run."""
+    def start_uploads(self, demo_endpoints: dict[str, str]) -> None:
+        """The S3 -> model updater dispatch, and the processes of every version uploaded in an earlier run; the
+        demo models' processes (``demo_endpoints``: their servers, by model) are followed with them."""
         from infra.local.serving import local_serving
         from infra.local.uploads import start_uploads
 
         self.serving = local_serving(self.name, self.outputs, self.dir / "artifacts", self, self.args.slo_ms)
         for m in self.models:  # the demo versions' processes stop after their delete too, and scale
             name = m["name"]
-            replica = Replica(f"endpoint-{name}", f"batcher-{name}", self.demo_endpoints[name])
+            replica = Replica(f"endpoint-{name}", f"batcher-{name}", demo_endpoints[name])
             path = Path(self.args.models) / m["path"]
             self.serving.adopt(name, "1", self.queues[name]["QueueUrl"], path, replica)
         self.dispatcher = start_uploads(self.name, self.outputs, self.serving, self.args.background_nice)

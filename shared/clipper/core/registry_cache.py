@@ -228,7 +228,7 @@ class CachedRegistry:
             if unknown_reads_per_s > 0 and refresh is not None and self._app_names is not None and self._negative_ttl
             else None
         )
-        self._pending: dict[str, float] = {}  # name -> when its admission took a token; until a read settles it
+        self._pending: set[str] = set()  # names whose admission took a token, until a read settles it
 
     # -- loading -----------------------------------------------------------------------------------------
     def _load(self, key: Key) -> dict[Key, object]:
@@ -382,7 +382,7 @@ class CachedRegistry:
             with self._lock:
                 if len(self._pending) >= MAX_PENDING:
                     self._pending.clear()
-                self._pending[name] = now
+                self._pending.add(name)
             return False
         names, trusted_s = self._names, self._negative_ttl
         if names is None or now - names[0] >= trusted_s / 2:
@@ -395,7 +395,8 @@ class CachedRegistry:
         no admission charged gives none back)."""
         assert self._budget is not None
         with self._lock:
-            charged = self._pending.pop(name, None) is not None
+            charged = name in self._pending
+            self._pending.discard(name)
         if charged and found:
             self._budget.give_back(now)
 
