@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -497,3 +499,95 @@ def test_without_a_budget_every_unknown_name_is_read():
     for i in range(50):
         unknown(cached, f"nope-{i}")
     assert inner.queries == 50 and inner.scans == 0 and not runner.tasks
+
+
+class GatedRegistry(OneQueryRegistry):
+    """Each read waits at a gate the test opens, so reads can be caught in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Semaphore(0)
+
+    def app_and_links(self, name: str) -> tuple[Application, list[str]]:
+        self.entered.release()
+        assert self.gate.wait(5)
+        return super().app_and_links(name)
+
+
+def gated_world() -> tuple[GatedRegistry, FakeClock]:
+    inner = GatedRegistry()
+    inner.apps["digits"] = digits_app()
+    inner.links["digits"] = ["mlp"]
+    inner.versions[("mlp", "1")] = model_version("mlp", "1")
+    inner.active["mlp"] = "1"
+    return inner, FakeClock()
+
+
+def in_threads(calls: list[Callable[[], object]]) -> tuple[list[threading.Thread], list[object]]:
+    out: list[object] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = calls[i]()
+        except Exception as e:  # the test looks at what each caller got
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    return threads, out
+
+
+def test_queries_that_reread_an_application_at_once_share_one_read():
+    """After a quiet while every query rereads its application (``reread_app``): a burst of them must make one
+    read, not one each (on the local stack, ~80 reads at the emulated DynamoDB and a second of defaults)."""
+    inner, clock = gated_world()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=ManualRunner())
+    first, out = in_threads([lambda: cached.reread_app("digits")])
+    assert inner.entered.acquire(timeout=5)  # the first read is in flight
+    clock.advance(0.5)
+    others, more = in_threads([lambda: cached.reread_app("digits") for _ in range(8)])
+    deadline = time.monotonic() + 5
+    while cached._flights.joined < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    inner.gate.set()
+    for t in first + others:
+        t.join(5)
+    assert [getattr(a, "name", a) for a in out + more] == ["digits"] * 9
+    assert inner.queries == 1
+
+
+def test_a_read_started_longer_ago_than_the_ttl_is_not_joined():
+    inner, clock = gated_world()
+    cached = CachedRegistry(inner, clock, ttl_s=2)
+    first, out = in_threads([lambda: cached.get_app("digits")])
+    assert inner.entered.acquire(timeout=5)
+    clock.advance(2.5)  # the read in flight began before what a fresh entry may be: a read of its own
+    second, more = in_threads([lambda: cached.get_app("digits")])
+    assert inner.entered.acquire(timeout=5)
+    inner.gate.set()
+    for t in first + second:
+        t.join(5)
+    assert inner.queries == 2 and cached._flights.joined == 0
+    assert [getattr(a, "name", a) for a in out + more] == ["digits", "digits"]
+
+
+def test_a_shared_read_shares_its_error_and_invalidate_forgets_reads_in_flight():
+    inner, clock = gated_world()
+    inner.down = True
+    cached = CachedRegistry(inner, clock, ttl_s=2)
+    first, out = in_threads([lambda: cached.get_app("digits")])
+    assert inner.entered.acquire(timeout=5)
+    joiners, joined = in_threads([lambda: cached.linked_models("digits")])  # the same read (APP#digits)
+    deadline = time.monotonic() + 5
+    while cached._flights.joined < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cached.invalidate()  # a caller from now on reads again
+    after, late = in_threads([lambda: cached.reread_app("digits")])
+    assert inner.entered.acquire(timeout=5)
+    inner.gate.set()
+    for t in first + joiners + after:
+        t.join(5)
+    assert all(isinstance(x, Unavailable) for x in out + joined + late)
+    assert cached._flights.joined == 1

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 
@@ -91,3 +93,40 @@ def test_without_a_runner_a_stale_state_is_read_on_the_query_path():
     assert not selector.is_cached(app, None)
     selector.choose(app, None)
     assert len(reads) == 2
+
+
+def test_queries_that_read_a_state_at_once_share_one_read():
+    """Past the staleness bound (or before the first read) each query read the bandit state on its path: a burst
+    of them after a quiet while must make one read, not one each."""
+    gate, entered = threading.Event(), threading.Semaphore(0)
+    registry = InMemoryRegistry()
+    registry.apps["d"] = digits_app(name="d", policy="exp3")
+    registry.links["d"] = ["a", "b"]
+    for m in ("a", "b"):
+        registry.versions[(m, "1")] = model_version(m)
+        registry.active[m] = "1"
+    reads: list[str] = []
+
+    class SlowStore(InMemorySelectionStore):
+        def load(self, key):
+            reads.append(key)
+            entered.release()
+            assert gate.wait(5)
+            return super().load(key)
+
+    selector = Selector(registry, SlowStore(), FakeClock(), random.Random(1), ttl_s=1.0)
+    app = registry.get_app("d")
+    chosen: list[object] = []
+    threads = [threading.Thread(target=lambda: chosen.append(selector.choose(app, None))) for _ in range(6)]
+    threads[0].start()
+    assert entered.acquire(timeout=5)  # the first query's read is in flight
+    for t in threads[1:]:
+        t.start()
+    deadline = time.monotonic() + 5
+    while selector._flights.joined < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gate.set()
+    for t in threads:
+        t.join(5)
+    assert len(chosen) == 6 and all(c is not None for c in chosen)
+    assert len(reads) == 1

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clipper.core.domain import Application, Canary, ModelRecord, ModelVersion
+from clipper.core.single_flight import SingleFlight
 from clipper.errors import ClipperError, NotFound, Unavailable
 from clipper.ports import Clock, Registry
 
@@ -229,6 +230,8 @@ class CachedRegistry:
             else None
         )
         self._pending: set[str] = set()  # names whose admission took a token, until a read settles it
+        # reads on a caller's path: one in flight a read, joined by whoever asks within ttl_s of its start
+        self._flights: SingleFlight[dict[Key, object]] = SingleFlight()
 
     # -- loading -----------------------------------------------------------------------------------------
     def _load(self, key: Key) -> dict[Key, object]:
@@ -261,6 +264,17 @@ class CachedRegistry:
 
     def _store(self, key: Key, at: float) -> None:
         self._keep(self._load(key), at)
+
+    def _read_now(self, key: Key, now: float) -> dict[Key, object]:
+        """``key``'s read on the caller's path, kept: this caller's own, or one that another caller started within
+        ``ttl_s`` (what it yields is as recent as a fresh entry's), whose result it takes (``SingleFlight``)."""
+
+        def load() -> dict[Key, object]:
+            loaded = self._load(key)
+            self._keep(loaded, now)
+            return loaded
+
+        return self._flights.run(self._read_of(key), load, now, now - self._ttl)
 
     def _keep(self, loaded: dict[Key, object], at: float) -> None:
         with self._lock:
@@ -320,9 +334,7 @@ class CachedRegistry:
         now = self._clock.now()
         value = self._cached(key, now)
         if value is None:
-            loaded = self._load(key)
-            self._keep(loaded, now)
-            value = loaded[key]
+            value = self._read_now(key, now)[key]
         if self._pending and key[0] == "app":
             self._settle(key[1], not isinstance(value, NotFound), now)
         if isinstance(value, NotFound):
@@ -412,11 +424,9 @@ class CachedRegistry:
 
     def reread_app(self, name: str) -> Application:
         """The application read from the registry now (with its links), kept in this copy, whatever reload is in
-        flight (``NotFound`` when it no longer exists: remembered as a miss)."""
-        now = self._clock.now()
-        loaded = self._load(("app", name))
-        self._keep(loaded, now)
-        value = loaded[("app", name)]
+        flight (``NotFound`` when it no longer exists: remembered as a miss). Callers at once share one read: a
+        reread another caller started within ``ttl_s`` is taken (``_read_now``)."""
+        value = self._read_now(("app", name), self._clock.now())[("app", name)]
         if isinstance(value, NotFound):
             raise value
         return value  # type: ignore[return-value]
@@ -493,3 +503,4 @@ class CachedRegistry:
             self._entries.clear()
             self._negative.clear()
             self._names, self._names_generation = None, self._names_generation + 1
+        self._flights.forget()

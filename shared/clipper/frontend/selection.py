@@ -8,7 +8,8 @@ background thread), a state past ``ttl_s`` is still used while it is read again 
 however many queries ask meanwhile (stale-while-revalidate, as ``clipper.core.registry_cache``), so a warm
 container's queries do not wait for the store each ``ttl_s``; only a state older than ``ttl_s + max_stale_s``
 (no query for a while, or reads that keep failing) is read on the query path, unless its read is still in flight
-(``clipper.core.registry_cache.RELOAD_PATIENCE_S``: the store is slow, and a read of the query's own would be too).
+(``clipper.core.registry_cache.RELOAD_PATIENCE_S``: the store is slow, and a read of the query's own would be too);
+the queries that read a state at once share one read (``clipper.core.single_flight``).
 
 While a model has a canary (``Registry.canary``), the canary's share of the model's queries go to the canary's
 version: drawn per query, or fixed per user when the query carries a user id (a hash of the user, the model and
@@ -27,6 +28,7 @@ from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.registry_cache import BackgroundReloads
+from clipper.core.single_flight import SingleFlight
 from clipper.errors import ClipperError
 from clipper.ports import Clock, Registry, SelectionStore
 from clipper.selection import (
@@ -78,6 +80,7 @@ class Selector:
         if refresh is not None:
             self._reloads = BackgroundReloads(refresh, "bandit state not read again", ttl_s, max_stale_s)
         self._lock = threading.Lock()
+        self._flights: SingleFlight[SelectionState | None] = SingleFlight()  # reads on a query's path, shared
 
     def after_restore(self) -> None:
         """After a SnapStart restore: every container restored from one snapshot starts with this RNG in the
@@ -85,6 +88,7 @@ class Selector:
         self._rng.seed()
         with self._lock:
             self._states.clear()
+        self._flights.forget()
 
     @property
     def cached_states(self) -> int:
@@ -124,7 +128,9 @@ class Selector:
         held = self._usable(key, now)
         if held is not None:
             return held[0]
-        return self._read(key, now)
+        # one read however many queries ask at once (a read another query started within ttl_s is as recent as a
+        # fresh state): after a quiet while each query read the state itself, all at the store at once
+        return self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
 
     def _read(self, key: str, now: float) -> SelectionState | None:
         state = self._store.load(key) if self._store is not None else None
