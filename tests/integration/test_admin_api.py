@@ -71,6 +71,7 @@ def test_application_lifecycle(admin):
     ("change", "field"),
     [
         ({"latency_slo_micros": 0}, "latency_slo_micros"),
+        ({"latency_slo_micros": 999}, "latency_slo_micros"),  # under 1 ms every query was its default
         ({"latency_slo_micros": "fast"}, "latency_slo_micros"),
         ({"input_type": "images"}, "input_type"),
         ({"policy": "oracle"}, "policy"),
@@ -94,6 +95,14 @@ def test_a_default_at_the_bounds_is_registered_and_answered(admin):
     nested = "[" * 64 + "]" * 64
     assert ok(admin.post("/admin/add_app", json=DIGITS | {"default_output": nested}))["default_output"] == nested
     ok(admin.post("/admin/add_app", json=DIGITS | {"name": "long", "default_output": "x" * 65_536}))
+
+
+def test_the_slo_bounds_are_registered(admin):
+    assert ok(admin.post("/admin/add_app", json=DIGITS | {"latency_slo_micros": 1_000}))["latency_slo_micros"] == 1_000
+    late = ok(admin.post("/admin/add_app", json=DIGITS | {"name": "slow", "latency_slo_micros": 30_000_000}))
+    assert late["latency_slo_micros"] == 30_000_000
+    cause = ok(admin.post("/admin/add_app", json=DIGITS | {"name": "fast", "latency_slo_micros": 1}), 400)["cause"]
+    assert cause.startswith("latency_slo_micros") and "1000" in cause
 
 
 @pytest.mark.parametrize(

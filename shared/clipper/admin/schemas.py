@@ -125,13 +125,22 @@ class ErrorBody(BaseModel):
     cause: str
 
 
+# An answer goes from the frontend through a request queue, a batcher and a model server and back: below a
+# millisecond every query of the application would be its default (a 1 us SLO was registered, and answered so).
+MIN_SLO_MICROS = 1_000
+
+
 class AddApp(Body):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     input_type: InputTypeName
     default_output: Annotated[str, AfterValidator(_answerable)] = Field(
         max_length=MAX_DEFAULT_CHARS, description="answered as the JSON it spells (else as the string)"
     )
-    latency_slo_micros: StrictInt = Field(gt=0, le=30_000_000, description="at most 30 s (API Gateway's limit)")
+    latency_slo_micros: StrictInt = Field(
+        gt=0,
+        le=30_000_000,
+        description="1 ms (a queue, a batcher and a model between) to 30 s (API Gateway's limit)",
+    )
     input_shape: Shape = Field(None, description="fixed input shape, e.g. [64]; omit for any length")
     policy: PolicyName = "single"
     confidence_threshold: Number = Field(0.0, ge=0.0, le=1.0)
