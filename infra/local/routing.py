@@ -1,11 +1,16 @@
 """The local stack's routing, API Gateway's stand-in: ``/admin/...`` to the admin app, everything else to the
 frontend's; with a processes file (the supervisor's ``processes.json``), ``GET /metrics`` also lists the stack's
 processes under ``processes`` (name, pid, status, restarts, last exit, last restart), which ``clipper inspect``
-shows. The apps are given (``infra/local/gateway.py`` composes the real ones), so tests route to their own."""
+shows. The apps are given (``infra/local/gateway.py`` composes the real ones), so tests route to their own.
+
+The admin API and the frontend share this one process here, so a change made through the admin API reaches the
+frontend's registry copy at once (``invalidating``): a deleted application is a 404 on the next query, not one
+config TTL (and a reload) later as between two Lambda functions on AWS."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,29 @@ def gateway(admin: Asgi, frontend: Asgi, processes_file: Path | None = None) -> 
         await target(scope, receive, send)
 
     return route
+
+
+def invalidating(admin: Asgi, invalidate: Callable[[], None]) -> Asgi:
+    """``admin`` with ``invalidate`` called after each change it makes: a POST to an operation that is not a
+    read (``get_...``) answered with a success. The change is written when its answer starts."""
+
+    async def changed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if scope.get("method") != "POST" or not path.startswith("/admin/") or path.startswith("/admin/get_"):
+            await admin(scope, receive, send)
+            return
+        status = [500]
+
+        async def watch(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                if status[0] < 400:
+                    invalidate()  # before the answer: a query sent once it is read finds the change
+            await send(message)
+
+        await admin(scope, receive, watch)
+
+    return changed
 
 
 def read_processes(processes_file: Path) -> list[Any] | None:
