@@ -62,6 +62,7 @@ def test_exp4_combines_and_reports_confidence(learning):
     body = p.predict("ens", {"input": one_hot(5)}).as_dict(debug=True)
     assert body["output"] in (5, 0) and body["confidence"] == pytest.approx(0.5)
     assert sorted(body["debug"]["models"]) == ["bad", "good"]
+    assert body["debug"]["versions"] == {"bad": "1", "good": "1"}  # each model's, not the first one's alone
 
 
 def test_feedback_moves_weight_to_the_model_that_is_right(learning):

@@ -190,7 +190,7 @@ def test_app_without_linked_model_gives_default(world):
 def test_debug_carries_model_and_stage_timings(world):
     processor, *_ = world
     body = processor.predict("digits", {"input": one_hot(2)}).as_dict(debug=True)
-    assert body["debug"]["model"] == "mlp"
+    assert body["debug"]["model"] == "mlp" and body["debug"]["versions"] == {"mlp": "1"}
     assert {"validate", "select", "cache", "enqueue", "wait", "combine"} <= set(body["debug"]["timings_ms"])
     assert {"send", "queue", "inference", "batch_size", "reply"} <= set(body["debug"]["model_timings_ms"]["mlp"])
 

@@ -173,6 +173,7 @@ class SingleModelLane:
             timings_ms=timings,
             model_timings_ms={model.name: answer.timings_ms} if answer.timings_ms else {},
             models=[model.name],
+            versions={model.name: model.version},
             model_errors=[],
             cache_by_model={model.name: (model.version, answer.hits, 1 - answer.hits)},
             cache_hits=answer.hits,

@@ -359,6 +359,7 @@ class QueryProcessor:
             timings_ms=timings,
             model_timings_ms={a.model.name: a.timings_ms for a in answers if a.timings_ms},
             models=[a.model.name for a in answers],
+            versions={a.model.name: a.model.version for a in answers},
             model_errors=[a.model.name for a in answers if a.problem is not None],
             cache_by_model={a.model.name: (a.model.version, a.hits, query.count - a.hits) for a in answers},
             cache_hits=hits,
@@ -390,6 +391,7 @@ class QueryProcessor:
             first.name if first else None,
             first.version if first else None,
             models=[m.name for m in ticket.models],
+            versions={m.name: m.version for m in ticket.models},
             model_errors=[m.name for m in ticket.models],
         )
 

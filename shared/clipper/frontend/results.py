@@ -42,6 +42,7 @@ class QueryResult:
     model: str | None = None
     version: str | None = None
     models: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)  # model -> the version of it that was asked
     cache_by_model: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # model -> (version, hits, misses)
     timings_ms: dict[str, float] = field(default_factory=dict)  # stage -> ms
     model_timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> stage -> ms
@@ -60,6 +61,7 @@ class QueryResult:
                 "model": self.model,
                 "version": self.version,
                 "models": self.models,
+                "versions": self.versions,
                 "timings_ms": self.timings_ms,
                 "model_timings_ms": self.model_timings_ms,
                 "cache": {"hits": self.cache_hits, "misses": self.cache_misses},
