@@ -177,6 +177,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--check-port", action="store_true", help="only check that the port is free, then exit")
     p.add_argument("--clean-state", action="store_true", help="only empty the state folder (not while in use)")
     args = p.parse_args(argv)
+    if not 1 <= args.slo_ms <= 30_000:  # the admin API's bounds of an application's SLO (schemas.MIN_SLO_MICROS)
+        p.error(f"--slo-ms (CLIPPER_DEMO_SLO_MS): the demo applications' SLO, 1 to 30000 ms, got {args.slo_ms:g}")
     if args.background_nice is None:
         args.background_nice = 19 if args.queue == "redis" else 0
     if args.backend_nice is None:

@@ -39,3 +39,13 @@ def test_the_processes_behind_the_frontend_yield_to_it_on_redis_streams_and_not_
     assert parse_args([]).backend_nice == 3
     with pytest.raises(SystemExit):
         parse_args(["--backend-nice", "-1"])
+
+
+def test_the_demo_slo_is_within_the_admin_apis_bounds(monkeypatch):
+    assert parse_args(["--slo-ms", "1"]).slo_ms == 1 and parse_args(["--slo-ms", "30000"]).slo_ms == 30_000
+    for bad in ("0.5", "0", "30001"):
+        with pytest.raises(SystemExit):
+            parse_args(["--slo-ms", bad])
+    monkeypatch.setenv("CLIPPER_DEMO_SLO_MS", "0.5")
+    with pytest.raises(SystemExit):
+        parse_args([])

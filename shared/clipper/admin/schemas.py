@@ -137,7 +137,7 @@ class AddApp(Body):
         max_length=MAX_DEFAULT_CHARS, description="answered as the JSON it spells (else as the string)"
     )
     latency_slo_micros: StrictInt = Field(
-        gt=0,
+        ge=MIN_SLO_MICROS,
         le=30_000_000,
         description="1 ms (a queue, a batcher and a model between) to 30 s (API Gateway's limit)",
     )
