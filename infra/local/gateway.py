@@ -20,9 +20,9 @@ from infra.local.routing import gateway, invalidating
 
 PROCESSES = os.environ.get("CLIPPER_LOCAL_PROCESSES_FILE", "")
 
-# the frontend's registry copy (also its feedback's) forgets what it held after each change made here
-forget = getattr(processor.registry, "invalidate", None)
-admin_app: Any = invalidating(admin, forget) if forget is not None else admin
+# the frontend's registry copy (also its feedback's) forgets what each change made here names
+copy: Any = processor.registry
+admin_app: Any = invalidating(admin, copy) if hasattr(copy, "forget") else admin
 app: Any = gateway(admin_app, frontend, Path(PROCESSES) if PROCESSES else None)
 if os.environ.get("CLIPPER_LOCAL_REQUEST_LOG"):
     request_log = RequestLog(Path(os.environ["CLIPPER_LOCAL_REQUEST_LOG"]))

@@ -5,14 +5,15 @@ shows. The apps are given (``infra/local/gateway.py`` composes the real ones), s
 
 The admin API and the frontend share this one process here, so a change made through the admin API reaches the
 frontend's registry copy at once (``invalidating``): a deleted application is a 404 on the next query, not one
-config TTL (and a reload) later as between two Lambda functions on AWS."""
+config TTL (and a reload) later as between two Lambda functions on AWS. The copy forgets only what the change
+named, so other applications' queries go on without a read."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 Asgi = Any  # an ASGI application: async (scope, receive, send) -> None
 
@@ -29,25 +30,61 @@ def gateway(admin: Asgi, frontend: Asgi, processes_file: Path | None = None) -> 
     return route
 
 
-def invalidating(admin: Asgi, invalidate: Callable[[], None]) -> Asgi:
-    """``admin`` with ``invalidate`` called after each change it makes: a POST to an operation that is not a
-    read (``get_...``) answered with a success. The change is written when its answer starts."""
+class RegistryCopy(Protocol):
+    def forget(self, names: Collection[str]) -> None: ...
+
+    def invalidate(self) -> None: ...
+
+
+# the fields of the admin API's bodies that name an application or a model (clipper.admin.schemas)
+NAME_FIELDS = ("name", "app_name", "model_name")
+
+
+def named_in(body: bytes) -> set[str] | None:
+    """The applications and models an admin request's JSON body names; None when it names none (or is no JSON
+    object): then the whole copy is dropped."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    names = {v for k in NAME_FIELDS if isinstance(v := parsed.get(k), str)}
+    listed = parsed.get("model_names")
+    if isinstance(listed, list):
+        names |= {v for v in listed if isinstance(v, str)}
+    return names or None
+
+
+def invalidating(admin: Asgi, copy: RegistryCopy) -> Asgi:
+    """``admin`` with the frontend's registry ``copy`` told of each change it makes: after a POST to an operation
+    that is not a read (``get_...``) answered with a success, the copy forgets the applications and models the
+    request named (the rest of what it holds stays, so other applications' queries read nothing), or everything
+    when it named none. The change is written when its answer starts."""
 
     async def changed(scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         if scope.get("method") != "POST" or not path.startswith("/admin/") or path.startswith("/admin/get_"):
             await admin(scope, receive, send)
             return
-        status = [500]
+        body = bytearray()
+
+        async def read() -> dict[str, Any]:
+            message: dict[str, Any] = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+            return message
 
         async def watch(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                if status[0] < 400:
-                    invalidate()  # before the answer: a query sent once it is read finds the change
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                names = named_in(bytes(body))  # before the answer: a query sent once it is read finds the change
+                if names is not None:
+                    copy.forget(names)
+                else:
+                    copy.invalidate()
             await send(message)
 
-        await admin(scope, receive, watch)
+        await admin(scope, read, watch)
 
     return changed
 

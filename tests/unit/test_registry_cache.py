@@ -591,3 +591,46 @@ def test_a_shared_read_shares_its_error_and_invalidate_forgets_reads_in_flight()
         t.join(5)
     assert all(isinstance(x, Unavailable) for x in out + joined + late)
     assert cached._flights.joined == 1
+
+
+@pytest.mark.parametrize("how", ["invalidate", "forget"])
+def test_a_read_in_flight_when_the_copy_is_told_of_a_change_is_not_kept(how):
+    """A read that began before a delete (the local stack's admin API tells the copy at once) must not put the
+    deleted application back, fresh, when it ends after it."""
+    inner, clock = gated_world()
+    cached = CachedRegistry(inner, clock, ttl_s=2)
+    first, out = in_threads([lambda: cached.get_app("digits")])
+    assert inner.entered.acquire(timeout=5)  # read in flight, digits still there
+    del inner.apps["digits"]
+    cached.invalidate() if how == "invalidate" else cached.forget({"digits"})
+    inner.gate.set()
+    for t in first:
+        t.join(5)
+    assert getattr(out[0], "name", None) == "digits"  # the query that started before the delete
+    clock.advance(0.5)
+    with pytest.raises(NotFound):
+        cached.get_app("digits")  # read again: not answered from what the earlier read yielded
+    assert inner.queries == 2
+
+
+def test_forget_drops_only_what_it_names():
+    inner, clock = world()
+    inner.apps["other"] = digits_app(name="other")
+    inner.links["other"] = ["mlp"]
+    cached = CachedRegistry(inner, clock, ttl_s=60)
+    cached.get_app("digits"), cached.get_app("other")
+    assert inner.queries == 2
+    cached.forget({"digits"})
+    assert cached.get_app("other").name == "other" and inner.queries == 2  # still held
+    assert cached.get_app("digits").name == "digits" and inner.queries == 3  # read again
+
+
+def test_an_earlier_reads_result_does_not_replace_a_later_one():
+    inner, clock = world()
+    cached = CachedRegistry(inner, clock, ttl_s=2)
+    newer, older = digits_app(name="digits", policy="exp3"), digits_app(name="digits")
+    generation, now = cached._generation, clock.now()
+    cached._keep({("app", "digits"): newer}, now + 1.0, generation)
+    cached._keep({("app", "digits"): older}, now, generation)  # began before the other, ended after it
+    clock.advance(1.5)
+    assert cached.get_app("digits").policy == "exp3" and inner.queries == 0

@@ -130,3 +130,29 @@ def test_queries_that_read_a_state_at_once_share_one_read():
         t.join(5)
     assert len(chosen) == 6 and all(c is not None for c in chosen)
     assert len(reads) == 1
+
+
+def test_a_read_in_flight_at_a_restore_is_not_kept():
+    gate, entered = threading.Event(), threading.Semaphore(0)
+    registry = InMemoryRegistry()
+    registry.apps["d"] = digits_app(name="d", policy="exp3")
+    registry.links["d"] = ["a", "b"]
+    for m in ("a", "b"):
+        registry.versions[(m, "1")] = model_version(m)
+        registry.active[m] = "1"
+
+    class SlowStore(InMemorySelectionStore):
+        def load(self, key):
+            entered.release()
+            assert gate.wait(5)
+            return super().load(key)
+
+    selector = Selector(registry, SlowStore(), FakeClock(), random.Random(1), ttl_s=60.0)
+    app = registry.get_app("d")
+    reader = threading.Thread(target=lambda: selector.choose(app, None))
+    reader.start()
+    assert entered.acquire(timeout=5)
+    selector.after_restore()  # the snapshot's states are dropped: a read begun before is of the snapshot's time
+    gate.set()
+    reader.join(5)
+    assert selector.cached_states == 0 and not selector.is_cached(app, None)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from clipper.core.domain import Application, Canary, ModelRecord, ModelVersion
@@ -223,7 +223,9 @@ class CachedRegistry:
         # the registry's application names (when, what), read while unknown names come faster than the budget
         self._app_names: Callable[[], list[str]] | None = getattr(inner, "app_names", None)
         self._names: tuple[float, frozenset[str]] | None = None
-        self._names_generation = 0  # invalidate() moves it on: a list read before is not kept
+        # invalidate() and forget() move it on: what a read started before them yields is not kept (the list of
+        # names included), or a read in flight at a delete would put the deleted application back, fresh
+        self._generation = 0
         self._budget = (  # the list is trusted for as long as a miss is remembered: none, no list
             ReadBudget(unknown_reads_per_s, clock.now())
             if unknown_reads_per_s > 0 and refresh is not None and self._app_names is not None and self._negative_ttl
@@ -263,22 +265,31 @@ class CachedRegistry:
             return {key: _absent(e)}
 
     def _store(self, key: Key, at: float) -> None:
-        self._keep(self._load(key), at)
+        generation = self._generation
+        self._keep(self._load(key), at, generation)
 
     def _read_now(self, key: Key, now: float) -> dict[Key, object]:
         """``key``'s read on the caller's path, kept: this caller's own, or one that another caller started within
         ``ttl_s`` (what it yields is as recent as a fresh entry's), whose result it takes (``SingleFlight``)."""
 
         def load() -> dict[Key, object]:
+            generation = self._generation
             loaded = self._load(key)
-            self._keep(loaded, now)
+            self._keep(loaded, now, generation)
             return loaded
 
         return self._flights.run(self._read_of(key), load, now, now - self._ttl)
 
-    def _keep(self, loaded: dict[Key, object], at: float) -> None:
+    def _keep(self, loaded: dict[Key, object], at: float, generation: int) -> None:
+        """Keep what a read started at ``at`` yielded, unless the copy was invalidated since it started
+        (``generation``), and entry by entry unless a read started later is held already."""
         with self._lock:
+            if generation != self._generation:
+                return
             for k, v in loaded.items():
+                held = self._entries.get(k) or self._negative.get(k)
+                if held is not None and held[0] > at:
+                    continue
                 if isinstance(v, NotFound):
                     self._entries.pop(k, None)
                     self._negative[k] = (at, v)
@@ -415,11 +426,11 @@ class CachedRegistry:
     def _load_names(self) -> None:
         assert self._app_names is not None
         with self._lock:
-            generation = self._names_generation
+            generation = self._generation
         at = self._clock.now()  # before the scan: its age is never understated
         names = frozenset(self._app_names())
         with self._lock:
-            if generation == self._names_generation:
+            if generation == self._generation:
                 self._names = (at, names)
 
     def reread_app(self, name: str) -> Application:
@@ -502,5 +513,18 @@ class CachedRegistry:
         with self._lock:
             self._entries.clear()
             self._negative.clear()
-            self._names, self._names_generation = None, self._names_generation + 1
+            self._names, self._generation = None, self._generation + 1
+        self._flights.forget()
+
+    def forget(self, names: Collection[str]) -> None:
+        """Drop what this copy holds of these applications and models (a change made to them elsewhere in this
+        process: the local stack's admin API), so the next query reads them; what else it holds stays. A read in
+        flight now is not kept (``invalidate``'s rule)."""
+        names = set(names)
+        with self._lock:
+            for k in [k for k in self._entries if k[1] in names]:
+                del self._entries[k]
+            for k in [k for k in self._negative if k[1] in names]:
+                del self._negative[k]
+            self._names, self._generation = None, self._generation + 1
         self._flights.forget()

@@ -28,6 +28,19 @@ class _Flight(Generic[T]):
         self.error: BaseException | None = None
 
 
+def _copy(error: Exception) -> Exception:
+    """The leader's error for one joiner: an exception of its class with its arguments and attributes, so no two
+    threads raise (and add their frames to the traceback of) one object. Made without calling ``__init__``,
+    whose signature is the class's own (``NotFound(kind, name)``)."""
+    try:
+        copy = type(error).__new__(type(error), *error.args)
+        copy.args = error.args
+        copy.__dict__.update(error.__dict__)
+    except Exception:  # an exception class that cannot be made so: the shared one
+        return error
+    return copy
+
+
 class SingleFlight(Generic[T]):
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -47,9 +60,11 @@ class SingleFlight(Generic[T]):
         assert flight is not None
         if not leader:
             flight.done.wait()
-            if flight.error is not None:
-                raise flight.error
-            return flight.result  # type: ignore[return-value]
+            if flight.error is None:
+                return flight.result  # type: ignore[return-value]
+            if not isinstance(flight.error, Exception):  # the leader was interrupted (exit): read for itself
+                return self.run(key, load, now, started_after)
+            raise _copy(flight.error) from flight.error
         try:
             flight.result = load()
             return flight.result

@@ -81,6 +81,7 @@ class Selector:
             self._reloads = BackgroundReloads(refresh, "bandit state not read again", ttl_s, max_stale_s)
         self._lock = threading.Lock()
         self._flights: SingleFlight[SelectionState | None] = SingleFlight()  # reads on a query's path, shared
+        self._generation = 0  # after_restore moves it on: a read started before is not kept
 
     def after_restore(self) -> None:
         """After a SnapStart restore: every container restored from one snapshot starts with this RNG in the
@@ -88,6 +89,7 @@ class Selector:
         self._rng.seed()
         with self._lock:
             self._states.clear()
+            self._generation += 1
         self._flights.forget()
 
     @property
@@ -133,8 +135,12 @@ class Selector:
         return self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
 
     def _read(self, key: str, now: float) -> SelectionState | None:
+        generation = self._generation
         state = self._store.load(key) if self._store is not None else None
         with self._lock:
+            held = self._states.get(key)
+            if generation != self._generation or (held is not None and held[0] > now):
+                return state  # restored meanwhile, or a later read is held: this one is not kept
             self._states[key] = (now, state)
             self._states.move_to_end(key)
             while len(self._states) > self._max_states:
