@@ -24,11 +24,25 @@ def test_app_links_and_versions_round_trip(registry):
     registry.put_version(model_version("mlp", "2", labels=("canary",)))
     app = registry.get_app("digits")
     assert app == digits_app()
-    assert registry.linked_models("digits") == ["logreg", "mlp"]
+    assert registry.linked_models("digits") == ["mlp", "logreg"]  # in the order linked: "single" takes mlp
     assert registry.active_version("mlp").version == "1"
     assert registry.get_version("mlp", "2").labels == ("canary",)
     registry.set_active_version("mlp", "2")
     assert registry.active_version("mlp").version == "2"
+
+
+def test_links_keep_the_order_they_were_made_in(registry, aws):
+    registry.put_app(digits_app())
+    for model in ("tree", "forest", "mlp"):
+        registry.link("digits", model)
+    registry.link("digits", "tree")  # linked again: keeps its place
+    assert registry.linked_models("digits") == ["tree", "forest", "mlp"]
+    registry.unlink("digits", "tree")
+    registry.link("digits", "tree")  # unlinked and linked again: now the last
+    assert registry.linked_models("digits") == ["forest", "mlp", "tree"]
+    # a link written before the order was recorded (no linked_at) comes first, those among them by name
+    aws.dynamodb.put_item(TableName=aws.registry_table, Item={"pk": {"S": "APP#digits"}, "sk": {"S": "LINK#old"}})
+    assert registry.linked_models("digits") == ["old", "forest", "mlp", "tree"]
 
 
 def test_unshaped_app_and_not_found(registry):

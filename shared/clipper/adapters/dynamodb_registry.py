@@ -2,7 +2,9 @@
 
 Items (``pk``, ``sk``):
     APP#<app>     APP            the application (input type, shape, default output, SLO, policy)
-    APP#<app>     LINK#<model>   a link from the application to a model
+    APP#<app>     LINK#<model>   a link from the application to a model (linked_at: N, ns, kept when linked
+                                 again: links are listed in the order they were made, so the "single"
+                                 policy's model is the first one linked, not the first by name)
     MODEL#<model> APP#<app>      the same link seen from the model (written and deleted with it)
     MODEL#<model> MODEL          the model: active_version, history (L of S: the versions active before, oldest
                                  first), switches (N: changes of the active version, the condition of the next;
@@ -143,7 +145,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
         app_item = next((i for i in items if i["sk"]["S"] == "APP"), None)
         if app_item is None:
             raise NotFound("application", name)
-        links = sorted(i["sk"]["S"][len("LINK#") :] for i in items if i["sk"]["S"].startswith("LINK#"))
+        links = [name for _, name in sorted(_link_of(i) for i in items if i["sk"]["S"].startswith("LINK#"))]
         app = Application(
             name=name,
             input_type=InputType(app_item["input_type"]["S"]),
@@ -312,7 +314,14 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
         """The link and its reverse item, in one transaction with a check that the application still exists
         (``NotFound`` otherwise: a link left by a link racing ``delete_app`` would pass to a new application of the
         same name, whatever its input)."""
-        actions: list[Any] = [{"Put": {"TableName": self._table, "Item": i}} for i in self._link_items(app, model)]
+        forward, reverse = self._link_items(app, model)
+        first_linked = {  # a link made again keeps its place in the order
+            "TableName": self._table,
+            "Key": forward,
+            "UpdateExpression": "SET linked_at = if_not_exists(linked_at, :t)",
+            "ExpressionAttributeValues": {":t": {"N": str(time.time_ns())}},
+        }
+        actions: list[Any] = [{"Update": first_linked}, {"Put": {"TableName": self._table, "Item": reverse}}]
         actions.append(item_exists(self._table, {"pk": {"S": f"APP#{app}"}, "sk": {"S": "APP"}}))
         try:
             self._client.transact_write_items(TransactItems=actions)
@@ -550,3 +559,9 @@ class DynamoDBControllerStore:
 def _names(items: Iterable[dict[str, Any]], prefix: str) -> list[str]:
     """The names of scanned items, sorted (their partition key without ``prefix``)."""
     return sorted(i["pk"]["S"][len(prefix) :] for i in items)
+
+
+def _link_of(item: dict[str, Any]) -> tuple[int, str]:
+    """A link item's place in its application's order: when it was first made (links made before this was recorded
+    come first, by name), then the model's name."""
+    return int(item.get("linked_at", {}).get("N", "0")), item["sk"]["S"][len("LINK#") :]
