@@ -123,6 +123,7 @@ def test_deeply_nested_bodies_are_a_400_not_a_500(client):
 def test_unknown_routes_and_methods_answer_in_clippers_shape(client):
     r = client.get("/digits/predict")
     assert r.status_code == 405 and set(r.json()) == {"error", "cause"} and r.json()["error"] == "method not allowed"
+    assert r.json()["cause"] == "GET /digits/predict: method not allowed (allowed: POST)"  # what to send instead
     r = client.post("/digits/nothing-here", json={})
     assert r.status_code == 404 and set(r.json()) == {"error", "cause"}
     for path in ("/digits/predict/", "/health/"):  # a trailing slash: a 404 in the shape, not a bare 307

@@ -141,10 +141,17 @@ def create_app(
         app.fast_path = PredictFastPath(handling)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
-        """Unknown routes and methods (GET on /<app>/predict) in Clipper's error shape."""
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        """Unknown routes and methods (GET on /<app>/predict) in Clipper's error shape; a 405 names the methods
+        the route takes (its Allow header), as the admin API's does."""
         error = {404: "not found", 405: "method not allowed"}.get(exc.status_code, "http error")
-        return _error(exc.status_code, error, str(exc.detail), getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        cause = str(exc.detail)
+        if exc.status_code == 405:
+            cause = (
+                f"{request.method} {request.url.path}: method not allowed (allowed: {(headers or {}).get('Allow', '')})"
+            )
+        return _error(exc.status_code, error, cause, headers)
 
     @app.exception_handler(RequestValidationError)
     async def request_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
