@@ -258,3 +258,28 @@ def test_the_cpu_diagnostic_has_rates_for_each_model_and_prints_a_missed_latency
 
     assert set(DEFAULT_RATES) == set(CASES) == set(tail.DEFAULT_RATES)
     assert ms(None) == "miss" and ms(2.04) == "2.0"
+
+
+def test_sched_reads_perf_timehist_and_bins_the_core_by_process():
+    from bench.frontdoor.sched import Run, clusters, cpu_by_bin, parse_plan, parse_timehist
+
+    text = """           time    cpu  task name                       wait time  sch delay   run time
+                        [tid/pid]                          (msec)     (msec)     (msec)
+--------------- ------  ------------------------------  ---------  ---------  ---------
+   100.010000 [0000]  python[3852]                        0.000      0.026      10.000
+   100.015000 [0000]  <idle>                              0.000      0.000      5.000
+   100.030000 [0000]  python[3907/3852]                   1.000      0.013      15.000
+   100.040000 [0000]  redis-server[3703]                  0.100      0.013      10.000
+"""
+    runs = parse_timehist(text)
+    assert runs == [
+        Run(100.010, 3852, "python", 10.0),
+        Run(100.015, 0, "<idle>", 5.0),
+        Run(100.030, 3852, "python", 15.0),  # a thread counts for its process
+        Run(100.040, 3703, "redis-server", 10.0),
+    ]
+    bins = cpu_by_bin(runs, 100.0, 100.04, 0.02, {3852: "frontend"})
+    assert bins[0] == pytest.approx({"frontend": 15.0, "idle": 5.0})  # 100.000-100.010 and 100.015-100.020
+    assert bins[1] == pytest.approx({"frontend": 10.0, "other": 10.0})
+    assert clusters([1.0, 1.01, 1.02, 2.0, 3.0, 3.005]) == [(1.0, 1.02, 3), (3.0, 3.005, 2), (2.0, 2.0, 1)]
+    assert parse_plan("500:4,idle:2,1000:5") == [("trial", 500.0, 4.0), ("idle", 0.0, 2.0), ("trial", 1000.0, 5.0)]
