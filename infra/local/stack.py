@@ -225,6 +225,8 @@ class LocalStack:
                 "CLIPPER_CONFIG_TTL_S": os.environ.get("CLIPPER_CONFIG_TTL_S", "2"),
                 # one process answers every request here: a flood of made-up names must not starve the others
                 "CLIPPER_UNKNOWN_APP_READS_PER_S": os.environ.get("CLIPPER_UNKNOWN_APP_READS_PER_S", "20"),
+                # one process that keeps running: what queries used stays fresh while none comes (60 s after)
+                "CLIPPER_KEEP_WARM_S": os.environ.get("CLIPPER_KEEP_WARM_S", "60"),
                 "POWERTOOLS_LOG_LEVEL": "WARNING",
                 "POWERTOOLS_METRICS_DISABLED": "true",
                 "CLIPPER_ADMIN_TOKEN": admin_token(self.dir),

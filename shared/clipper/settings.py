@@ -44,6 +44,10 @@ class FrontendSettings(CommonSettings):
     # list of names (one keys-only scan, trusted for a second) is a 404 without its own read. 0 (AWS: each request
     # its own invocation; API Gateway's throttling bounds a flood) reads every name; the local stack sets 20.
     unknown_app_reads_per_s: float = Field(0.0, ge=0)
+    # How long after a query used them its application's registry entries and bandit states are reloaded off the
+    # query path while no query comes, so the first queries after a quiet spell read nothing (clipper.core.keep_warm).
+    # 0 (AWS: a function is frozen between invocations); the local stack, one process that keeps running, sets 60.
+    keep_warm_s: float = Field(0.0, ge=0)
     max_body_bytes: int = Field(5 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1000, ge=1)
     reply_poll_interval_s: float = Field(0.01, gt=0)

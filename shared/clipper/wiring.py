@@ -237,12 +237,15 @@ def _registry(
     ttl_s: float,
     refresh: Callable[[Callable[[], None]], Any] | None = None,
     unknown_reads_per_s: float = 0.0,
+    keep_warm_s: float = 0.0,
 ) -> Any:
     from clipper.adapters.dynamodb_registry import DynamoDBRegistry
     from clipper.core.registry_cache import CachedRegistry
 
     inner = DynamoDBRegistry(dynamodb, settings.registry_table)
-    return CachedRegistry(inner, clock, ttl_s, refresh=refresh, unknown_reads_per_s=unknown_reads_per_s)
+    return CachedRegistry(
+        inner, clock, ttl_s, refresh=refresh, unknown_reads_per_s=unknown_reads_per_s, keep_warm_s=keep_warm_s
+    )
 
 
 def _claims(settings: CommonSettings, s3: Any) -> Any:
@@ -341,12 +344,21 @@ def build_query_processor(
 
     clock = clock or SystemClock()
     refresh = background_runner() if background_refresh else None
-    registry = _registry(settings, dynamodb, clock, settings.config_ttl_s, refresh, settings.unknown_app_reads_per_s)
+    registry = _registry(
+        settings,
+        dynamodb,
+        clock,
+        settings.config_ttl_s,
+        refresh,
+        settings.unknown_app_reads_per_s,
+        settings.keep_warm_s,
+    )
     tally = CanaryTally(DynamoDBCanaryEvidence(dynamodb, settings.registry_table))
     if background_refresh:
         tally.start()
     store = selection_store(settings, dynamodb)
-    selector = Selector(registry, store, clock, random.Random(), settings.selection_ttl_s, refresh=refresh)
+    ttl = settings.selection_ttl_s
+    selector = Selector(registry, store, clock, random.Random(), ttl, refresh=refresh, keep_warm_s=settings.keep_warm_s)
     queue, cache = request_queue(settings, sqs), prediction_cache(settings, dynamodb)
     return QueryProcessor(
         registry=registry,

@@ -221,6 +221,7 @@ def frontend_bounds_its_reads_of_unknown_names(state: Path) -> None:
     pid = processes(state)["frontend"]["pid"]
     environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
     assert environ.get("CLIPPER_UNKNOWN_APP_READS_PER_S") == "20"
+    assert environ.get("CLIPPER_KEEP_WARM_S") == "60"  # and keeps what queries used fresh while none comes
 
 
 def manage_as_a_user(url: str, token: str) -> None:

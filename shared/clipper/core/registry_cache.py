@@ -33,10 +33,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
 from clipper.core.domain import Application, Canary, ModelRecord, ModelVersion
+from clipper.core.keep_warm import KeepWarm
 from clipper.core.single_flight import SingleFlight
 from clipper.errors import ClipperError, NotFound, Unavailable
 from clipper.ports import Clock, Registry
@@ -198,10 +199,13 @@ class CachedRegistry:
         max_negative: int = 1024,
         negative_ttl_s: float = 1.0,
         unknown_reads_per_s: float = 0.0,
+        keep_warm_s: float = 0.0,
     ) -> None:
         """``unknown_reads_per_s``: reads a second, of application names the copy does not hold, that admissions
         (``get_app_held``) allow before a name is answered from the registry's list of names (0: every such name
-        is read; it needs a ``refresh`` runner and a registry that offers ``app_names``)."""
+        is read; it needs a ``refresh`` runner and a registry that offers ``app_names``). ``keep_warm_s``: entries a
+        query used within it are reloaded off the path while no query comes (``clipper.core.keep_warm``; it needs
+        a ``refresh`` runner), so the first queries after a quiet spell read nothing."""
         self._inner = inner
         self._clock = clock
         self._ttl = ttl_s
@@ -234,6 +238,11 @@ class CachedRegistry:
         self._pending: set[str] = set()  # names whose admission took a token, until a read settles it
         # reads on a caller's path: one in flight a read, joined by whoever asks within ttl_s of its start
         self._flights: SingleFlight[dict[Key, object]] = SingleFlight()
+        self._warm = (
+            KeepWarm(clock, keep_warm_s, ttl_s / 2, ttl_s, self._age_of, self._warm_reload, "clipper-registry-warm")
+            if keep_warm_s > 0 and refresh is not None and ttl_s > 0
+            else None
+        )
 
     # -- loading -----------------------------------------------------------------------------------------
     def _load(self, key: Key) -> dict[Key, object]:
@@ -278,7 +287,10 @@ class CachedRegistry:
             self._keep(loaded, now, generation)
             return loaded
 
-        return self._flights.run(self._read_of(key), load, now, now - self._ttl)
+        loaded = self._flights.run(self._read_of(key), load, now, now - self._ttl)
+        if self._warm is not None:
+            self._warm.touch(key, now)  # a query's read: what it read is what the next ones will use
+        return loaded
 
     def _keep(self, loaded: dict[Key, object], at: float, generation: int) -> None:
         """Keep what a read started at ``at`` yielded, unless the copy was invalidated since it started
@@ -332,9 +344,18 @@ class CachedRegistry:
             if hit is None or not self._usable(key, now - hit[0]):
                 return None
             self._entries.move_to_end(key)
+        if self._warm is not None:
+            self._warm.touch(key, now)
         if now - hit[0] >= self._ttl:
             self._reload_in_background(key)
         return hit[1]
+
+    def _age_of(self, key: Hashable, now: float) -> float | None:
+        hit = self._entries.get(key)  # type: ignore[call-overload]
+        return None if hit is None else now - hit[0]
+
+    def _warm_reload(self, key: Hashable) -> None:
+        self._reload_in_background(key)  # type: ignore[arg-type]
 
     def _usable(self, key: Key, age_s: float) -> bool:
         if self._reloads is None:

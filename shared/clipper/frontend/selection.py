@@ -22,11 +22,12 @@ import hashlib
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
+from clipper.core.keep_warm import KeepWarm
 from clipper.core.registry_cache import BackgroundReloads
 from clipper.core.single_flight import SingleFlight
 from clipper.errors import ClipperError
@@ -66,7 +67,10 @@ class Selector:
         max_states: int = 10_000,
         refresh: Callable[[Callable[[], None]], Any] | None = None,
         max_stale_s: float | None = None,
+        keep_warm_s: float = 0.0,
     ) -> None:
+        """``keep_warm_s``: states a query used within it are read again off the path while no query comes
+        (``clipper.core.keep_warm``; it needs a ``refresh`` runner)."""
         self._registry = registry
         # a registry copy that can tell whether choosing reads nothing (CachedRegistry); others always answer fast
         self._ready_for: Callable[[str], bool] | None = getattr(registry, "ready_for", None)
@@ -82,6 +86,11 @@ class Selector:
         self._lock = threading.Lock()
         self._flights: SingleFlight[SelectionState | None] = SingleFlight()  # reads on a query's path, shared
         self._generation = 0  # after_restore moves it on: a read started before is not kept
+        self._warm = (
+            KeepWarm(clock, keep_warm_s, ttl_s / 2, ttl_s, self._age_of, self._warm_reload, "clipper-selection-warm")
+            if keep_warm_s > 0 and refresh is not None and ttl_s > 0
+            else None
+        )
 
     def after_restore(self) -> None:
         """After a SnapStart restore: every container restored from one snapshot starts with this RNG in the
@@ -114,12 +123,21 @@ class Selector:
         if hit is None:
             return None
         age = now - hit[0]
+        if self._warm is not None:
+            self._warm.touch(key, now)
         if age < self._ttl:
             return (hit[1],)
         if self._reloads is None or not self._reloads.usable(key, age):
             return None
         self._reload_in_background(key)
         return (hit[1],)
+
+    def _age_of(self, key: Hashable, now: float) -> float | None:
+        hit = self._states.get(key)  # type: ignore[call-overload]
+        return None if hit is None else now - hit[0]
+
+    def _warm_reload(self, key: Hashable) -> None:
+        self._reload_in_background(key)  # type: ignore[arg-type]
 
     def _reload_in_background(self, key: str) -> None:
         assert self._reloads is not None
@@ -132,7 +150,10 @@ class Selector:
             return held[0]
         # one read however many queries ask at once (a read another query started within ttl_s is as recent as a
         # fresh state): after a quiet while each query read the state itself, all at the store at once
-        return self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
+        state = self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
+        if self._warm is not None:
+            self._warm.touch(key, now)
+        return state
 
     def _read(self, key: str, now: float) -> SelectionState | None:
         generation = self._generation

@@ -1,0 +1,84 @@
+"""Keeping what queries used recently fresh while no query comes (the registry copy's entries, the bandit states),
+so the first queries after a quiet spell read nothing on their path.
+
+A copy reloads an entry off the query path when a query finds it past its TTL (stale-while-revalidate); past twice
+the TTL a query reads it itself first (``clipper.core.registry_cache``). After a few seconds with no query, then, the
+first queries of a burst each waited for the registry: on the local stack, where the emulated DynamoDB runs at its
+background niceness on the core those queries also need, for 60-90 ms (``python -m bench.frontdoor.sched``: a step
+from 3 s idle to 1,000 q/s defaulted its first 57-93 queries, the core shared by the frontend and moto's reads).
+With ``KeepWarm`` a thread reloads, every ``every_s``, each entry used within ``keep_s`` that is ``reload_age_s``
+old or older, through the copy's own background reloads. Useful where the process keeps running between queries
+(the local stack); a Lambda function is frozen between invocations, so there it stays off (``keep_s`` 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable
+
+from clipper.ports import Clock
+
+logger = logging.getLogger(__name__)
+
+
+class KeepWarm:
+    def __init__(
+        self,
+        clock: Clock,
+        keep_s: float,
+        every_s: float,
+        reload_age_s: float,
+        age_of: Callable[[Hashable, float], float | None],
+        reload: Callable[[Hashable], None],
+        name: str,
+    ) -> None:
+        """``age_of(key, now)``: how old the held value of ``key`` is (None: not held, or a remembered miss);
+        ``reload(key)``: reload it off the query path."""
+        self._clock, self._keep, self._every, self._reload_age = clock, keep_s, every_s, reload_age_s
+        self._age_of, self._reload = age_of, reload
+        self._used: dict[Hashable, float] = {}  # key -> when a query last used it
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._started = False
+        self._lock = threading.Lock()
+
+    def touch(self, key: Hashable, now: float) -> None:
+        """A query used ``key`` now (one dict write: on every query's path)."""
+        self._used[key] = now
+        if not self._started:
+            self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if not self._started:
+                self._started = True
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self.tick(self._clock.now())
+            except Exception:  # a bug, on a thread where nothing else would report it; the next tick tries again
+                logger.exception("keeping entries warm failed")
+
+    def tick(self, now: float) -> int:
+        """Reload what was used within ``keep_s`` and is ``reload_age_s`` old or older; forget what was not used
+        for longer. Returns how many reloads it asked for."""
+        asked = 0
+        for key, used in list(self._used.items()):
+            if now - used >= self._keep:
+                if self._used.get(key) == used:  # not used again meanwhile
+                    self._used.pop(key, None)
+                continue
+            age = self._age_of(key, now)
+            if age is not None and age >= self._reload_age:
+                self._reload(key)
+                asked += 1
+        return asked
+
+    def forget(self) -> None:
+        self._used.clear()
+
+    def stop(self) -> None:
+        self._stop.set()

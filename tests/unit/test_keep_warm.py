@@ -1,0 +1,72 @@
+"""What queries used recently stays fresh while no query comes: the registry copy's entries and the bandit states
+are reloaded off the query path, so the first queries after a quiet spell read nothing on theirs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from clipper.core.keep_warm import KeepWarm
+from clipper.core.registry_cache import CachedRegistry
+from clipper.frontend.selection import Selector
+from tests.fakes import FakeClock, InMemoryRegistry, InMemorySelectionStore, digits_app, model_version
+from tests.unit.test_registry_cache import ManualRunner, OneQueryRegistry
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_tick_reloads_what_was_used_lately_and_is_old_enough_and_forgets_the_rest():
+    clock, ages, reloaded = FakeClock(), {"a": 2.5, "b": 0.5, "c": 3.0}, []
+    warm = KeepWarm(clock, 60.0, 1.0, 2.0, lambda k, now: ages.get(k), reloaded.append, "test-warm")
+    now = clock.now()
+    warm._used.update({"a": now - 10, "b": now - 10, "c": now - 61, "gone": now})  # c unused for over keep_s
+    assert warm.tick(now) == 1 and reloaded == ["a"]  # b is young; c is forgotten; "gone" is not held
+    assert set(warm._used) == {"a", "b", "gone"}
+
+
+def test_the_registry_copy_stays_current_through_a_quiet_spell():
+    inner = OneQueryRegistry()
+    inner.apps["digits"] = digits_app()
+    inner.links["digits"] = ["mlp"]
+    inner.versions[("mlp", "1")] = model_version("mlp", "1")
+    inner.active["mlp"] = "1"
+    clock, runner = FakeClock(), ManualRunner()
+
+    def quiet_spell(keep_warm_s: float) -> tuple[bool, int]:
+        """A query, then 5 s with none (the warmer ticking each second), then the next query's look."""
+        inner.queries = 0
+        cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, keep_warm_s=keep_warm_s)
+        assert cached.get_app_held("digits")[0] is None
+        cached.get_app("digits")  # the first query reads it
+        assert cached.get_app_held("digits")[1]
+        for _ in range(5):
+            clock.advance(1.0)
+            if cached._warm is not None:
+                cached._warm.tick(clock.now())
+            runner.run()
+        return cached.get_app_held("digits")[1], inner.queries
+
+    assert quiet_spell(keep_warm_s=60) == (True, 3)  # current: reloaded off the path while no query came
+    assert quiet_spell(keep_warm_s=0) == (False, 1)  # past the bound: the next query reads it on its path
+
+
+def test_bandit_states_stay_fresh_through_a_quiet_spell():
+    registry = InMemoryRegistry()
+    registry.apps["d"] = digits_app(name="d", policy="exp3")
+    registry.links["d"] = ["a", "b"]
+    for m in ("a", "b"):
+        registry.versions[(m, "1")] = model_version(m)
+        registry.active[m] = "1"
+    clock, runner = FakeClock(), ManualRunner()
+    selector = Selector(
+        registry, InMemorySelectionStore(), clock, random.Random(1), ttl_s=1.0, refresh=runner, keep_warm_s=60
+    )
+    app = registry.get_app("d")
+    selector.choose(app, None)
+    for _ in range(6):
+        clock.advance(0.5)
+        assert selector._warm is not None
+        selector._warm.tick(clock.now())
+        runner.run()
+    assert selector.is_cached(app, None)  # 3 s on, twice past its TTL and more, still held fresh
