@@ -144,6 +144,16 @@ def test_an_empty_content_type_is_a_415_not_a_body_error(admin):
     assert resp.status_code == 415 and "empty Content-Type" in resp.json()["cause"]
 
 
+def test_links_are_answered_in_the_order_they_were_made(admin):
+    ok(admin.post("/admin/add_app", json=DIGITS))
+    ok(admin.post("/admin/add_model", json=mlp("1")))
+    ok(admin.post("/admin/add_model", json=mlp("1") | {"model_name": "aaa"}))
+    ok(admin.post("/admin/add_model_links", json={"app_name": "digits", "model_names": ["mlp"]}))
+    added = ok(admin.post("/admin/add_model_links", json={"app_name": "digits", "model_names": ["aaa"]}))
+    assert added["linked_models"] == ["mlp", "aaa"]  # the single policy answers with mlp, the first linked
+    assert ok(admin.post("/admin/get_linked_models", json={"app_name": "digits"})) == ["mlp", "aaa"]
+
+
 def test_models_versions_links_rollout_and_rollback(admin):
     ok(admin.post("/admin/add_app", json=DIGITS))
     ok(admin.post("/admin/add_model", json=mlp("1")))

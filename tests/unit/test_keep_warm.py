@@ -9,6 +9,7 @@ import pytest
 
 from clipper.core.keep_warm import KeepWarm
 from clipper.core.registry_cache import CachedRegistry
+from clipper.errors import NotFound
 from clipper.frontend.selection import Selector
 from tests.fakes import FakeClock, InMemoryRegistry, InMemorySelectionStore, digits_app, model_version
 from tests.unit.test_registry_cache import ManualRunner, OneQueryRegistry
@@ -70,3 +71,43 @@ def test_bandit_states_stay_fresh_through_a_quiet_spell():
         selector._warm.tick(clock.now())
         runner.run()
     assert selector.is_cached(app, None)  # 3 s on, twice past its TTL and more, still held fresh
+
+
+def test_only_what_exists_and_what_is_bounded_is_kept_warm():
+    """An unknown name's read, and a user's bandit state (one per user: unbounded), are not kept warm."""
+    inner = OneQueryRegistry()
+    inner.apps["digits"] = digits_app()
+    inner.links["digits"] = ["mlp"]
+    cached = CachedRegistry(inner, FakeClock(), ttl_s=2, refresh=ManualRunner(), keep_warm_s=60)
+    cached.get_app("digits")
+    with pytest.raises(NotFound):
+        cached.get_app("made-up")
+    assert cached._warm is not None and set(cached._warm._used) == {("app", "digits")}
+    registry = InMemoryRegistry()
+    registry.apps["d"] = digits_app(name="d", policy="exp3")
+    registry.links["d"] = ["a", "b"]
+    for m in ("a", "b"):
+        registry.versions[(m, "1")] = model_version(m)
+        registry.active[m] = "1"
+    selector = Selector(
+        registry, InMemorySelectionStore(), FakeClock(), random.Random(1), 1.0, refresh=ManualRunner(), keep_warm_s=60
+    )
+    for user in ("u1", "u2"):
+        selector.choose(registry.get_app("d"), user)
+    assert selector._warm is not None and set(selector._warm._used) == {"app/d"}
+
+
+def test_the_warmers_reload_of_an_entry_past_its_bound_does_not_make_it_current():
+    """Past the bound (reloads failing, say) a query rereads its application: a reload the warmer asks for then must
+    not make the stale entry current while it is in flight (a deleted application or a switch served on)."""
+    inner = OneQueryRegistry()
+    inner.apps["digits"] = digits_app()
+    inner.links["digits"] = ["mlp"]
+    clock, runner = FakeClock(), ManualRunner()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, keep_warm_s=60)
+    cached.get_app("digits")
+    clock.advance(5.0)  # past the bound (4 s) with no reload done
+    assert cached._warm is not None and cached._warm.tick(clock.now()) >= 1  # asked for, still in flight
+    assert cached.get_app_held("digits")[1] is False
+    runner.run()
+    assert cached.get_app_held("digits")[1] is True  # once it came

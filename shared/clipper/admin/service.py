@@ -388,7 +388,8 @@ class AdminService:
                 check_compatible(app, versions[head.canary.version], "model_names")
         for name in model_names:
             self._registry.link(app_name, name)
-        return {"app_name": app_name, "linked_models": sorted(set(links) | set(model_names))}
+        added = [m for m in dict.fromkeys(model_names) if m not in links]
+        return {"app_name": app_name, "linked_models": links + added}  # the registry's order: the order linked
 
     def delete_model_links(self, app_name: str, model_names: list[str]) -> dict[str, Any]:
         _, links = self._registry.app_and_links(app_name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Hashable
 
 from clipper.ports import Clock
@@ -39,7 +40,10 @@ class KeepWarm:
         self._age_of, self._reload = age_of, reload
         self._used: dict[Hashable, float] = {}  # key -> when a query last used it
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # the thread holds this object weakly: it ends once its copy is gone (tests make many), or on ``stop``
+        self._thread = threading.Thread(
+            target=_run, args=(weakref.ref(self), every_s, self._stop), name=name, daemon=True
+        )
         self._started = False
         self._lock = threading.Lock()
 
@@ -55,21 +59,15 @@ class KeepWarm:
                 self._started = True
                 self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            try:
-                self.tick(self._clock.now())
-            except Exception:  # a bug, on a thread where nothing else would report it; the next tick tries again
-                logger.exception("keeping entries warm failed")
-
     def tick(self, now: float) -> int:
         """Reload what was used within ``keep_s`` and is ``reload_age_s`` old or older; forget what was not used
         for longer. Returns how many reloads it asked for."""
         asked = 0
         for key, used in list(self._used.items()):
             if now - used >= self._keep:
-                if self._used.get(key) == used:  # not used again meanwhile
-                    self._used.pop(key, None)
+                last = self._used.pop(key, used)
+                if last != used:  # used again meanwhile: kept
+                    self._used.setdefault(key, last)
                 continue
             age = self._age_of(key, now)
             if age is not None and age >= self._reload_age:
@@ -82,3 +80,15 @@ class KeepWarm:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _run(ref: weakref.ref[KeepWarm], every_s: float, stop: threading.Event) -> None:
+    while not stop.wait(every_s):
+        warm = ref()
+        if warm is None:
+            return
+        try:
+            warm.tick(warm._clock.now())
+        except Exception:  # a bug, on a thread where nothing else would report it; the next tick tries again
+            logger.exception("keeping entries warm failed")
+        del warm

@@ -141,6 +141,10 @@ class BackgroundReloads:
         self._in_flight: dict[Any, bool] = {}
         self._lock = threading.Lock()
 
+    def within_bound(self, age_s: float) -> bool:
+        """Whether a value ``age_s`` old is within ``fresh_s + stale_s`` (a reload asked for then is ``patient``)."""
+        return age_s < self._bound
+
     def usable(self, key: Any, age_s: float) -> bool:
         """Whether a value ``age_s`` old may still be answered: within ``fresh_s + stale_s``, or within
         ``RELOAD_PATIENCE_S`` past that while a reload started within it is in flight (the source is slow, not
@@ -288,8 +292,8 @@ class CachedRegistry:
             return loaded
 
         loaded = self._flights.run(self._read_of(key), load, now, now - self._ttl)
-        if self._warm is not None:
-            self._warm.touch(key, now)  # a query's read: what it read is what the next ones will use
+        if self._warm is not None and not isinstance(loaded.get(key), NotFound):
+            self._warm.touch(key, now)  # a query's read of what exists: what the next ones will use
         return loaded
 
     def _keep(self, loaded: dict[Key, object], at: float, generation: int) -> None:
@@ -355,7 +359,11 @@ class CachedRegistry:
         return None if hit is None else now - hit[0]
 
     def _warm_reload(self, key: Hashable) -> None:
-        self._reload_in_background(key)  # type: ignore[arg-type]
+        """The warmer's reload: patient only for an entry still within its bound (one past it, its reloads failing,
+        must not be made usable again by a reload it asks for: ``BackgroundReloads.usable``)."""
+        assert self._reloads is not None
+        age = self._age_of(key, self._clock.now())
+        self._reload_in_background(key, patient=age is not None and self._reloads.within_bound(age))  # type: ignore[arg-type]
 
     def _usable(self, key: Key, age_s: float) -> bool:
         if self._reloads is None:

@@ -123,7 +123,7 @@ class Selector:
         if hit is None:
             return None
         age = now - hit[0]
-        if self._warm is not None:
+        if self._warm is not None and _is_app_key(key):
             self._warm.touch(key, now)
         if age < self._ttl:
             return (hit[1],)
@@ -137,11 +137,14 @@ class Selector:
         return None if hit is None else now - hit[0]
 
     def _warm_reload(self, key: Hashable) -> None:
-        self._reload_in_background(key)  # type: ignore[arg-type]
-
-    def _reload_in_background(self, key: str) -> None:
+        """The warmer's reload: patient only for a state still within its bound (``BackgroundReloads.usable``)."""
         assert self._reloads is not None
-        self._reloads.submit(key, lambda: self._read(key, self._clock.now()))
+        age = self._age_of(key, self._clock.now())
+        self._reload_in_background(key, patient=age is not None and self._reloads.within_bound(age))  # type: ignore[arg-type]
+
+    def _reload_in_background(self, key: str, patient: bool = True) -> None:
+        assert self._reloads is not None
+        self._reloads.submit(key, lambda: self._read(key, self._clock.now()), patient=patient)
 
     def _load(self, key: str) -> SelectionState | None:
         now = self._clock.now()
@@ -151,7 +154,7 @@ class Selector:
         # one read however many queries ask at once (a read another query started within ttl_s is as recent as a
         # fresh state): after a quiet while each query read the state itself, all at the store at once
         state = self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
-        if self._warm is not None:
+        if self._warm is not None and _is_app_key(key):
             self._warm.touch(key, now)
         return state
 
@@ -217,3 +220,9 @@ def sticky_draw(user: str, model: str, trial: str) -> float:
     """A user's fixed draw in [0, 1) for one canary trial: a new trial (or model) draws anew."""
     digest = hashlib.blake2b(f"{trial}\x00{model}\x00{user}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
+
+
+def _is_app_key(key: str) -> bool:
+    """Whether a state key is an application's (kept warm: one per application a query used), not one user's
+    (unbounded: a user's state is read on its query's path after a quiet spell, as before)."""
+    return "/user/" not in key
