@@ -111,3 +111,19 @@ def test_the_warmers_reload_of_an_entry_past_its_bound_does_not_make_it_current(
     assert cached.get_app_held("digits")[1] is False
     runner.run()
     assert cached.get_app_held("digits")[1] is True  # once it came
+
+
+def test_the_warmers_thread_ends_with_its_owner():
+    import gc
+    import time
+
+    warm = KeepWarm(FakeClock(), 60.0, 0.01, 1.0, lambda k, now: None, lambda k: None, "test-warm-gone")
+    warm.touch("k", 0.0)
+    thread = warm._thread
+    assert thread.is_alive()
+    del warm
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not thread.is_alive()
