@@ -164,7 +164,10 @@ def test_models_versions_links_rollout_and_rollback(admin):
     assert v2["queue_url"] == "https://sqs.local/q-mlp" and v2["is_current_version"] is False
     assert admin.post("/admin/add_model", json=mlp("2")).status_code == 400  # versions are immutable
     assert sorted(ok(admin.post("/admin/get_all_models", json={}))) == ["mlp:1", "mlp:2"]
-    ok(admin.post("/admin/set_model_version", json={"model_name": "mlp", "model_version": "2"}))
+    switched = ok(admin.post("/admin/set_model_version", json={"model_name": "mlp", "model_version": "2"}))
+    assert switched["previous_version"] == "1" and switched["changed"] is True
+    again = ok(admin.post("/admin/set_model_version", json={"model_name": "mlp", "model_version": "2"}))
+    assert again["active_version"] == "2" and again["changed"] is False  # already active: nothing changed
     assert ok(admin.post("/admin/get_model", json={"model_name": "mlp", "model_version": "2"}))["is_current_version"]
     assert ok(admin.post("/admin/rollback_model", json={"model_name": "mlp"}))["active_version"] == "1"
     assert admin.post("/admin/set_model_version", json={"model_name": "mlp", "model_version": "9"}).status_code == 404

@@ -327,7 +327,9 @@ class AdminService:
         refuse_switch_while_canary(record.head)  # and the registry's write is conditional on no canary
         check_serves_linked_apps(self._registry, record.versions[version], "model_version", record.linked_apps)
         previous = self._registry.set_active_version(model, version)
-        return {"model_name": model, "active_version": version, "previous_version": previous}
+        # the version active already: nothing written (no history entry: a rollback does not step back to it)
+        changed = previous != version
+        return {"model_name": model, "active_version": version, "previous_version": previous, "changed": changed}
 
     def rollback_model(self, model: str) -> dict[str, Any]:
         """Return to the version active before the current one, one step further back each time (3 -> 2 -> 1),
