@@ -21,6 +21,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,14 @@ from infra.local.supervisor import write_atomically
 logger = logging.getLogger("clipper.local")
 
 SNAPSHOT_TABLES = ("RegistryTable", "SelectionTable")
-# items not kept, by table: the markers of applied feedback (one per feedback, expiring after a day) would make
-# every copy grow with the feedback received; without them, a feedback message applied but not yet deleted when
-# the stack stopped would be applied once more after the restart
-SKIPPED_PREFIXES = {"SelectionTable": "FEEDBACK#"}
+# items kept only while recent, by table: the markers of applied feedback (one per feedback, expiring after 15 days)
+# would make every copy grow with all the feedback received. Those of the last hour are kept, at most
+# MAX_RECENT_MARKERS of them (the newest): a feedback sent again with its feedback_id (a client's retry) across a
+# restart is applied once, as it is while the stack runs; an older one, or a message applied but not deleted when
+# the stack stopped longer ago, would be applied once more after the restart
+RECENT_ONLY_PREFIXES = {"SelectionTable": "FEEDBACK#"}
+RECENT_MARKERS_S = 3600
+MAX_RECENT_MARKERS = 5_000
 BUCKET_PREFIX = "models/"
 
 
@@ -110,7 +115,7 @@ class Snapshot:
         nothing, so an empty emulator never overwrites the last good copy."""
         with self._lock:
             tables = {
-                logical: _dump(self._scan(name, SKIPPED_PREFIXES.get(logical)))
+                logical: _dump(self._scan(name, RECENT_ONLY_PREFIXES.get(logical)))
                 for logical, name in self._tables.items()
             }
             listing = self._list_objects()
@@ -126,18 +131,31 @@ class Snapshot:
                 written.append("bucket")
             return written
 
-    def _scan(self, table: str, skipped_prefix: str | None) -> list[dict[str, Any]]:
+    def _scan(self, table: str, recent_only: str | None) -> list[dict[str, Any]]:
+        """The table's items; those whose sort key starts with ``recent_only`` only when written within
+        RECENT_MARKERS_S (their ``expires_at`` a marker's lifetime after their write), the newest
+        MAX_RECENT_MARKERS of them."""
         items: list[dict[str, Any]] = []
         kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
-        if skipped_prefix:
-            kwargs["FilterExpression"] = "NOT begins_with(sk, :skipped)"
-            kwargs["ExpressionAttributeValues"] = {":skipped": {"S": skipped_prefix}}
+        if recent_only:
+            from clipper.adapters.dynamodb_selection import MARKER_TTL_S
+
+            recent = int(time.time()) + MARKER_TTL_S - RECENT_MARKERS_S
+            kwargs["FilterExpression"] = "NOT begins_with(sk, :prefix) OR expires_at > :recent"
+            kwargs["ExpressionAttributeValues"] = {":prefix": {"S": recent_only}, ":recent": {"N": str(recent)}}
         while True:
             page = self._dynamodb.scan(**kwargs)
             items.extend(page.get("Items", []))
             if "LastEvaluatedKey" not in page:
-                return items
+                break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        if recent_only:
+            marked = [i for i in items if i["sk"]["S"].startswith(recent_only)]
+            if len(marked) > MAX_RECENT_MARKERS:
+                marked.sort(key=lambda i: -int(i.get("expires_at", {}).get("N", "0")))
+                dropped = {id(i) for i in marked[MAX_RECENT_MARKERS:]}
+                items = [i for i in items if id(i) not in dropped]
+        return items
 
     def _list_objects(self) -> dict[str, str]:
         objects: dict[str, str] = {}

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import boto3
 import pytest
 from moto import mock_aws
 
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.adapters.dynamodb_selection import MARKER_TTL_S
 from clipper.core.domain import Application, InputType, ModelVersion
 from infra.local.cfn import with_physical_names
 from infra.local.state import Ports, Snapshot, repoint_endpoints
@@ -46,7 +48,11 @@ def fill(dynamodb, s3) -> DynamoDBRegistry:
         item = {"pk": {"S": f"persist#{i}"}, "sk": {"S": "STATE"}, "weights": {"M": {"plr": {"N": "1.5"}}}}
         dynamodb.put_item(TableName=TABLES["SelectionTable"], Item=item)
         marker = {"pk": {"S": f"persist#{i}"}, "sk": {"S": f"FEEDBACK#{i}"}, "expires_at": {"N": "1"}}
-        dynamodb.put_item(TableName=TABLES["SelectionTable"], Item=marker)  # not kept
+        dynamodb.put_item(TableName=TABLES["SelectionTable"], Item=marker)  # applied long ago: not kept
+    for i in range(5):  # applied a minute ago: kept, so a retry of it across a restart is applied once
+        recent = str(int(time.time()) + MARKER_TTL_S - 60)
+        marker = {"pk": {"S": f"persist#{i}"}, "sk": {"S": f"FEEDBACK#recent{i}"}, "expires_at": {"N": recent}}
+        dynamodb.put_item(TableName=TABLES["SelectionTable"], Item=marker)
     s3.put_object(Bucket="clipper-modelbucket", Key="models/plr/1/model.onnx", Body=b"onnx bytes")
     s3.put_object(Bucket="clipper-modelbucket", Key="claims/abc", Body=b"transient claim check")
     return registry
@@ -65,7 +71,10 @@ def test_the_state_of_one_emulator_comes_back_in_a_fresh_one(aws_env, tmp_path):
         assert sorted(snapshot.take()) == ["RegistryTable", "SelectionTable", "bucket"]
         assert snapshot.take() == []  # nothing changed, nothing written
         before = {t: scan(dynamodb, t) for t in TABLES.values()}
-        before[TABLES["SelectionTable"]] = [i for i in before[TABLES["SelectionTable"]] if i["sk"]["S"] == "STATE"]
+        kept = ("STATE", "FEEDBACK#recent")
+        before[TABLES["SelectionTable"]] = [
+            i for i in before[TABLES["SelectionTable"]] if i["sk"]["S"].startswith(kept)
+        ]
     assert (tmp_path / "bucket" / "models" / "plr" / "1" / "model.onnx").read_bytes() == b"onnx bytes"
     assert not (tmp_path / "bucket" / "claims").exists()  # only models/
 
@@ -74,7 +83,7 @@ def test_the_state_of_one_emulator_comes_back_in_a_fresh_one(aws_env, tmp_path):
         create_stack(dynamodb, s3)
         snapshot = Snapshot(tmp_path, dynamodb, s3, TABLES, "clipper-modelbucket")
         assert snapshot.exists
-        assert snapshot.restore() == {"RegistryTable": 5, "SelectionTable": 30, "objects": 1}
+        assert snapshot.restore() == {"RegistryTable": 5, "SelectionTable": 35, "objects": 1}
         assert {t: scan(dynamodb, t) for t in TABLES.values()} == before
         registry = DynamoDBRegistry(dynamodb, TABLES["RegistryTable"])
         assert registry.get_app("persist").policy == "exp3" and registry.linked_models("persist") == ["plr"]
@@ -153,3 +162,23 @@ def test_local_resources_are_named_after_their_logical_ids():
     assert named["Named"]["Properties"]["QueueName"] == "mine"
     assert named["Function"]["Properties"] == {}
     assert template["Resources"]["RegistryTable"]["Properties"] == {}  # a copy
+
+
+def test_at_most_the_newest_recent_markers_are_kept(aws_env, tmp_path, monkeypatch):  # noqa: F811
+    import infra.local.state as state
+
+    monkeypatch.setattr(state, "MAX_RECENT_MARKERS", 2)
+    with mock_aws():
+        dynamodb, s3 = boto3.client("dynamodb"), boto3.client("s3")
+        create_stack(dynamodb, s3)
+        now = int(time.time()) + MARKER_TTL_S
+        for i, ago in enumerate((30, 10, 20, 5000)):  # the last written before the hour kept
+            marker = {"pk": {"S": "app/x"}, "sk": {"S": f"FEEDBACK#{i}"}, "expires_at": {"N": str(now - ago)}}
+            dynamodb.put_item(TableName=TABLES["SelectionTable"], Item=marker)
+        Snapshot(tmp_path, dynamodb, s3, TABLES, "clipper-modelbucket").take()
+    with mock_aws():
+        dynamodb, s3 = boto3.client("dynamodb"), boto3.client("s3")
+        create_stack(dynamodb, s3)
+        Snapshot(tmp_path, dynamodb, s3, TABLES, "clipper-modelbucket").restore()
+        kept = sorted(i["sk"]["S"] for i in scan(dynamodb, TABLES["SelectionTable"]))
+    assert kept == ["FEEDBACK#1", "FEEDBACK#2"]  # the two newest of the last hour
