@@ -32,7 +32,7 @@ def test_the_status_shows_the_canary_its_evidence_the_decision_now_and_the_event
     assert "min_feedback 50" in lines[1] and "alpha 0.05" in lines[1]
     assert any(line.split()[:4] == ["2", "(active)", "40", "0.1000"] for line in lines), text
     assert any(line.split()[:4] == ["3", "(canary)", "10", "0.3000"] for line in lines), text
-    assert "decision now: continue (min-feedback): continue: waiting for feedback" in lines
+    assert "decision now: continue (min-feedback): waiting for feedback" in lines  # "continue" once
     events = lines[lines.index("last events (2)") + 2 :]
     assert events[0].split()[:5] == ["10", "s", "ago", "rollback", "reviewer"]
     assert events[1].split()[:5] == ["5", "min", "ago", "start", "operator"]

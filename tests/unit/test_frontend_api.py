@@ -126,6 +126,7 @@ def test_unknown_routes_and_methods_answer_in_clippers_shape(client):
     assert r.json()["cause"] == "GET /digits/predict: method not allowed (allowed: POST)"  # what to send instead
     r = client.post("/digits/nothing-here", json={})
     assert r.status_code == 404 and set(r.json()) == {"error", "cause"}
+    assert r.json()["cause"].startswith("POST /digits/nothing-here: no such route (POST /<app>/predict")
     for path in ("/digits/predict/", "/health/"):  # a trailing slash: a 404 in the shape, not a bare 307
         r = client.request(
             "POST" if "predict" in path else "GET", path, json={"input": one_hot(1)}, follow_redirects=False

@@ -100,7 +100,8 @@ def canary_table(answer: dict[str, Any], now: float | None = None) -> str:
         )
         d = answer.get("decision_now")
         if d:
-            out += ["", f"decision now: {d['kind']} ({d['rule']}): {d['reason']}"]
+            reason = str(d["reason"]).removeprefix(f"{d['kind']}: ")  # the reason names its kind too
+            out += ["", f"decision now: {d['kind']} ({d['rule']}): {reason}"]
     elif c is not None:
         out += ["", "evidence: not available from this API"]
     events = answer.get("events", [])

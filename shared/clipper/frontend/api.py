@@ -147,6 +147,11 @@ def create_app(
         error = {404: "not found", 405: "method not allowed"}.get(exc.status_code, "http error")
         headers = getattr(exc, "headers", None)
         cause = str(exc.detail)
+        if exc.status_code == 404 and cause == "Not Found":  # no such route (an application's 404 says which)
+            cause = (
+                f"{request.method} {request.url.path}: no such route (POST /<app>/predict, POST /<app>/update, "
+                "GET /health, GET /metrics, GET /docs)"
+            )
         if exc.status_code == 405:
             cause = (
                 f"{request.method} {request.url.path}: method not allowed (allowed: {(headers or {}).get('Allow', '')})"
