@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench.frontdoor.config import CASES, GENERATOR_CORE, REQUEST_TIMEOUT_S, RESULTS, SEED, SUT_CORE, WORK_DIR, log
-from bench.frontdoor.cpu import groups, stack_pids
+from bench.frontdoor.cpu import group_of, groups, stack_pids
 from bench.frontdoor.inputs import Bodies, base_rows
 from bench.frontdoor.loadgen import OpenLoop, Runner
 from bench.frontdoor.procs import can_pin, pin_self
@@ -153,9 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(3)
         maker, port = Bodies(base_rows(case), case.app), int(stack.url.rsplit(":", 1)[1])
         named = groups("mlp")
-        name_of = {
-            pid: next((g for g in named if n == g or n.startswith(g + "-")), n) for n, pid in stack_pids(stack).items()
-        }
+        # a process counts in its group (a replica's in its model's), else under its own name
+        name_of = {pid: g if (g := group_of(n, named)) != "other" else n for n, pid in stack_pids(stack).items()}
         serial = 1
         for k, (what, rate, seconds) in enumerate(plan):
             if what == "idle":

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.unit
 
 def test_a_tick_reloads_what_was_used_lately_and_is_old_enough_and_forgets_the_rest():
     clock, ages, reloaded = FakeClock(), {"a": 2.5, "b": 0.5, "c": 3.0}, []
-    warm = KeepWarm(clock, 60.0, 1.0, 2.0, lambda k, now: ages.get(k), reloaded.append, "test-warm")
+    warm = KeepWarm(
+        clock, 60.0, 1.0, 2.0, 4.0, lambda k, now: ages.get(k), lambda k, _: reloaded.append(k), "test-warm"
+    )
     now = clock.now()
     warm._used.update({"a": now - 10, "b": now - 10, "c": now - 61, "gone": now})  # c unused for over keep_s
     assert warm.tick(now) == 1 and reloaded == ["a"]  # b is young; c is forgotten; "gone" is not held
@@ -117,7 +119,7 @@ def test_the_warmers_thread_ends_with_its_owner():
     import gc
     import time
 
-    warm = KeepWarm(FakeClock(), 60.0, 0.01, 1.0, lambda k, now: None, lambda k: None, "test-warm-gone")
+    warm = KeepWarm(FakeClock(), 60.0, 0.01, 1.0, 2.0, lambda k, now: None, lambda k, _: None, "test-warm-gone")
     warm.touch("k", 0.0)
     thread = warm._thread
     assert thread.is_alive()

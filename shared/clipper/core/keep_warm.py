@@ -17,6 +17,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from clipper.ports import Clock
 
@@ -30,13 +31,17 @@ class KeepWarm:
         keep_s: float,
         every_s: float,
         reload_age_s: float,
-        age_of: Callable[[Hashable, float], float | None],
-        reload: Callable[[Hashable], None],
+        bound_s: float,
+        age_of: Callable[[Any, float], float | None],
+        reload: Callable[[Any, bool], None],
         name: str,
     ) -> None:
         """``age_of(key, now)``: how old the held value of ``key`` is (None: not held, or a remembered miss);
-        ``reload(key)``: reload it off the query path."""
+        ``reload(key, patient)``: reload it off the query path, ``patient`` while the value is within ``bound_s``
+        (the owner's staleness bound: a reload asked for past it must not make the value usable again while in
+        flight, ``clipper.core.registry_cache.BackgroundReloads.usable``)."""
         self._clock, self._keep, self._every, self._reload_age = clock, keep_s, every_s, reload_age_s
+        self._bound = bound_s
         self._age_of, self._reload = age_of, reload
         self._used: dict[Hashable, float] = {}  # key -> when a query last used it
         self._stop = threading.Event()
@@ -71,7 +76,7 @@ class KeepWarm:
                 continue
             age = self._age_of(key, now)
             if age is not None and age >= self._reload_age:
-                self._reload(key)
+                self._reload(key, age < self._bound)
                 asked += 1
         return asked
 

@@ -135,15 +135,30 @@ class BackgroundReloads:
     def __init__(
         self, runner: Callable[[Callable[[], None]], Any], what: str, fresh_s: float, stale_s: float | None = None
     ) -> None:
-        self._runner, self._what = runner, what
+        self._runner, self._what, self._fresh = runner, what, fresh_s
         self._bound = fresh_s + (fresh_s if stale_s is None else stale_s)
         # key -> whether its reload in flight keeps the value usable past the bound (``submit``'s ``patient``)
         self._in_flight: dict[Any, bool] = {}
         self._lock = threading.Lock()
 
-    def within_bound(self, age_s: float) -> bool:
-        """Whether a value ``age_s`` old is within ``fresh_s + stale_s`` (a reload asked for then is ``patient``)."""
-        return age_s < self._bound
+    @property
+    def bound_s(self) -> float:
+        """``fresh_s + stale_s``: a reload asked for within it is ``patient``."""
+        return self._bound
+
+    def keep_warm(
+        self,
+        clock: Clock,
+        keep_s: float,
+        age_of: Callable[[Any, float], float | None],
+        reload: Callable[[Any, bool], None],
+        name: str,
+    ) -> KeepWarm | None:
+        """A ``KeepWarm`` for the values these reloads serve (ticks at half their freshness, reloads what is as
+        old as it), or None without ``keep_s`` or a freshness."""
+        if keep_s <= 0 or self._fresh <= 0:
+            return None
+        return KeepWarm(clock, keep_s, self._fresh / 2, self._fresh, self._bound, age_of, reload, name)
 
     def usable(self, key: Any, age_s: float) -> bool:
         """Whether a value ``age_s`` old may still be answered: within ``fresh_s + stale_s``, or within
@@ -243,8 +258,10 @@ class CachedRegistry:
         # reads on a caller's path: one in flight a read, joined by whoever asks within ttl_s of its start
         self._flights: SingleFlight[dict[Key, object]] = SingleFlight()
         self._warm = (
-            KeepWarm(clock, keep_warm_s, ttl_s / 2, ttl_s, self._age_of, self._warm_reload, "clipper-registry-warm")
-            if keep_warm_s > 0 and refresh is not None and ttl_s > 0
+            self._reloads.keep_warm(
+                clock, keep_warm_s, self._age_of, self._reload_in_background, "clipper-registry-warm"
+            )
+            if self._reloads is not None
             else None
         )
 
@@ -357,13 +374,6 @@ class CachedRegistry:
     def _age_of(self, key: Hashable, now: float) -> float | None:
         hit = self._entries.get(key)  # type: ignore[call-overload]
         return None if hit is None else now - hit[0]
-
-    def _warm_reload(self, key: Hashable) -> None:
-        """The warmer's reload: patient only for an entry still within its bound (one past it, its reloads failing,
-        must not be made usable again by a reload it asks for: ``BackgroundReloads.usable``)."""
-        assert self._reloads is not None
-        age = self._age_of(key, self._clock.now())
-        self._reload_in_background(key, patient=age is not None and self._reloads.within_bound(age))  # type: ignore[arg-type]
 
     def _usable(self, key: Key, age_s: float) -> bool:
         if self._reloads is None:

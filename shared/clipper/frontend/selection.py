@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
-from clipper.core.keep_warm import KeepWarm
 from clipper.core.registry_cache import BackgroundReloads
 from clipper.core.single_flight import SingleFlight
 from clipper.errors import ClipperError
@@ -42,6 +41,7 @@ from clipper.selection import (
     state_for_user,
     state_key,
 )
+from clipper.selection.state import is_user_key
 from clipper.selection.versions import active_versions
 
 
@@ -87,8 +87,10 @@ class Selector:
         self._flights: SingleFlight[SelectionState | None] = SingleFlight()  # reads on a query's path, shared
         self._generation = 0  # after_restore moves it on: a read started before is not kept
         self._warm = (
-            KeepWarm(clock, keep_warm_s, ttl_s / 2, ttl_s, self._age_of, self._warm_reload, "clipper-selection-warm")
-            if keep_warm_s > 0 and refresh is not None and ttl_s > 0
+            self._reloads.keep_warm(
+                clock, keep_warm_s, self._age_of, self._reload_in_background, "clipper-selection-warm"
+            )
+            if self._reloads is not None
             else None
         )
 
@@ -123,7 +125,7 @@ class Selector:
         if hit is None:
             return None
         age = now - hit[0]
-        if self._warm is not None and _is_app_key(key):
+        if self._warm is not None and not is_user_key(key):  # one per application; users' are unbounded
             self._warm.touch(key, now)
         if age < self._ttl:
             return (hit[1],)
@@ -135,12 +137,6 @@ class Selector:
     def _age_of(self, key: Hashable, now: float) -> float | None:
         hit = self._states.get(key)  # type: ignore[call-overload]
         return None if hit is None else now - hit[0]
-
-    def _warm_reload(self, key: Hashable) -> None:
-        """The warmer's reload: patient only for a state still within its bound (``BackgroundReloads.usable``)."""
-        assert self._reloads is not None
-        age = self._age_of(key, self._clock.now())
-        self._reload_in_background(key, patient=age is not None and self._reloads.within_bound(age))  # type: ignore[arg-type]
 
     def _reload_in_background(self, key: str, patient: bool = True) -> None:
         assert self._reloads is not None
@@ -154,7 +150,7 @@ class Selector:
         # one read however many queries ask at once (a read another query started within ttl_s is as recent as a
         # fresh state): after a quiet while each query read the state itself, all at the store at once
         state = self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
-        if self._warm is not None and _is_app_key(key):
+        if self._warm is not None and not is_user_key(key):
             self._warm.touch(key, now)
         return state
 
@@ -220,9 +216,3 @@ def sticky_draw(user: str, model: str, trial: str) -> float:
     """A user's fixed draw in [0, 1) for one canary trial: a new trial (or model) draws anew."""
     digest = hashlib.blake2b(f"{trial}\x00{model}\x00{user}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
-
-
-def _is_app_key(key: str) -> bool:
-    """Whether a state key is an application's (kept warm: one per application a query used), not one user's
-    (unbounded: a user's state is read on its query's path after a quiet spell, as before)."""
-    return "/user/" not in key
