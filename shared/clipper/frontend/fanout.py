@@ -24,6 +24,7 @@ import numpy as np
 
 from clipper.core.cache_keys import row_keys
 from clipper.core.domain import Application, ModelVersion
+from clipper.core.log_sampling import SampledLog
 from clipper.core.messages import QueryMessage, Reply, encode_rows, no_answer
 from clipper.core.polling import poll_gap
 from clipper.core.validation import QueryInput, Rows
@@ -107,9 +108,12 @@ class Gatherer:
         cache: PredictionCache | None,
         cache_poll_s: float,
         fused: LookupOrSend | None = None,
+        log: SampledLog | None = None,
     ) -> None:
         """``fused``: the cache lookup and the sends of a single-input query in one call, where the cache and the
-        queues are one standalone Redis (``clipper.adapters.redis_fused``)."""
+        queues are one standalone Redis (``clipper.adapters.redis_fused``). ``log``: where the lines every query
+        would write in an outage go (at most one a second for each kind and application)."""
+        self._log = log or SampledLog(logger, clock=clock.now)
         self._queue = queue
         self._replies = replies
         self._clock = clock
@@ -266,7 +270,7 @@ class Gatherer:
         try:
             hits, owned = yield call(self._cache, "lookup", every, left, timeout=left, owner=fan.owner)
         except Unavailable as e:
-            logger.warning("cache unavailable: %s", e)
+            self._log.warning("cache", "cache unavailable: %s", e)
             fan.cache_problem = str(e)
             return {a.model.name: list(range(len(rows))) for a in fan.answers}
         todo: dict[str, list[int]] = {}
@@ -445,7 +449,7 @@ class Gatherer:
                     yield call(self._cache, "release", released, fan.owner, timeout=self._left(fan.deadline))
             except Unavailable as e:
                 if left > 2 * ANSWER_MARGIN_S:
-                    logger.warning("failed claims not released: %s", e)
+                    self._log.warning("claims", "failed claims not released: %s", e)
                 else:  # a timed-out query's release, sent within its answer margin: under overload it is not
                     # confirmed in time, and a warning per late query would cost the frontend more of the core
                     logger.debug("failed claims released at the deadline, not confirmed: %s", e)

@@ -32,6 +32,7 @@ import orjson
 
 from clipper.core.cache_keys import record_keys
 from clipper.core.domain import Application, ModelVersion
+from clipper.core.log_sampling import SampledLog
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Reply, output_value
 from clipper.core.registry_cache import held_app, reread_app
 from clipper.core.validation import DEFAULT_MAX_BATCH, QueryInput, fit_models, json_kind, validate_query
@@ -123,7 +124,9 @@ class QueryProcessor:
         self._cache_poll = cache_poll_s
         self._selector = selector or Selector(registry, None, clock, random.Random(), 0.0)
         self._listener = listener
-        self._gatherer = Gatherer(queue, replies, clock, claims, cache, cache_poll_s, fused)
+        # the lines every query would write in an outage: at most one a second for each kind and application
+        self._log = SampledLog(logger, clock=clock.now)
+        self._gatherer = Gatherer(queue, replies, clock, claims, cache, cache_poll_s, fused, self._log)
         self._inline = inline
         self._tally = tally
         # the common query's lane (clipper.frontend.lane): on the loop, with the fused lookup-and-send, and a
@@ -190,7 +193,12 @@ class QueryProcessor:
         try:
             app = reread_app(self._registry, app_name)  # the copy would answer its held entry while reloading
         except Unavailable as e:
-            logger.warning("application %s answered as last held: the registry cannot be read (%s)", app_name, e)
+            self._log.warning(
+                ("held", app_name),
+                "application %s answered as last held: the registry cannot be read (%s)",
+                app_name,
+                e,
+            )
             return
         if app != ticket.app:
             self._begin(app, body, ticket, ticket.started)
@@ -341,7 +349,9 @@ class QueryProcessor:
         defaults = [p for p in preds if p.default]
         if defaults:
             why = defaults[0].default_explanation
-            logger.info("default output", extra={"app": app.name, "rows": len(defaults), "reason": why})
+            self._log.info(
+                ("default", app.name), "default output", extra={"app": app.name, "rows": len(defaults), "reason": why}
+            )
         tally = self._tally
         if choice.selection.policy != "single" or choice.trials:
             ticket.stage = "recording the query for feedback"
@@ -368,7 +378,10 @@ class QueryProcessor:
 
     def _fallback(self, ticket: QueryTicket, timings: dict[str, float], why: str) -> QueryResult:
         assert ticket.app is not None and ticket.query is not None
-        logger.info("default output", extra={"app": ticket.app.name, "query_id": ticket.ids[0], "reason": why})
+        name = ticket.app.name
+        self._log.info(
+            ("default", name), "default output", extra={"app": name, "query_id": ticket.ids[0], "reason": why}
+        )
         default = self.default_of(ticket.app)
         return QueryResult(
             [Prediction(i, default, True, why) for i in ticket.ids], ticket.query.batch, timings_ms=timings
@@ -383,7 +396,8 @@ class QueryProcessor:
             f"no answer within the SLO of {app.latency_slo_micros / 1000:g} ms: still {ticket.stage} "
             "(a dependency is slow or unreachable)"
         )
-        logger.warning("late default output", extra={"app": app.name, "query_id": ticket.ids[0], "reason": why})
+        extra = {"app": app.name, "query_id": ticket.ids[0], "reason": why}
+        self._log.warning(("late", app.name), "late default output", extra=extra)
         first = ticket.models[0] if ticket.models else None
         return QueryResult(
             [Prediction(i, self.default_of(app), True, why) for i in ticket.ids],
@@ -471,7 +485,7 @@ class QueryProcessor:
             if unanswered:
                 yield steps.call(self._cache, "put_new", unanswered, timeout=timeout)
         except Unavailable as e:
-            logger.warning("query record not kept: %s", e)
+            self._log.warning(("record", app.name), "query record not kept: %s", e)
 
 
 @functools.lru_cache(maxsize=1024)
