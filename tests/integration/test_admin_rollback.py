@@ -60,8 +60,8 @@ def test_rollback_walks_back_through_the_versions_active_before(admin):
 
     first, second = rollback(admin), rollback(admin)
 
-    assert first.json() == {"model_name": "mlp", "active_version": "2", "previous_version": "3"}
-    assert second.json() == {"model_name": "mlp", "active_version": "1", "previous_version": "2"}
+    assert first.json() == {"model_name": "mlp", "active_version": "2", "previous_version": "3", "changed": True}
+    assert second.json() == {"model_name": "mlp", "active_version": "1", "previous_version": "2", "changed": True}
     assert active(admin) == "1"
     third = rollback(admin)  # nothing before 1: refused, naming the field
     assert third.status_code == 400 and third.json()["cause"].startswith("model_name")

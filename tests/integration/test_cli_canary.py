@@ -62,8 +62,8 @@ def test_deploy_as_a_canary_then_look_promote_and_roll_back(api, demo_models, ca
     assert "no canary running (active version 2)" in table and "promote" in table
     assert clipper("rollback", "mlp") == 0
     assert json.loads(capsys.readouterr().out)["active_version"] == "1"
-    assert clipper("canary", "mlp", "--abort") == 2  # none runs: refused, naming the field
-    assert "400 invalid input: model_name" in capsys.readouterr().err
+    assert clipper("canary", "mlp", "--abort") == 2  # none runs: refused (409)
+    assert "409 conflict: model mlp: no canary running (active version 1)" in capsys.readouterr().err
 
     # a registered version started as the canary by hand, then aborted
     assert clipper("canary", "mlp", "--start", "2", "--share", "20", "--max-feedback", "900") == 0

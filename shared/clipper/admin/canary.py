@@ -16,7 +16,7 @@ from clipper.admin.compatibility import check_serves_linked_apps
 from clipper.admin.views import no_version
 from clipper.canary import CanaryEvidence, CanaryParams, VersionEvidence, decide
 from clipper.core.domain import Application, Canary, Model, ModelRecord
-from clipper.errors import Conflict, InvalidInput
+from clipper.errors import Conflict
 from clipper.ports import CanaryEvidenceStore
 
 EVENTS_SHOWN = 10
@@ -116,12 +116,12 @@ def get_canary(
 
 def end_by_hand(registry: CanaryRegistry, model: str, promote: bool, now: float) -> dict[str, Any]:
     """Promote (the canary's version becomes the active one; ``rollback_model`` returns to the one before) or
-    abort (the active version keeps every query) the running canary. 400 naming ``model_name`` when none runs;
-    409 when it ended meanwhile (a reviewer's decision)."""
+    abort (the active version keeps every query) the running canary. 409 when none runs, as when it ended
+    meanwhile (a reviewer's decision): the caller cannot tell the two apart, and neither is its input's fault."""
     head = registry.model_record(model).head  # NotFound
     canary = head.canary
     if canary is None:
-        raise InvalidInput("model_name", f"a model with a canary running ({model} has none)")
+        raise Conflict(f"model {model}: no canary running (active version {head.active_version}); nothing to end")
     if not registry.end_canary(model, canary.trial, promote):
         raise Conflict(f"model {model}: canary trial {canary.trial} ended meanwhile; look at the model again")
     active = canary.version if promote else head.active_version

@@ -343,7 +343,8 @@ class AdminService:
             raise InvalidInput("model_name", f"a model with an earlier active version to return to ({model} has none)")
         check_serves_linked_apps(self._registry, record.versions[after.active], "model_name", record.linked_apps)
         self._registry.switch_version(model, now, after)
-        return {"model_name": model, "active_version": after.active, "previous_version": now.active}
+        changed = after.active != now.active  # as set_model_version's answer: a rollback always changes one
+        return {"model_name": model, "active_version": after.active, "previous_version": now.active, "changed": changed}
 
     def delete_versioned_model(self, model: str, version: str) -> dict[str, Any]:
         record = self._registry.model_record(model)  # NotFound
