@@ -205,3 +205,36 @@ def test_get_state_shows_the_canary_and_the_last_event(admin):
     call(admin, "abort_canary", model_name="mlp")
     model = call(admin, "get_state")["models"]["mlp"]
     assert model["canary"] is None and model["last_canary_event"]["kind"] == "abort"
+
+
+def test_a_change_whose_event_is_lost_answers_what_it_did_not_a_503(aws, evidence, monkeypatch):
+    """Start, promote, abort and the deletion of the canary's version each change the model, then write an event.
+    A failed event write (a throttle, the table unreachable) answered 503 after the change was made, and the
+    retry a 503 invites answered 409 'no canary running' (or 404): as if nothing had happened (found by a
+    review). Now the change's own answer, saying ``event_recorded: false``, and the event's loss is logged."""
+    from clipper.errors import Unavailable
+
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    admin = client_for(AdminService(registry, evidence=evidence, clock=FixedClock()))
+    for version in ("1", "2", "3"):
+        body = {"model_name": "mlp", "model_version": version, "input_type": "floats", "activate": version == "1"}
+        body |= {"queue_url": f"https://sqs.local/q-mlp-{version}", "endpoint": f"http://127.0.0.1:900{version}"}
+        assert admin.post("/admin/add_model", json=body).status_code == 200
+
+    def lost(model: str, event: dict) -> None:
+        raise Unavailable("dynamodb.PutItem(registry): ProvisionedThroughputExceededException")
+
+    monkeypatch.setattr(registry, "add_canary_event", lost)
+    started = call(admin, "start_canary", model_name="mlp", model_version="2", share_percent=10)
+    assert started["canary"]["version"] == "2" and started["event_recorded"] is False
+    promoted = call(admin, "promote_canary", model_name="mlp")
+    assert promoted["active_version"] == "2" and promoted["event_recorded"] is False and active(admin) == "2"
+    call(admin, "start_canary", model_name="mlp", model_version="3", share_percent=10)
+    aborted = call(admin, "abort_canary", model_name="mlp")
+    assert aborted["active_version"] == "2" and aborted["event_recorded"] is False
+    call(admin, "start_canary", model_name="mlp", model_version="3", share_percent=10)
+    assert call(admin, "delete_versioned_model", model_name="mlp", model_version="3") == {"deleted": "mlp:3"}
+    assert call(admin, "get_canary", model_name="mlp")["canary"] is None
+    monkeypatch.undo()
+    ok = call(admin, "start_canary", model_name="mlp", model_version="1", share_percent=10)
+    assert "event_recorded" not in ok  # written: the answer as before

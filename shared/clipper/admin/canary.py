@@ -9,6 +9,7 @@ aborts the canary (an event says so)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 from clipper.admin import schemas
@@ -16,10 +17,24 @@ from clipper.admin.compatibility import check_serves_linked_apps
 from clipper.admin.views import no_version
 from clipper.canary import CanaryEvidence, CanaryParams, VersionEvidence, decide
 from clipper.core.domain import Application, Canary, Model, ModelRecord
-from clipper.errors import Conflict
+from clipper.errors import ClipperError, Conflict
 from clipper.ports import CanaryEvidenceStore
 
 EVENTS_SHOWN = 10
+
+logger = logging.getLogger(__name__)
+
+
+def record_event(registry: CanaryRegistry, model: str, event: dict[str, Any]) -> bool:
+    """Write a canary event once the change it records is made; whether it was written. A failure (a throttle, the
+    table unreachable) is logged, not raised: the change stands, and a 503 would invite a retry that the change
+    now refuses (a 409 "no canary running", a 404 for a deleted version), reading as if nothing had happened."""
+    try:
+        registry.add_canary_event(model, event)
+        return True
+    except ClipperError as e:
+        logger.warning("canary event not recorded (the %s of %s stands): %s", event.get("kind"), model, e)
+        return False
 
 
 class CanaryRegistry(Protocol):
@@ -61,7 +76,7 @@ def canary_info(canary: Canary) -> dict[str, Any]:
 def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float) -> dict[str, Any]:
     """Start the canary; refused (nothing written) for an unknown model or version (404), the active version, a
     version that cannot serve an application linked to the model, or a bad parameter (400, naming it), or while
-    another canary runs (409)."""
+    another canary runs (409). Its start event lost (``record_event``): the answer says ``event_recorded: false``."""
     given = req.params.model_dump(exclude_none=True) if req.params is not None else {}
     params = CanaryParams(**given)  # InvalidInput naming the parameter (max_feedback below min_feedback...)
     record = registry.model_record(req.model_name)  # NotFound
@@ -74,7 +89,8 @@ def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float)
         check_serves_linked_apps(registry, candidate, "model_version", record.linked_apps)
     # beside the active version read: what the answer and the start event say (ChangedMeanwhile: read again)
     canary = registry.start_canary(req.model_name, req.model_version, req.share_percent / 100, now, params, active)
-    registry.add_canary_event(
+    recorded = record_event(
+        registry,
         req.model_name,
         {
             "kind": "start",
@@ -88,7 +104,8 @@ def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float)
             "reason": f"{canary.version} started on {canary.share * 100:.10g}% of the queries beside {active}",
         },
     )
-    return {"model_name": req.model_name, "active_version": active, "canary": canary_info(canary)}
+    out = {"model_name": req.model_name, "active_version": active, "canary": canary_info(canary)}
+    return out if recorded else {**out, "event_recorded": False}
 
 
 def get_canary(
@@ -117,7 +134,8 @@ def get_canary(
 def end_by_hand(registry: CanaryRegistry, model: str, promote: bool, now: float) -> dict[str, Any]:
     """Promote (the canary's version becomes the active one; ``rollback_model`` returns to the one before) or
     abort (the active version keeps every query) the running canary. 409 when none runs, as when it ended
-    meanwhile (a reviewer's decision): the caller cannot tell the two apart, and neither is its input's fault."""
+    meanwhile (a reviewer's decision): the caller cannot tell the two apart, and neither is its input's fault. Its
+    event lost (``record_event``): the answer says ``event_recorded: false``."""
     head = registry.model_record(model).head  # NotFound
     canary = head.canary
     if canary is None:
@@ -126,7 +144,8 @@ def end_by_hand(registry: CanaryRegistry, model: str, promote: bool, now: float)
         raise Conflict(f"model {model}: canary trial {canary.trial} ended meanwhile; look at the model again")
     active = canary.version if promote else head.active_version
     kind = "promote" if promote else "abort"
-    registry.add_canary_event(
+    recorded = record_event(
+        registry,
         model,
         {
             "kind": kind,
@@ -139,7 +158,8 @@ def end_by_hand(registry: CanaryRegistry, model: str, promote: bool, now: float)
             "reason": f"{kind} by hand: {active} is active",
         },
     )
-    return {"model_name": model, "ended": kind, "canary": canary_info(canary), "active_version": active}
+    out = {"model_name": model, "ended": kind, "canary": canary_info(canary), "active_version": active}
+    return out if recorded else {**out, "event_recorded": False}
 
 
 def deleted_canary_event(model: str, canary: Canary, now: float) -> dict[str, Any]:

@@ -12,7 +12,14 @@ from typing import Any, TypeVar
 
 from clipper.admin import schemas
 from clipper.admin.batching import set_model_batching
-from clipper.admin.canary import deleted_canary_event, end_by_hand, get_canary, refuse_switch_while_canary, start_canary
+from clipper.admin.canary import (
+    deleted_canary_event,
+    end_by_hand,
+    get_canary,
+    record_event,
+    refuse_switch_while_canary,
+    start_canary,
+)
 from clipper.admin.compatibility import check_compatible, check_serves_linked_apps, linked_apps
 from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
@@ -369,7 +376,7 @@ class AdminService:
 
     def _deleted(self, model: str, ended: Canary | None) -> None:
         if ended is not None:  # the deleted version was the canary's: the canary ended with it
-            self._registry.add_canary_event(model, deleted_canary_event(model, ended, self._now()))
+            record_event(self._registry, model, deleted_canary_event(model, ended, self._now()))  # logged if lost
 
     # -- canary ----------------------------------------------------------------------------------------
     def start_canary(self, req: schemas.StartCanary) -> dict[str, Any]:
