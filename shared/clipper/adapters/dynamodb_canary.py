@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -39,9 +39,28 @@ MARKER_TTL_S = 15 * 24 * 3600
 _FIELDS = ("feedback", "loss_sum", "queries", "errors", "slo_misses")
 
 
-def _number(value: float) -> str:
-    """A DynamoDB number: the float's shortest decimal, in plain notation (no exponent)."""
-    return format(Decimal(repr(value)), "f")
+# DynamoDB keeps a number in 38 significant digits and refuses one under 1e-130 in magnitude, and ADD sums exactly:
+# a loss's full repr (1.2345678901234567e-25) added to a sum of 0.73 needs 42 digits and was refused, so the
+# feedback was retried until its dead-letter queue and never counted (found by a review). Losses are sent in steps
+# of 1e-9 (a smaller one counts as 0), so sums below 1e29 always fit.
+LOSS_STEP = Decimal("1e-9")
+
+
+def _number(value: float, step: Decimal | None = None) -> str:
+    """A DynamoDB number: the float's shortest decimal, in plain notation (no exponent), rounded to ``step`` when
+    given (values of 1e20 and more are whole numbers already, to a float's precision)."""
+    d = Decimal(repr(value))
+    if step is not None and d.adjusted() < 20:
+        with localcontext() as ctx:
+            ctx.prec = 60
+            d = d.quantize(step)
+    return format(d, "f")
+
+
+def _numbers(values: dict[str, Any]) -> dict[str, str]:
+    """The counters to add, as DynamoDB numbers: the loss sum in ``LOSS_STEP``s, those that come to 0 left out."""
+    out = {f: _number(values[f], LOSS_STEP if f == "loss_sum" else None) for f in _FIELDS if values[f]}
+    return {f: n for f, n in out.items() if Decimal(n) != 0}
 
 
 def _prefix(trial: str) -> str:
@@ -70,16 +89,15 @@ class DynamoDBCanaryEvidence:
         self._rng = rng or random.Random()
 
     def _update(self, model: str, trial: str, version: str, delta: VersionEvidence) -> dict[str, Any]:
-        values = delta.to_dict()
-        names = [f for f in _FIELDS if values[f]]
-        adds = ", ".join(f"{f} :{f}" for f in names)
+        numbers = _numbers(delta.to_dict())
+        adds = ", ".join(f"{f} :{f}" for f in numbers)
         expression = "SET version = :version" + (f" ADD {adds}" if adds else "")
         return {
             "TableName": self._table,
             "Key": {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": _prefix(trial) + version}},
             "UpdateExpression": expression,
             "ExpressionAttributeValues": {":version": {"S": version}}
-            | {f":{f}": {"N": _number(values[f])} for f in names},
+            | {f":{f}": {"N": n} for f, n in numbers.items()},
         }
 
     def add(self, model: str, trial: str, version: str, delta: VersionEvidence) -> None:

@@ -36,6 +36,9 @@ _GUARDS: tuple[tuple[Rule, str, str], ...] = (
 )
 
 
+MIN_PARAM = 1e-9  # the smallest probability or margin a canary takes
+
+
 @dataclass(frozen=True)
 class CanaryParams:
     """The decision's parameters. Rates and margins are absolute (a loss rate of 0.05 is 5 points).
@@ -59,11 +62,13 @@ class CanaryParams:
     guard_min_events: int = 5
 
     def __post_init__(self) -> None:
+        # at least 1e-9: the registry stores them as DynamoDB numbers, which cannot be under 1e-130 (a margin of
+        # 1e-200 was accepted, then refused by the store: a 503 for a bad parameter)
         for name in ("alpha", "beta", "guard_alpha"):
-            if not 0.0 < getattr(self, name) < 0.5:
-                raise InvalidInput(name, "a probability in (0, 0.5)", repr(getattr(self, name)))
-        if not 0.0 < self.margin <= 1.0:
-            raise InvalidInput("margin", "a loss-rate difference in (0, 1]", repr(self.margin))
+            if not MIN_PARAM <= getattr(self, name) < 0.5:
+                raise InvalidInput(name, "a probability in [1e-9, 0.5)", repr(getattr(self, name)))
+        if not MIN_PARAM <= self.margin <= 1.0:
+            raise InvalidInput("margin", "a loss-rate difference in [1e-9, 1]", repr(self.margin))
         if not self.guard_ratio > 1.0:
             raise InvalidInput("guard_ratio", "a rate ratio above 1", repr(self.guard_ratio))
         if self.min_feedback < 1:
