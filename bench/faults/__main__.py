@@ -41,6 +41,7 @@ def run_scenario(world: World, name: str, plan: Plan, rows: Any, first_serial: i
     app = scenario.app
     log(f"{name}: {plan.rate:g} q/s to /{app}/predict; {plan.before_s:g} s before the fault")
     restarts = world.restarts()
+    lines_before = frontend_log_lines(world)
     load = Load(world.stack.url, app, rows, plan.rate, first_serial=first_serial)
     load.start()
     time.sleep(plan.before_s)
@@ -55,6 +56,8 @@ def run_scenario(world: World, name: str, plan: Plan, rows: Any, first_serial: i
     )
     row = {"scenario": name, "app": app, **summary, "last_serial": load.last_serial, "restarts": restarted}
     row["generator_max_lag_ms"] = round(load.max_lag_ms, 1)
+    # what the fault wrote to the frontend's log (its outage lines are sampled: at most one a second per kind)
+    row["frontend_log_lines"] = frontend_log_lines(world) - lines_before
     row.update({k: v for k, v in extra.items() if k not in ("fault_start", "fault_end")})
     row["wrong_examples"] = [{"serial": o.serial, "output": o.output} for o in wrong[:5]]
     row["misses_targets"] = report.verdict(row, scenario.all_real)
@@ -62,11 +65,21 @@ def run_scenario(world: World, name: str, plan: Plan, rows: Any, first_serial: i
         f"{name}: sent {row['sent']}, real {row['real']}, default {row['default']}, 4xx {row['4xx']}, "
         f"5xx {row['5xx']}, lost {row['lost']}, wrong {row['wrong']}, late {row['late']}, "
         f"recovery {row['recovery_s']} s"
+        + f", {row['frontend_log_lines']} frontend log line(s)"
         + (f", restarted {restarted}" if restarted else "")
         + (f", the generator sent up to {load.max_lag_ms:.0f} ms late" if load.max_lag_ms > 100 else "")
         + (f"  MISSES: {'; '.join(row['misses_targets'])}" if row["misses_targets"] else "")
     )
     return {**row, "outcomes": outcomes, "fault_start": extra["fault_start"], "fault_end": extra["fault_end"]}
+
+
+def frontend_log_lines(world: World) -> int:
+    """Lines in the frontend's log so far (0 before it has one)."""
+    try:
+        with open(world.state / "logs" / "frontend.log", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
 
 
 def settle_redeliveries(world: World, runs: list[dict[str, Any]], plan: Plan) -> None:

@@ -332,3 +332,33 @@ def test_dynamodb_a_long_wait_reads_at_a_slowing_pace_and_an_early_reply_is_seen
     assert [r.outputs for r in channel.wait(early, ["mlp"], timeout_s=1.0)] == [[1]]
     assert time.monotonic() - started < 0.04 + 0.03  # seen within a base interval (and a read) of its arrival
     timer.join()
+
+
+def test_redis_the_loop_listener_does_not_carry_the_first_querys_context(redis_url):  # noqa: F811
+    """The listener is a task made by the first query that waits on the loop: it took that query's context, so its
+    log lines (inbox unreadable, read again) named that query's correlation id and application for the
+    process's life (seen in bench-faults' Redis-killed frontend log)."""
+    import asyncio
+    import contextvars
+
+    query_var: contextvars.ContextVar[str] = contextvars.ContextVar("query_var")
+    channel = RedisReplyChannel(RespClient.from_url(redis_url), ttl_s=60)
+    seen: list[str] = []
+
+    async def listen(*args):
+        seen.append(query_var.get("none"))
+
+    channel._listen_on_loop = listen  # type: ignore[method-assign]
+
+    async def first_query() -> None:
+        query_var.set("query 1")
+        q = channel.new_address()
+        channel.expect(q)
+        assert await channel.wait_async(q, ["mlp"], timeout_s=0.01) == []
+        await asyncio.sleep(0)
+
+    try:
+        asyncio.run(first_query())
+    finally:
+        channel.close()
+    assert seen == ["none"]

@@ -96,8 +96,7 @@ class DynamoDBCanaryEvidence:
             "TableName": self._table,
             "Key": {"pk": {"S": f"MODEL#{model}"}, "sk": {"S": _prefix(trial) + version}},
             "UpdateExpression": expression,
-            "ExpressionAttributeValues": {":version": {"S": version}}
-            | {f":{f}": {"N": n} for f, n in numbers.items()},
+            "ExpressionAttributeValues": {":version": {"S": version}} | {f":{f}": {"N": n} for f, n in numbers.items()},
         }
 
     def add(self, model: str, trial: str, version: str, delta: VersionEvidence) -> None:

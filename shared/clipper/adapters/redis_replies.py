@@ -24,6 +24,7 @@ the loop, so the frontend's route awaits its replies without holding a thread).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import threading
@@ -338,9 +339,12 @@ class RedisReplyChannel:
 
         connection = AsyncRespClient(self._client)  # its own connection: the blocking pops would hold a shared one
         self._loop_thread = threading.get_ident()
+        # a context of its own: a task copies the context it is made in, here the first query's, whose correlation
+        # id and application its log lines (the inbox unreadable, read again) carried for the process's life
         self._loop_listener = loop.create_task(
             self._listen_on_loop(connection, self._inbox_key(self._inbox), self._generation),
             name="clipper-reply-listener",
+            context=contextvars.Context(),
         )
 
     async def _listen_on_loop(self, connection: Any, key: str, generation: int) -> None:
