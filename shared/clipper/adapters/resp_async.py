@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from clipper.adapters.resp import Command, RespError, _Incomplete, pack, parse
+from clipper.adapters.resp import Command, RespError, _Incomplete, pack, parse, reply_end
 from clipper.errors import Unavailable
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ class _Protocol(asyncio.Protocol):
         self.calls: collections.deque[_Call] = collections.deque()
         self.closed = False
         self.outgoing: list[bytes] = []
+        self.need = 0  # > 0: the reply at the buffer's start is incomplete, and needs a buffer this long at least
         self.loop: asyncio.AbstractEventLoop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -55,10 +56,15 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buf
         buf += data
+        if len(buf) < self.need:  # the reply at the buffer's start is known to need more (resp.reply_end)
+            return
         pos = 0
         calls = self.calls
         try:
             while calls:
+                if self.need:  # that reply came in parts: parsed once it is whole, not again at every part
+                    reply_end(buf, pos)
+                    self.need = 0
                 value, pos = parse(buf, pos)
                 call = calls[0]
                 call.replies.append(value)
@@ -67,7 +73,13 @@ class _Protocol(asyncio.Protocol):
                     if not call.future.done():  # a caller past its deadline is gone: its replies are dropped
                         call.future.set_result(call.replies)
         except _Incomplete:
-            pass
+            try:
+                reply_end(buf, pos)
+            except _Incomplete as e:  # the length it needs, from the buffer's start once the answered are cut
+                self.need = max(1, e.need - pos)
+            except ValueError as e:
+                self.fail(ConnectionError(f"garbage from the server: {e}"))
+                return
         except ValueError as e:  # not RESP: nothing on this connection can be trusted
             self.fail(ConnectionError(f"garbage from the server: {e}"))
             return
