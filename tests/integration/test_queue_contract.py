@@ -326,6 +326,18 @@ def test_the_stream_stays_bounded_after_deletes(rclient: redis.Redis, lean: Resp
     assert reader.depth() == queue_depth(lean, url) and reader.depth().ready == 0
 
 
+def test_a_delete_refused_inside_its_transaction_is_unavailable(rclient: redis.Redis, lean: RespClient):
+    """An error inside MULTI/EXEC (here: the delayed set's key holds a string) comes back inside EXEC's reply; the
+    delete passed it as a success (found by a review), so the batcher took the message as acknowledged."""
+    url = new_url()
+    queue, reader = RedisStreamRequestQueue(lean), RedisStreamQueueReader(lean, url)
+    queue.send(url, "m")
+    (got,) = reader.receive(1, 0)
+    rclient.set(stream_keys(url).delayed, "not a sorted set")
+    with pytest.raises(Unavailable, match="WRONGTYPE"):
+        reader.delete([got.receipt_handle])
+
+
 def test_send_trims_messages_past_the_retention(rclient: redis.Redis, lean: RespClient):
     kept, trimmed = new_url(), new_url()
     for i in range(1000):

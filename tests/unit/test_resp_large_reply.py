@@ -116,3 +116,33 @@ def test_replies_cut_anywhere_come_out_whole_and_in_order(cut: int) -> None:
     nested, pong, nil, empty = asyncio.run(run())
     assert nested[0] == [b"abc", None, 42] and isinstance(nested[1], resp.RespError)
     assert (pong, nil, empty) == ("PONG", None, b"")
+
+
+def test_a_connection_whose_set_up_is_not_answered_is_closed() -> None:
+    """AUTH not answered within the call's time: the call is Unavailable and its connection closed (it was
+    neither kept nor closed: one connection leaked per such call; found by a review)."""
+    from clipper.adapters.resp import RespClient
+    from clipper.errors import Unavailable
+
+    async def run() -> bool:
+        closed = asyncio.Event()
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while await reader.read(4096):  # reads AUTH, never answers
+                pass
+            closed.set()  # the client closed its end
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = RespClient.from_url(f"redis://:secret@127.0.0.1:{port}/0").aio
+        with pytest.raises(Unavailable):
+            await client.execute([("PING",)], timeout=0.2)
+        try:
+            await asyncio.wait_for(closed.wait(), 2.0)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            server.close()
+
+    assert asyncio.run(run())

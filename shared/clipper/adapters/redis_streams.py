@@ -278,7 +278,9 @@ class RedisStreamQueueReader:
                 ("EXEC",),
             ]
         )
-        for reply in replies:
+        # an error inside the transaction (a key of the wrong type) comes in EXEC's array, not as a reply of its own
+        inside = replies[-1] if isinstance(replies[-1], list) else []
+        for reply in [*replies, *inside]:
             if isinstance(reply, RespError):
                 raise Unavailable(f"redis queue: {reply}")
 

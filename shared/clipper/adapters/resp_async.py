@@ -160,7 +160,12 @@ class AsyncRespClient:
             if setup:
                 future: asyncio.Future[list[Any]] = loop.create_future()
                 conn.send(setup, future)
-                for reply in await asyncio.wait_for(future, max(0.001, deadline - time.monotonic())):
+                try:
+                    replies = await asyncio.wait_for(future, max(0.001, deadline - time.monotonic()))
+                except BaseException:  # not answered in time (or cancelled): the connection is not kept, so closed
+                    conn.fail(ConnectionError("connection set-up not answered"))
+                    raise
+                for reply in replies:
                     if isinstance(reply, RespError):
                         conn.fail(ConnectionError(str(reply)))
                         raise reply
