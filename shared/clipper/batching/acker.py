@@ -29,7 +29,9 @@ DEFAULT_LINGER_S = 0.02  # clipper-batcher's --ack-linger-ms default, and what t
 
 
 class BackgroundAcker:
-    """Deletes and releases of one queue, done by one thread in the order they were asked for.
+    """Deletes and releases of one queue, done by one thread: each pass does the deletes asked for so far, in
+    order and in chunks, then the releases (a message is either deleted or released, never both, so the two
+    kinds need no order between them).
 
     ``chunk``: receipt handles per delete call. ``max_backlog``: asks not yet done beyond which ``delete`` and
     ``release`` block until the thread catches up (a queue that cannot keep up slows the batcher down rather
