@@ -165,6 +165,9 @@ SCENARIOS: dict[str, Scenario] = {
     "batcher-killed-mid-batch": Scenario("digits", batcher_killed_mid_batch),
     "redis-killed": Scenario("digits", _restart("redis")),
     "aws-emulator-unreachable": Scenario("digits", aws_emulator_unreachable),
+    # killed, not stopped: every read is refused at once (a stopped one holds reads, which the copy waits out),
+    # until the supervisor has started it again and it has its tables back
+    "aws-emulator-killed": Scenario("digits", _restart("moto"), all_real=True),
     "duplicate-delivery": Scenario("digits", duplicate_delivery, all_real=True),
     "poison-message": Scenario("digits", poison_message, all_real=True),
     "unknown-apps": Scenario("digits", unknown_apps, all_real=True),

@@ -98,9 +98,12 @@ def test_a_failing_reload_keeps_the_stale_entry_until_the_staleness_bound():
     clock.advance(2.0)  # 4.5 s old: still within ttl + max_stale
     assert cached.get_app("digits").name == "digits"
     runner.run()
-    clock.advance(1.0)  # 5.5 s: reloaded on the query path, and the failure reaches the caller
-    with pytest.raises(Unavailable):
-        cached.get_app("digits")
+    clock.advance(1.0)  # 5.5 s: reloaded on the query path, which fails: the entry held is answered all the same
+    reads = inner.queries
+    assert cached.get_app("digits").name == "digits" and cached.linked_models("digits") == ["mlp"]
+    assert inner.queries > reads  # it was read (and failed), not merely answered from the copy
+    with pytest.raises(Unavailable):  # a name the copy never held: nothing to answer
+        cached.get_app("other")
     inner.down = False
     assert cached.get_app("digits").name == "digits"
 
@@ -141,9 +144,10 @@ def test_past_the_staleness_bound_an_entry_is_still_answered_while_its_reload_is
     assert cached.get_app("digits").name == "digits"  # stale: reload queued
     runner.tasks[-1]()  # ... and it fails: nothing in flight any more
     runner.tasks.clear()
-    clock.advance(2.0)  # 4.5 s old, past the bound, no reload in flight: the query path reads, and fails
-    with pytest.raises(Unavailable):
-        cached.get_app("digits")
+    clock.advance(2.0)  # 4.5 s old, past the bound, no reload in flight: the query path reads, fails, and the
+    # entry held is answered (stale-if-error: nothing can change the registry while it cannot be read)
+    reads = inner.queries
+    assert cached.get_app("digits").name == "digits" and inner.queries == reads + 1
 
 
 def test_without_the_combined_read_each_entry_is_read_alone():
@@ -634,3 +638,74 @@ def test_an_earlier_reads_result_does_not_replace_a_later_one():
     cached._keep({("app", "digits"): older}, now, generation)  # began before the other, ended after it
     clock.advance(1.5)
     assert cached.get_app("digits").policy == "exp3" and inner.queries == 0
+
+
+@dataclass
+class AllDownRegistry(OneQueryRegistry):
+    """Every read fails while ``down``."""
+
+    def _check(self) -> None:
+        if self.down:
+            raise Unavailable("dynamodb down")
+
+    def active_version(self, model: str):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().active_version(model)
+
+    def get_version(self, model: str, version: str):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().get_version(model, version)
+
+    def canary(self, model: str):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().canary(model)
+
+
+def test_while_the_registry_cannot_be_read_every_entry_held_is_answered_however_old(caplog):
+    """A moto crash on the local stack (a user's review): an application queried again after a quiet spell had its
+    links and its model's active version past the staleness bound, read on the query path, and failed; each query
+    answered its default ('no model is linked', which was false) until the registry came back. Every kind of
+    entry is now answered as held when its read fails; one log line a second says so."""
+    _, clock = world()
+    inner = AllDownRegistry()
+    inner.apps["digits"] = digits_app()
+    inner.links["digits"] = ["mlp"]
+    inner.versions[("mlp", "1")] = model_version("mlp", "1")
+    inner.versions[("mlp", "2")] = model_version("mlp", "2")
+    inner.active["mlp"] = "1"
+    runner = ManualRunner()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, max_stale_s=2)
+    assert cached.linked_models("digits") == ["mlp"] and cached.active_version("mlp").version == "1"
+    assert cached.canary("mlp") is None and cached.get_version("mlp", "2").version == "2"
+    inner.down = True
+    clock.advance(600.0)  # ten minutes without a query: every entry long past ttl + max_stale
+    with caplog.at_level("WARNING", logger="clipper.core.registry_cache"):
+        for _ in range(3):
+            assert cached.get_app("digits").name == "digits" and cached.linked_models("digits") == ["mlp"]
+            assert cached.active_version("mlp").version == "1" and cached.canary("mlp") is None
+            assert cached.get_version("mlp", "2").version == "2"
+    held = [r for r in caplog.records if "answered as last held" in r.getMessage()]
+    assert len(held) == 5  # one a second for each kind of entry (app, links, active, canary, version), not a query
+    with pytest.raises(Unavailable):
+        cached.active_version("never-held")
+    inner.down = False
+    inner.active["mlp"] = "2"
+    clock.advance(1.0)  # read again once it can be: the registry's answer, not the held one
+    assert cached.active_version("mlp").version == "2"
+
+
+def test_failing_background_reloads_write_one_line_a_second_not_one_a_reload(caplog):
+    """With the registry refusing every read (moto killed), each entry's reload failed and logged a line: 58 lines
+    in a bench-faults run of a few seconds. Now one a second (the next names how many more failed)."""
+    from clipper.core.registry_cache import BackgroundReloads
+
+    reloads = BackgroundReloads(lambda task: task(), "registry reload failed", fresh_s=2.0)
+
+    def refused() -> None:
+        raise Unavailable("dynamodb.Query(registry): EndpointConnectionError")
+
+    with caplog.at_level("WARNING", logger="clipper.core.registry_cache"):
+        for key in range(50):
+            reloads.submit(("links", f"app-{key}"), refused)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["registry reload failed: dynamodb.Query(registry): EndpointConnectionError"]

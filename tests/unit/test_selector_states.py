@@ -156,3 +156,60 @@ def test_a_read_in_flight_at_a_restore_is_not_kept():
     gate.set()
     reader.join(5)
     assert selector.cached_states == 0 and not selector.is_cached(app, None)
+
+
+def test_while_the_state_store_cannot_be_read_the_state_held_is_used_however_old(caplog):
+    """An exp3 application queried after a quiet spell while DynamoDB (moto) is down: its bandit state, past the
+    staleness bound, was read on the query path and failed, and the query answered its default. The state held
+    is used instead (its weights a little behind pick models as well); a user's state never held gives way to the
+    application's; an application's never held is still the failure."""
+    from clipper.errors import Unavailable
+
+    registry = InMemoryRegistry()
+    registry.apps["d"] = digits_app(name="d", policy="exp3")
+    registry.links["d"] = ["a", "b"]
+    for m in ("a", "b"):
+        registry.versions[(m, "1")] = model_version(m)
+        registry.active[m] = "1"
+    down = False
+
+    class FlakyStore(InMemorySelectionStore):
+        def load(self, key):
+            if down:
+                raise Unavailable("dynamodb.GetItem(selection): EndpointConnectionError")
+            return super().load(key)
+
+    clock = FakeClock()
+    selector = Selector(registry, FlakyStore(), clock, random.Random(1), ttl_s=1.0)
+    app = registry.get_app("d")
+    assert selector.choose(app, None) is not None
+    down = True
+    clock.advance(600.0)
+    with caplog.at_level("WARNING", logger="clipper.frontend.selection"):
+        for _ in range(20):
+            assert selector.choose(app, None) is not None
+            assert selector.choose(app, "a-new-user") is not None
+    lines = [r for r in caplog.records if "answered as last held" in r.getMessage()]
+    assert len(lines) == 2  # one a second for the application's state and one for users', not one a query
+    registry.apps["e"] = digits_app(name="e", policy="exp3")
+    registry.links["e"] = ["a", "b"]
+    with pytest.raises(Unavailable):
+        selector.choose(registry.get_app("e"), None)
+
+
+def test_a_linked_models_version_unreadable_is_the_failure_not_no_model_linked():
+    """choose() skipped a model whose active version could not be read (any ClipperError) and, with none left,
+    answered None: the query's default then said 'no model is linked to application ...', which was false (a
+    user's review, moto killed). An unreadable registry now reaches the query as itself."""
+    from clipper.errors import Unavailable
+
+    class DownRegistry(InMemoryRegistry):
+        def active_version(self, model):
+            raise Unavailable("dynamodb.Query(registry): EndpointConnectionError")
+
+    registry = DownRegistry()
+    registry.apps["d"] = digits_app(name="d")
+    registry.links["d"] = ["a"]
+    selector = Selector(registry, None, FakeClock(), random.Random(1), ttl_s=1.0)
+    with pytest.raises(Unavailable):
+        selector.choose(registry.get_app("d"), None)

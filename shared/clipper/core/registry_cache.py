@@ -38,6 +38,7 @@ from typing import Any
 
 from clipper.core.domain import Application, Canary, ModelRecord, ModelVersion
 from clipper.core.keep_warm import KeepWarm
+from clipper.core.log_sampling import SampledLog
 from clipper.core.single_flight import SingleFlight
 from clipper.errors import ClipperError, NotFound, Unavailable
 from clipper.ports import Clock, Registry
@@ -140,6 +141,8 @@ class BackgroundReloads:
         # key -> whether its reload in flight keeps the value usable past the bound (``submit``'s ``patient``)
         self._in_flight: dict[Any, bool] = {}
         self._lock = threading.Lock()
+        # a failing source fails every entry's reload: one line a second says so (with how many more failed)
+        self._failures_log = SampledLog(logger)
 
     @property
     def bound_s(self) -> float:
@@ -189,7 +192,7 @@ class BackgroundReloads:
             try:
                 reload()
             except ClipperError as e:
-                logger.warning("%s: %s", self._what, e)
+                self._failures_log.warning(type(e).__name__, "%s: %s", self._what, e)
             except Exception:  # a bug, on a background thread where nothing else would report it
                 logger.exception("%s", self._what)
             finally:
@@ -227,6 +230,7 @@ class CachedRegistry:
         a ``refresh`` runner), so the first queries after a quiet spell read nothing."""
         self._inner = inner
         self._clock = clock
+        self._errors_log = SampledLog(logger, clock=clock.now)  # at most a line a second for each kind of entry
         self._ttl = ttl_s
         self._refresh = refresh
         self._max_entries = max_entries
@@ -384,12 +388,30 @@ class CachedRegistry:
         now = self._clock.now()
         value = self._cached(key, now)
         if value is None:
-            value = self._read_now(key, now)[key]
+            try:
+                value = self._read_now(key, now)[key]
+            except Unavailable as e:
+                value = self._held_on_error(key, now, e)
         if self._pending and key[0] == "app":
             self._settle(key[1], not isinstance(value, NotFound), now)
         if isinstance(value, NotFound):
             raise value
         return value
+
+    def _held_on_error(self, key: Key, now: float, error: Unavailable) -> object:
+        """The entry this copy holds for ``key``, however old, while the registry cannot be read (stale-if-error);
+        ``error`` when it holds none. Nothing can change the registry while it is unreadable, so what the copy
+        held is still what it says: a model's links and active version past ``ttl_s + max_stale_s`` (no query
+        for a while) were read on the query path and failed, and each query answered its default ('no model is
+        linked') for as long as the registry stayed down, though its application was answered as held."""
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit is None:
+            raise error
+        self._errors_log.warning(
+            key[0], "registry unreadable: %s answered as last held (%.0f s old): %s", key, now - hit[0], error
+        )
+        return hit[1]
 
     @property
     def sizes(self) -> tuple[int, int]:

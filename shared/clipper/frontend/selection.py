@@ -19,6 +19,7 @@ the trial), so one user sees one version throughout a trial.
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import threading
 from collections import OrderedDict
@@ -27,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
+from clipper.core.log_sampling import SampledLog
 from clipper.core.registry_cache import BackgroundReloads
 from clipper.core.single_flight import SingleFlight
-from clipper.errors import ClipperError
+from clipper.errors import ClipperError, Unavailable
 from clipper.ports import Clock, Registry, SelectionStore
 from clipper.selection import (
     Selection,
@@ -43,6 +45,8 @@ from clipper.selection import (
 )
 from clipper.selection.state import is_user_key
 from clipper.selection.versions import active_versions
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Selector:
         self._ready_for: Callable[[str], bool] | None = getattr(registry, "ready_for", None)
         self._store = store
         self._clock = clock
+        self._errors_log = SampledLog(logger, clock=clock.now)  # at most a line a second for each state
         self._rng = rng
         self._ttl = ttl_s
         self._max_states = max_states
@@ -149,10 +154,26 @@ class Selector:
             return held[0]
         # one read however many queries ask at once (a read another query started within ttl_s is as recent as a
         # fresh state): after a quiet while each query read the state itself, all at the store at once
-        state = self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
+        try:
+            state = self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
+        except Unavailable as e:
+            return self._held_on_error(key, now, e)
         if self._warm is not None and not is_user_key(key):
             self._warm.touch(key, now)
         return state
+
+    def _held_on_error(self, key: str, now: float, error: Unavailable) -> SelectionState | None:
+        """While the store cannot be read: the state held for ``key``, however old (weights a little behind pick
+        models as well; the query's default would answer none), or, for a user's state never held, none (the
+        application's state answers that query); ``error`` for an application's state never held."""
+        hit = self._states.get(key)
+        if hit is None and not is_user_key(key):
+            raise error
+        age = f"{now - hit[0]:.0f} s old" if hit is not None else "none held: the application's"
+        self._errors_log.warning(
+            "user" if is_user_key(key) else key, "bandit state unreadable, answered as last held (%s): %s", age, error
+        )
+        return hit[1] if hit is not None else None
 
     def _read(self, key: str, now: float) -> SelectionState | None:
         generation = self._generation
@@ -188,6 +209,8 @@ class Selector:
         for name in selection.models:
             try:
                 version, trial = self._version_for(name, user)
+            except Unavailable:
+                raise  # the registry unreadable (and no entry held): the query's default names it, not 'no model'
             except ClipperError:
                 continue  # a linked model without an active version cannot answer; the others can
             models.append(version)
