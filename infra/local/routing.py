@@ -21,7 +21,9 @@ Asgi = Any  # an ASGI application: async (scope, receive, send) -> None
 def gateway(admin: Asgi, frontend: Asgi, processes_file: Path | None = None) -> Asgi:
     async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
         http = scope["type"] == "http"
-        target = admin if http and scope["path"].startswith("/admin") else frontend
+        path = scope["path"] if http else ""
+        # the admin API's segment, as API Gateway routes it: an application named administrator is the frontend's
+        target = admin if path == "/admin" or path.startswith("/admin/") else frontend
         if processes_file is not None and http and scope["path"] == "/metrics" and scope["method"] == "GET":
             await with_processes(target, processes_file, scope, receive, send)
             return

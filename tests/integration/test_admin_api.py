@@ -489,3 +489,12 @@ def test_an_integer_past_a_numbers_range_is_named_as_such(admin):
     refused = admin.post("/admin/set_policy_params", content=raw, headers={"Content-Type": "application/json"})
     assert refused.status_code == 400, refused.text
     assert refused.json()["cause"] == "eta: expected a number, got an integer out of a number's range"
+
+
+def test_the_admin_apis_own_segment_is_no_application_name(admin):
+    """An application named admin was registered (200) and never answered: POST /admin/predict is the admin API's
+    (API Gateway's POST /admin/{operation}), a 404 'no such operation' (a user's review). A 400 naming the field
+    now; a name that only begins with admin is an application like any other."""
+    refused = ok(admin.post("/admin/add_app", json={**DIGITS, "name": "admin"}), 400)
+    assert refused["cause"].startswith("name") and "reserved" in refused["cause"]
+    assert ok(admin.post("/admin/add_app", json={**DIGITS, "name": "administrator"}))["name"] == "administrator"

@@ -238,3 +238,13 @@ def test_a_change_whose_event_is_lost_answers_what_it_did_not_a_503(aws, evidenc
     monkeypatch.undo()
     ok = call(admin, "start_canary", model_name="mlp", model_version="1", share_percent=10)
     assert "event_recorded" not in ok  # written: the answer as before
+
+
+def test_stopping_the_inactive_versions_keeps_a_running_canarys(admin):
+    """stop_inactive_model_versions deleted a running canary's version (and so ended its trial without a word):
+    it answers a share of the queries, so it is not inactive (a user's review)."""
+    call(admin, "start_canary", model_name="mlp", model_version="3", share_percent=50)
+    assert call(admin, "stop_inactive_model_versions", model_name="mlp") == {"deleted": ["mlp:1"]}
+    assert call(admin, "get_canary", model_name="mlp")["canary"]["version"] == "3"
+    call(admin, "abort_canary", model_name="mlp")
+    assert call(admin, "stop_inactive_model_versions", model_name="mlp") == {"deleted": ["mlp:3"]}

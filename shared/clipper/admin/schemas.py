@@ -130,8 +130,21 @@ class ErrorBody(BaseModel):
 MIN_SLO_MICROS = 1_000
 
 
+# /admin/... is the admin API's (API Gateway routes POST /admin/{operation} to it): an application named admin could
+# be registered and never queried, its POST /admin/predict answered 404 "no such operation" (a user's review)
+RESERVED_APP_NAMES = frozenset({"admin"})
+
+
+def _not_reserved(name: str) -> str:
+    if name in RESERVED_APP_NAMES:
+        raise ValueError(f"the name {name!r} is reserved (POST /{name}/... is the admin API's)")
+    return name
+
+
 class AddApp(Body):
-    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: Annotated[str, AfterValidator(_not_reserved)] = Field(
+        min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+    )
     input_type: InputTypeName
     default_output: Annotated[str, AfterValidator(_answerable)] = Field(
         max_length=MAX_DEFAULT_CHARS, description="answered as the JSON it spells (else as the string)"

@@ -366,9 +366,13 @@ class AdminService:
         return {"deleted": f"{model}:{version}"}
 
     def stop_inactive_model_versions(self, model: str) -> dict[str, Any]:
+        """Delete every version that answers no query: not the active one, nor a running canary's (it answers its
+        share: a cleanup call ended a 50 % canary without a word, a user's review; ``abort_canary`` ends one, or
+        ``delete_versioned_model`` names it)."""
         record = self._registry.model_record(model)  # NotFound
         head, versions = record.head, record.versions
-        gone = [v for v in versions if v != head.active_version]
+        serving = {head.active_version, head.canary.version if head.canary is not None else None}
+        gone = [v for v in versions if v not in serving]
         for v in gone:
             self._deleted(model, self._registry.delete_version(model, v))
             self._retire(model, versions[v], [versions[k] for k in versions if k not in gone], _sha256(record, v))

@@ -89,10 +89,12 @@ class FeedbackWorker:
         except MalformedMessage as e:
             return self._poison(m, str(e))
         except Unavailable as e:
-            logger.warning("feedback %s failed (retried, then dead-lettered): %s", which, e)
+            # not dead-lettered now: the message comes back after its visibility timeout, and only a message that
+            # fails every one of its deliveries goes to the dead-letter queue (it read as if this one had)
+            logger.warning("feedback %s not applied yet, retried after the visibility timeout: %s", which, e)
             return None
         except Exception:  # a bug or an unforeseen error: this message only, the worker goes on
-            logger.exception("feedback %s failed unexpectedly (retried, then dead-lettered)", which)
+            logger.exception("feedback %s failed unexpectedly (retried after the visibility timeout)", which)
             return None
         logger.info("feedback %s: %s", which, outcome)
         return outcome
