@@ -212,9 +212,10 @@ class FeedbackLog(Protocol):
 
     def append(self, entry: FeedbackEntry) -> None: ...
 
-    def count_skipped(self, app: str, outcome: str, at: float) -> None:
+    def count_skipped(self, app: str, outcome: str, at: float, feedback_id: str | None = None) -> bool:
         """Count a feedback that was not learned (``no_record``, ``label_mismatch``...), by application, outcome and
-        UTC day: the report shows what was not learned, and why."""
+        UTC day: the report shows what was not learned, and why. With its ``feedback_id``, once: a delivery of the
+        same feedback again counts nothing (False)."""
         ...
 
 

@@ -24,10 +24,11 @@ class ListLog:
             raise ConnectionError("the log's table is unreachable")
         self.entries.append(entry)
 
-    def count_skipped(self, app, outcome, at) -> None:
+    def count_skipped(self, app, outcome, at, feedback_id=None) -> bool:
         if self.fail:
             raise ConnectionError("the log's table is unreachable")
         self.entries.append(("skipped", app, outcome, at))
+        return True
 
 
 def test_each_applied_feedback_is_logged_once_with_the_models_losses_and_the_answer(learning):  # noqa: F811

@@ -8,6 +8,10 @@ the table's TTL. Feedback that was not learned is counted, not logged, in one it
 key sorts after every entry's, so a range of entries never reads it):
 
     pk = LOG#<app>#<YYYY-MM-DD>   sk = skipped                  <outcome> (N), ..., expires_at (N)
+    pk = LOG#<app>#<YYYY-MM-DD>   sk = skipped#<feedback id>    expires_at (N): that feedback was counted
+
+A feedback is counted once: its marker and the count are one transaction, the marker conditional on its absence
+(a message delivered again, after a failed delete or its visibility timeout, was counted again).
 
 The application name is percent-encoded, so ``#`` in a name cannot reach another's partition.
 State keys start with ``app/`` (``clipper.selection.state_key``), so the two never share a partition.
@@ -22,7 +26,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from clipper.adapters.aws_errors import aws_call
+from botocore.exceptions import ClientError
+
+from clipper.adapters.aws_errors import aws_call, cancellation_codes
 from clipper.report.entry import FeedbackEntry
 
 if TYPE_CHECKING:
@@ -71,15 +77,33 @@ class DynamoDBFeedbackLog:
         with aws_call("dynamodb.PutItem(feedback log)"):
             self._client.put_item(TableName=self._table, Item=item)
 
-    def count_skipped(self, app: str, outcome: str, at: float) -> None:
-        with aws_call("dynamodb.UpdateItem(feedback log)"):
-            self._client.update_item(
-                TableName=self._table,
-                Key={"pk": {"S": _pk(app, _day(at))}, "sk": {"S": SKIPPED_SK}},
-                UpdateExpression="ADD #o :one SET expires_at = if_not_exists(expires_at, :e)",
-                ExpressionAttributeNames={"#o": outcome},
-                ExpressionAttributeValues={":one": {"N": "1"}, ":e": {"N": str(math.ceil(at) + self._ttl_s)}},
-            )
+    def count_skipped(self, app: str, outcome: str, at: float, feedback_id: str | None = None) -> bool:
+        """Count one feedback not learned; with its ``feedback_id``, once (False: counted before, nothing done)."""
+        pk, expires = _pk(app, _day(at)), str(math.ceil(at) + self._ttl_s)
+        update = {
+            "TableName": self._table,
+            "Key": {"pk": {"S": pk}, "sk": {"S": SKIPPED_SK}},
+            "UpdateExpression": "ADD #o :one SET expires_at = if_not_exists(expires_at, :e)",
+            "ExpressionAttributeNames": {"#o": outcome},
+            "ExpressionAttributeValues": {":one": {"N": "1"}, ":e": {"N": expires}},
+        }
+        if feedback_id is None:
+            with aws_call("dynamodb.UpdateItem(feedback log)"):
+                self._client.update_item(**update)
+            return True
+        marker = {
+            "TableName": self._table,
+            "Item": {"pk": {"S": pk}, "sk": {"S": f"{SKIPPED_SK}#{feedback_id}"}, "expires_at": {"N": expires}},
+            "ConditionExpression": "attribute_not_exists(pk)",
+        }
+        with aws_call("dynamodb.TransactWriteItems(feedback log)"):
+            try:
+                self._client.transact_write_items(TransactItems=[{"Put": marker}, {"Update": update}])
+            except ClientError as e:
+                if cancellation_codes(e)[:1] == ["ConditionalCheckFailed"]:
+                    return False  # its marker is there: counted by an earlier delivery
+                raise
+        return True
 
     def skipped(self, app: str, since: float, until: float) -> dict[str, int]:
         """The feedback of ``app`` not learned, by outcome, on the UTC days [since, until] touches (whole days: the

@@ -45,7 +45,7 @@ class FeedbackRecorder:
     def skipped(self, message: FeedbackMessage, outcome: str) -> None:
         """Count ``message`` as not learned, for ``outcome``; as ``record``, never failing the feedback."""
         try:
-            self._log.count_skipped(message.app, outcome, self._clock.now())
+            self._log.count_skipped(message.app, outcome, self._clock.now(), message.feedback_id)
         except Exception as e:
             self.failures += 1
             logger.warning(
