@@ -47,6 +47,11 @@ def test_parameters_are_stored_with_the_app_and_used_by_its_policy(admin, aws) -
         ({"loss_scale": 0}, "loss_scale"),
         ({"loss_scale": -2.5}, "loss_scale"),
         ({"loss_scale": "1e400"}, "loss_scale"),
+        # beyond what DynamoDB stores (under 1e-130, over 1e125): the body's own check (schemas.Number)
+        ({"eta": 1e-200}, "eta"),
+        ({"eta": 1e200}, "eta"),
+        ({"loss_scale": 1e-200}, "loss_scale"),
+        ({"loss_scale": 1e200}, "loss_scale"),
     ],
 )
 def test_bad_parameters_are_refused_naming_the_field_and_change_nothing(admin, aws, body, field) -> None:  # noqa: F811

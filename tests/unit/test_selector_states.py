@@ -213,3 +213,39 @@ def test_a_linked_models_version_unreadable_is_the_failure_not_no_model_linked()
     selector = Selector(registry, None, FakeClock(), random.Random(1), ttl_s=1.0)
     with pytest.raises(Unavailable):
         selector.choose(registry.get_app("d"), None)
+
+
+def test_an_ensemble_is_still_answered_by_the_models_it_can_read():
+    """exp4 over a and b, b's active version unreadable (a throttled read, never held): the query is answered by a,
+    as before the registry's failure reached choose() as itself (found by a review of that change); only when no
+    model is left is it the failure."""
+    from clipper.core.registry_cache import CachedRegistry
+    from clipper.errors import Unavailable
+
+    inner = InMemoryRegistry()
+    inner.apps["d"] = digits_app(name="d", policy="exp4")
+    inner.links["d"] = ["a", "b"]
+    for m in ("a", "b"):
+        inner.versions[(m, "1")] = model_version(m)
+        inner.active[m] = "1"
+    clock = FakeClock()
+    copy = CachedRegistry(inner, clock, ttl_s=1.0)
+    copy.active_version("a")
+    copy.canary("a")  # a held
+    real = inner.active_version
+    down = {"b"}
+
+    def flaky(model):
+        if model in down:
+            raise Unavailable("dynamodb.Query(registry): ProvisionedThroughputExceeded")
+        return real(model)
+
+    inner.active_version = flaky  # type: ignore[method-assign]
+    selector = Selector(copy, InMemorySelectionStore(), clock, random.Random(1), ttl_s=1.0)
+    choice = selector.choose(copy.get_app("d"), None)
+    assert choice is not None and [m.name for m in choice.models] == ["a"]
+    down.add("a")
+    clock.advance(600.0)
+    copy.invalidate()  # nothing held now
+    with pytest.raises(Unavailable):
+        selector.choose(copy.get_app("d"), None)

@@ -206,16 +206,20 @@ class Selector:
         state = self.state_for(app, linked, user)
         selection = policy.select(state, self._rng)
         models, trials = [], {}
+        unreadable: Unavailable | None = None
         for name in selection.models:
             try:
                 version, trial = self._version_for(name, user)
-            except Unavailable:
-                raise  # the registry unreadable (and no entry held): the query's default names it, not 'no model'
+            except Unavailable as e:  # its version unreadable (and none held): the others still answer
+                unreadable = unreadable or e
+                continue
             except ClipperError:
                 continue  # a linked model without an active version cannot answer; the others can
             models.append(version)
             if trial is not None:
                 trials[name] = trial
+        if not models and unreadable is not None:
+            raise unreadable  # none left because the registry cannot be read: the default names that, not 'no model'
         return Choice(policy, state, selection, models, trials) if models else None
 
     def _version_for(self, model: str, user: str | None) -> tuple[ModelVersion, str | None]:
