@@ -136,6 +136,16 @@ def reply_end(buf: bytes | bytearray, pos: int) -> int:
     raise ValueError(f"not a RESP reply: {bytes(buf[pos : pos + 20])!r}")
 
 
+def missing(buf: bytes | bytearray, pos: int) -> int:
+    """0 when the reply at ``pos`` is whole in ``buf``; else a length ``buf`` needs at least before it may be
+    (``reply_end``: when a bulk string's header says how long it is, its end; else one more byte)."""
+    try:
+        reply_end(buf, pos)
+    except _Incomplete as e:
+        return max(e.need, len(buf) + 1)
+    return 0
+
+
 class _Connection:
     def __init__(self, client: RespClient, deadline: float) -> None:
         self.buf = bytearray()
@@ -171,17 +181,12 @@ class _Connection:
         return out
 
     def _fill_reply(self, pos: int, deadline: float) -> None:
-        """Read until the reply at ``pos`` is whole in the buffer (checked without building it)."""
-        need = 0
-        while True:
-            self._fill(deadline)
-            if len(self.buf) < need:
-                continue
-            try:
-                reply_end(self.buf, pos)
-                return
-            except _Incomplete as e:
-                need = e.need
+        """Read until the reply at ``pos`` is whole in the buffer (checked without building it: ``missing``)."""
+        need = len(self.buf) + 1
+        while need:
+            while len(self.buf) < need:
+                self._fill(deadline)
+            need = missing(self.buf, pos)
 
     def _fill(self, deadline: float) -> None:
         remaining = deadline - time.monotonic()

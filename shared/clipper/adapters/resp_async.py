@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from clipper.adapters.resp import Command, RespError, _Incomplete, pack, parse, reply_end
+from clipper.adapters.resp import Command, RespError, _Incomplete, missing, pack, parse
 from clipper.errors import Unavailable
 
 if TYPE_CHECKING:
@@ -56,30 +56,27 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buf
         buf += data
-        if len(buf) < self.need:  # the reply at the buffer's start is known to need more (resp.reply_end)
+        if len(buf) < self.need:  # the reply at the buffer's start is known to need more (resp.missing)
             return
         pos = 0
         calls = self.calls
         try:
+            if self.need:  # that reply came in parts: parsed once it is whole, not again at every part
+                self.need = missing(buf, 0)
+                if self.need:
+                    return
             while calls:
-                if self.need:  # that reply came in parts: parsed once it is whole, not again at every part
-                    reply_end(buf, pos)
-                    self.need = 0
-                value, pos = parse(buf, pos)
+                try:
+                    value, pos = parse(buf, pos)
+                except _Incomplete:
+                    self.need = missing(buf, pos) - pos  # from the buffer's start, once the answered are cut
+                    break
                 call = calls[0]
                 call.replies.append(value)
                 if len(call.replies) == call.wanted:
                     calls.popleft()
                     if not call.future.done():  # a caller past its deadline is gone: its replies are dropped
                         call.future.set_result(call.replies)
-        except _Incomplete:
-            try:
-                reply_end(buf, pos)
-            except _Incomplete as e:  # the length it needs, from the buffer's start once the answered are cut
-                self.need = max(1, e.need - pos)
-            except ValueError as e:
-                self.fail(ConnectionError(f"garbage from the server: {e}"))
-                return
         except ValueError as e:  # not RESP: nothing on this connection can be trusted
             self.fail(ConnectionError(f"garbage from the server: {e}"))
             return

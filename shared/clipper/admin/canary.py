@@ -37,6 +37,11 @@ def record_event(registry: CanaryRegistry, model: str, event: dict[str, Any]) ->
         return False
 
 
+def said(answer: dict[str, Any], recorded: bool) -> dict[str, Any]:
+    """A change's answer, saying ``event_recorded: false`` when its event was lost (``record_event``)."""
+    return answer if recorded else {**answer, "event_recorded": False}
+
+
 class CanaryRegistry(Protocol):
     def model_record(self, name: str) -> ModelRecord: ...
 
@@ -104,8 +109,7 @@ def start_canary(registry: CanaryRegistry, req: schemas.StartCanary, now: float)
             "reason": f"{canary.version} started on {canary.share * 100:.10g}% of the queries beside {active}",
         },
     )
-    out = {"model_name": req.model_name, "active_version": active, "canary": canary_info(canary)}
-    return out if recorded else {**out, "event_recorded": False}
+    return said({"model_name": req.model_name, "active_version": active, "canary": canary_info(canary)}, recorded)
 
 
 def get_canary(
@@ -158,8 +162,7 @@ def end_by_hand(registry: CanaryRegistry, model: str, promote: bool, now: float)
             "reason": f"{kind} by hand: {active} is active",
         },
     )
-    out = {"model_name": model, "ended": kind, "canary": canary_info(canary), "active_version": active}
-    return out if recorded else {**out, "event_recorded": False}
+    return said({"model_name": model, "ended": kind, "canary": canary_info(canary), "active_version": active}, recorded)
 
 
 def deleted_canary_event(model: str, canary: Canary, now: float) -> dict[str, Any]:
