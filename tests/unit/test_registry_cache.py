@@ -98,14 +98,21 @@ def test_a_failing_reload_keeps_the_stale_entry_until_the_staleness_bound():
     clock.advance(2.0)  # 4.5 s old: still within ttl + max_stale
     assert cached.get_app("digits").name == "digits"
     runner.run()
-    clock.advance(1.0)  # 5.5 s: reloaded on the query path, which fails: the entry held is answered all the same
-    reads = inner.queries
+    clock.advance(1.0)  # 5.5 s, past the bound: the registry's last read failed, so the entry held is answered
+    reads = inner.queries  # without a read on the query path, and reloaded off it
     assert cached.get_app("digits").name == "digits" and cached.linked_models("digits") == ["mlp"]
-    assert inner.queries > reads  # it was read (and failed), not merely answered from the copy
-    with pytest.raises(Unavailable):  # a name the copy never held: nothing to answer
+    assert inner.queries == reads and len(runner.tasks) == 1
+    with pytest.raises(Unavailable):  # a name the copy never held: read, and nothing to answer
         cached.get_app("other")
+    assert inner.queries == reads + 1
     inner.down = False
-    assert cached.get_app("digits").name == "digits"
+    inner.apps["digits"] = digits_app(latency_slo_micros=50_000)
+    assert cached.get_app("digits").latency_slo_micros == 100_000  # the held one, until a reload succeeds
+    runner.run()  # it does: the registry is read on the query path again when it must be
+    assert cached.get_app("digits").latency_slo_micros == 50_000
+    clock.advance(5.0)
+    reads = inner.queries
+    assert cached.get_app("digits").latency_slo_micros == 50_000 and inner.queries == reads + 1
 
 
 def test_a_missing_table_is_the_registry_unavailable_not_a_missing_application():
@@ -144,10 +151,10 @@ def test_past_the_staleness_bound_an_entry_is_still_answered_while_its_reload_is
     assert cached.get_app("digits").name == "digits"  # stale: reload queued
     runner.tasks[-1]()  # ... and it fails: nothing in flight any more
     runner.tasks.clear()
-    clock.advance(2.0)  # 4.5 s old, past the bound, no reload in flight: the query path reads, fails, and the
-    # entry held is answered (stale-if-error: nothing can change the registry while it cannot be read)
+    clock.advance(2.0)  # 4.5 s old, past the bound, no reload in flight, the registry failing: the entry held
+    # is answered (stale-if-error: nothing can change the registry while it cannot be read), reloaded off the path
     reads = inner.queries
-    assert cached.get_app("digits").name == "digits" and inner.queries == reads + 1
+    assert cached.get_app("digits").name == "digits" and inner.queries == reads and len(runner.tasks) == 1
 
 
 def test_without_the_combined_read_each_entry_is_read_alone():
@@ -690,7 +697,9 @@ def test_while_the_registry_cannot_be_read_every_entry_held_is_answered_however_
         cached.active_version("never-held")
     inner.down = False
     inner.active["mlp"] = "2"
-    clock.advance(1.0)  # read again once it can be: the registry's answer, not the held one
+    clock.advance(1.0)  # read again once it can be (a reload off the path succeeds): the registry's answer
+    assert cached.active_version("mlp").version == "1"  # still failing: held, reloaded off the path
+    runner.run()
     assert cached.active_version("mlp").version == "2"
 
 
@@ -709,3 +718,31 @@ def test_failing_background_reloads_write_one_line_a_second_not_one_a_reload(cap
             reloads.submit(("links", f"app-{key}"), refused)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["registry reload failed: dynamodb.Query(registry): EndpointConnectionError"]
+
+
+def test_after_a_failed_read_queries_answer_what_is_held_without_waiting_on_reads_of_their_own():
+    """bench-faults' aws-emulator-killed: moto restarting answered 503s that botocore retried for ~2 s, and each
+    query whose entries were past the bound (and its recheck of the application, ``reread_app``) waited on that
+    read, answered with its default at its deadline. Once one read has failed, the copy answers what it holds,
+    however old, and reloads it off the path; the first reload that succeeds ends it."""
+    inner, clock = world()
+    runner = ManualRunner()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, max_stale_s=2)
+    cached.get_app("digits")
+    inner.down = True
+    clock.advance(60.0)  # past the bound, no reload in flight: the first query reads, and its read fails
+    with pytest.raises(Unavailable):  # (the query's recheck answers the application held)
+        cached.reread_app("digits")
+    reads = inner.queries
+    for _ in range(5):  # ... and the next ones read nothing on their path
+        assert cached.reread_app("digits").name == "digits" and cached.linked_models("digits") == ["mlp"]
+    assert inner.queries == reads
+    assert len(runner.tasks) == 1  # one reload off the path for the application and its links
+    runner.run()  # it fails: still failing
+    assert cached.reread_app("digits").name == "digits" and inner.queries == reads + 1
+    inner.down = False
+    runner.run()  # this one succeeds: reads on the query path again when the bound says so
+    clock.advance(60.0)
+    reads = inner.queries
+    assert cached.reread_app("digits").name == "digits" and inner.queries == reads + 1
+    assert runner.tasks == []

@@ -249,3 +249,38 @@ def test_an_ensemble_is_still_answered_by_the_models_it_can_read():
     copy.invalidate()  # nothing held now
     with pytest.raises(Unavailable):
         selector.choose(copy.get_app("d"), None)
+
+
+def test_after_a_failed_read_of_the_state_store_queries_use_the_state_held_without_reads_of_their_own():
+    """A store failing slowly (retried 503s, a hang) held each query past the staleness bound for a failing read
+    of its own. After one failed read the held states are used, however old, and read again off the path; the
+    first read that succeeds ends it."""
+    from clipper.errors import Unavailable
+
+    runner_tasks: list = []
+    selector, app, clock, reads = _bandit_world(refresh=runner_tasks.append)
+    store = selector._store
+    assert selector.choose(app, None) is not None and selector.choose(app, "u1") is not None
+    down = [True]
+    real_load = store.load
+
+    def load(key):
+        if down[0]:
+            reads.append(key)
+            raise Unavailable("dynamodb.GetItem(selection): 503 after retries")
+        return real_load(key)
+
+    store.load = load
+    clock.advance(600.0)  # long past the bound, no read in flight: the first query reads, and fails
+    assert selector.choose(app, "u1") is not None
+    failed = len(reads)
+    for _ in range(10):  # the next ones read nothing on their path (a user never held: the application's)
+        assert selector.choose(app, "u1") is not None and selector.choose(app, "u2") is not None
+    assert len(reads) == failed
+    assert 1 <= len(runner_tasks) <= 3  # read again off the path, once a state
+    down[0] = False
+    for task in list(runner_tasks):
+        task()
+    clock.advance(600.0)
+    before = len(reads)
+    assert selector.choose(app, None) is not None and len(reads) == before + 1  # read on the path again

@@ -131,7 +131,14 @@ class BackgroundReloads:
     however many callers ask; what a reload raises is logged as ``what`` (the stale value stays, and the next
     caller past its TTL asks again). It also says how old a value may be answered (``usable``): fresh for
     ``fresh_s``, then stale while reloaded for ``stale_s`` more (``fresh_s`` when None), and past that while a
-    reload started within that time is in flight (a slow source, ``submit``'s ``patient``)."""
+    reload started within that time is in flight (a slow source, ``submit``'s ``patient``).
+
+    It also says whether the source is ``failing``: its last read (a reload, or a read on a caller's path reported
+    with ``read_failed`` / ``read_succeeded``) failed with ``Unavailable``. While it is, an owner answers what it
+    holds, however old, without reading on a caller's path, and reloads it off the path; the first reload that
+    succeeds ends it. A source that fails slowly (the local stack's emulator restoring its tables answered 503s
+    that botocore retried with back-off for ~2 s; a DynamoDB that hangs) otherwise held every query past the
+    bound for one failing read of its own, answered with its default at its deadline."""
 
     def __init__(
         self, runner: Callable[[Callable[[], None]], Any], what: str, fresh_s: float, stale_s: float | None = None
@@ -143,6 +150,20 @@ class BackgroundReloads:
         self._lock = threading.Lock()
         # a failing source fails every entry's reload: one line a second says so (with how many more failed)
         self._failures_log = SampledLog(logger)
+        self._failing = False
+
+    @property
+    def failing(self) -> bool:
+        """Whether the source's last read failed (``Unavailable``) and none has succeeded since."""
+        return self._failing
+
+    def read_failed(self) -> None:
+        """A read on a caller's path failed with ``Unavailable``."""
+        self._failing = True
+
+    def read_succeeded(self) -> None:
+        """A read on a caller's path succeeded."""
+        self._failing = False
 
     @property
     def bound_s(self) -> float:
@@ -191,7 +212,10 @@ class BackgroundReloads:
         def guarded() -> None:
             try:
                 reload()
+                self._failing = False
             except ClipperError as e:
+                if isinstance(e, Unavailable):
+                    self._failing = True
                 self._failures_log.warning(type(e).__name__, "%s: %s", self._what, e)
             except Exception:  # a bug, on a background thread where nothing else would report it
                 logger.exception("%s", self._what)
@@ -312,7 +336,14 @@ class CachedRegistry:
             self._keep(loaded, now, generation)
             return loaded
 
-        loaded = self._flights.run(self._read_of(key), load, now, now - self._ttl)
+        try:
+            loaded = self._flights.run(self._read_of(key), load, now, now - self._ttl)
+        except Unavailable:
+            if self._reloads is not None:
+                self._reloads.read_failed()
+            raise
+        if self._reloads is not None:
+            self._reloads.read_succeeded()
         if self._warm is not None and not isinstance(loaded.get(key), NotFound):
             self._warm.touch(key, now)  # a query's read of what exists: what the next ones will use
         return loaded
@@ -388,6 +419,8 @@ class CachedRegistry:
         now = self._clock.now()
         value = self._cached(key, now)
         if value is None:
+            value = self._held_while_failing(key, now)
+        if value is None:
             try:
                 value = self._read_now(key, now)[key]
             except Unavailable as e:
@@ -410,6 +443,22 @@ class CachedRegistry:
             raise error
         self._errors_log.warning(
             key[0], "registry unreadable: %s answered as last held (%.0f s old): %s", key, now - hit[0], error
+        )
+        return hit[1]
+
+    def _held_while_failing(self, key: Key, now: float) -> object | None:
+        """The entry held for ``key``, however old, while the registry's last read failed
+        (``BackgroundReloads.failing``): not read on the caller's path, reloaded off it (the reload that succeeds
+        ends the outage); None when the registry is not failing, or nothing is held."""
+        if self._reloads is None or not self._reloads.failing:
+            return None
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit is None:
+            return None
+        self._reload_in_background(key, patient=False)
+        self._errors_log.warning(
+            key[0], "registry failing: %s answered as last held (%.0f s old), reloaded off the path", key, now - hit[0]
         )
         return hit[1]
 
@@ -497,8 +546,11 @@ class CachedRegistry:
     def reread_app(self, name: str) -> Application:
         """The application read from the registry now (with its links), kept in this copy, whatever reload is in
         flight (``NotFound`` when it no longer exists: remembered as a miss). Callers at once share one read: a
-        reread another caller started within ``ttl_s`` is taken (``_read_now``)."""
-        value = self._read_now(("app", name), self._clock.now())[("app", name)]
+        reread another caller started within ``ttl_s`` is taken (``_read_now``). While the registry's last read
+        failed, the application held is answered without a read (``_held_while_failing``)."""
+        now = self._clock.now()
+        held = self._held_while_failing(("app", name), now)
+        value = held if held is not None else self._read_now(("app", name), now)[("app", name)]
         if isinstance(value, NotFound):
             raise value
         return value  # type: ignore[return-value]

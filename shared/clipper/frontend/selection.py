@@ -152,12 +152,29 @@ class Selector:
         held = self._usable(key, now)
         if held is not None:
             return held[0]
+        hit = self._states.get(key)
+        if (hit is not None or is_user_key(key)) and self._reloads is not None and self._reloads.failing:
+            # the store's last read failed: the state held (a user's never held: none, the application's answers)
+            # is answered without a read of this query's own (a store failing slowly held each query for its read),
+            # and read again off the path (its success ends this)
+            self._reload_in_background(key, patient=False)
+            age = f"{now - hit[0]:.0f} s old" if hit is not None else "none held: the application's"
+            self._errors_log.warning(
+                "user" if is_user_key(key) else key,
+                "bandit state store failing: answered as last held (%s), read again off the path",
+                age,
+            )
+            return hit[1] if hit is not None else None
         # one read however many queries ask at once (a read another query started within ttl_s is as recent as a
         # fresh state): after a quiet while each query read the state itself, all at the store at once
         try:
             state = self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
         except Unavailable as e:
+            if self._reloads is not None:
+                self._reloads.read_failed()
             return self._held_on_error(key, now, e)
+        if self._reloads is not None:
+            self._reloads.read_succeeded()
         if self._warm is not None and not is_user_key(key):
             self._warm.touch(key, now)
         return state
