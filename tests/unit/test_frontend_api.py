@@ -330,6 +330,10 @@ def test_a_debug_switch_that_is_neither_yes_nor_no_is_a_400_naming_it(world, fas
         ("", "yes", True),
         ("", "0", False),
         ("debug=%74rue", None, True),  # percent-encoded
+        ("debug=false", "1", False),  # the URL, when it says, decides (a client's default header on)
+        ("debug=1", "0", True),
+        ("debug=1&debug=0", None, False),  # the last one given
+        ("other=1", "1", True),
     ]:
         headers = {} if header is None else {"X-Clipper-Debug": header}
         r = client.post(f"/digits/predict?{query}", json=row, headers=headers)

@@ -77,7 +77,8 @@ def flag(value: str | bytes | None, name: str, bare: bool = False) -> bool:
 
 def debug_requested(query: str | bytes, header: str | bytes | None) -> bool | HttpAnswer:
     """Whether a query asks for its timings (``?debug=true`` or ``X-Clipper-Debug: 1``; a bare ``?debug`` too), or
-    the 400 naming the parameter whose value is neither yes nor no."""
+    the 400 naming the parameter whose value is neither yes nor no. The URL's ``debug``, when given, decides (the
+    last one given; ``?debug=false`` turns off what a client's default header turned on); else the header."""
     if isinstance(query, bytes):
         query = query.decode("latin-1")
     try:
@@ -85,7 +86,7 @@ def debug_requested(query: str | bytes, header: str | bytes | None) -> bool | Ht
         if query:
             for key, value in parse_qsl(query, keep_blank_values=True):
                 if key == "debug":
-                    on = flag(value, "debug", bare=True) or on
+                    on = flag(value, "debug", bare=True)
         return on
     except InvalidInput as e:
         return error(400, "invalid input", str(e))
