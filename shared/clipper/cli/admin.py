@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
 from clipper.cli.files import load_estimator, load_npy
 from clipper.client import ClipperConnection
 
+
+def number(text: str) -> float:
+    """A float option: a finite number (argparse names the option when this refuses); ``nan`` and ``inf``, which
+    Python's float() takes, were sent on and refused with a confusing bound ('greater than 0')."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number, e.g. 0.1; got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"a finite number; got {text!r}")
+    return value
+
+
 POLICY_PARAMS = ("eta", "gamma", "epsilon", "k", "loss_scale")
 CANARY_PARAMS = (
-    ("alpha", float, "chance of rolling back a canary as good as the active version (default 0.05)"),
-    ("beta", float, "chance of promoting a canary worse by the margin (default 0.10)"),
-    ("margin", float, "the loss-rate difference called worse (default 0.05)"),
+    ("alpha", number, "chance of rolling back a canary as good as the active version (default 0.05)"),
+    ("beta", number, "chance of promoting a canary worse by the margin (default 0.10)"),
+    ("margin", number, "the loss-rate difference called worse (default 0.05)"),
     ("min_feedback", int, "feedback labels each version needs before the loss test (default 50)"),
     ("max_feedback", int, "canary labels after which the side the evidence leans to wins (default 5000)"),
 )
@@ -53,17 +67,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sp = sub.add_parser("set-policy", help="change an application's selection policy")
     sp.add_argument("name")
     sp.add_argument("policy", choices=["single", "epsilon_greedy", "exp3", "exp4"])
-    sp.add_argument("--confidence-threshold", type=float)
+    sp.add_argument("--confidence-threshold", type=number)
     sp.add_argument("--default-when-unsure", action="store_true", default=None)
     pp = sub.add_parser("policy-params", help="an application's policy parameters (set them with options)")
     pp.add_argument("name")
-    pp.add_argument("--eta", type=float, help="exp3's and exp4's learning rate")
-    pp.add_argument("--gamma", type=float, help="exp3's exploration (each model gets gamma / K)")
-    pp.add_argument("--epsilon", type=float, help="epsilon_greedy's share of random choices")
+    pp.add_argument("--eta", type=number, help="exp3's and exp4's learning rate")
+    pp.add_argument("--gamma", type=number, help="exp3's exploration (each model gets gamma / K)")
+    pp.add_argument("--epsilon", type=number, help="epsilon_greedy's share of random choices")
     pp.add_argument("--k", type=int, help="exp4: how many of the heaviest models answer")
     pp.add_argument(
         "--loss-scale",
-        type=float,
+        type=number,
         help="every policy: the absolute error of a score (a regression output) that counts as a whole loss (1)",
     )
     pp.add_argument("--default", nargs="+", default=[], choices=POLICY_PARAMS, help="back to the policy's default")
@@ -87,10 +101,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     dp.add_argument("--input-type", default="floats", choices=["integers", "floats", "doubles"])
     dp.add_argument("--sample-npy", help=".npy of sample input rows (required for a scikit-learn model)")
     dp.add_argument("--no-promote", action="store_true", help="register without making it the active version")
-    dp.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the registration")
+    dp.add_argument("--timeout", type=number, default=120.0, help="seconds to wait for the registration")
     dp.add_argument(
         "--canary",
-        type=float,
+        type=number,
         metavar="PERCENT",
         help="never make it active: once registered, start it as the model's canary on PERCENT %% of its queries "
         "(the decision options below tune when evidence promotes or rolls it back)",
@@ -102,7 +116,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     act.add_argument("--promote", action="store_true", help="make the canary the active version now")
     act.add_argument("--abort", action="store_true", help="end the canary now; the active version keeps every query")
     act.add_argument("--start", metavar="VERSION", help="start a registered version as the canary")
-    cn.add_argument("--share", type=float, default=10.0, metavar="PERCENT", help="--start's share (default 10)")
+    cn.add_argument("--share", type=number, default=10.0, metavar="PERCENT", help="--start's share (default 10)")
     cn.add_argument("--events", type=int, default=10, help="how many of the last events to show (default 10)")
     cn.add_argument("--json", action="store_true", help="the API's answer, as JSON")
     _canary_options(cn)
@@ -135,7 +149,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     bt.add_argument("--controller", choices=["aimd", "quantile", "fixed"])
     bt.add_argument("--batch-size", type=int, help="the fixed controller's size (alone: implies --controller fixed)")
     bt.add_argument("--max-batch-size", type=int, help="the adaptive size's upper bound")
-    bt.add_argument("--batch-wait-ms", type=float, help="how long a batch waits for more after its first query")
+    bt.add_argument("--batch-wait-ms", type=number, help="how long a batch waits for more after its first query")
 
 
 def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
