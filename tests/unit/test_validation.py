@@ -44,6 +44,10 @@ def test_nested_input_matching_shape_is_accepted():
         ({"input": [1.0] * 63 + [float("inf")]}, "input", "NaN"),
         ({"input": [1.0] * 63 + [1e300]}, "input", "within +-3.403e+38 (float32), got a value out of that range"),
         ({"input": [1.0] * 63 + [-1e39]}, "input", "within +-3.403e+38 (float32), got a value out of that range"),
+        # an integer past float64 (a 400-digit one) was "non-numeric values"
+        ({"input": [1.0] * 63 + [10**400]}, "input", "within +-3.403e+38 (float32), got a value out of that range"),
+        ({"input": [1.0] * 63 + [-(10**400)]}, "input", "within +-3.403e+38 (float32), got a value out of that range"),
+        ({"input": [1] * 63 + [10**39]}, "input", "within +-3.403e+38 (float32), got a value out of that range"),
         ({"input": [[1.0], [1.0, 2.0]]}, "input", "regular shape"),
         ({"input_batch": []}, "input_batch", "at least one input"),
         ({"input_batch": "x"}, "input_batch", "a list of inputs"),
@@ -138,3 +142,9 @@ def test_a_body_seen_without_booleans_is_not_searched_for_them(monkeypatch):
     assert searched == []
     validate_query(digits_app(), body)
     assert searched == [1]
+
+
+def test_a_float_input_takes_an_integer_past_64_bits_within_its_range():
+    """numpy holds an integer past 64 bits as an object: a float input with 2**70 in it was "non-numeric"."""
+    q = validate_query(digits_app(), {"input": [1.5] * 63 + [2**70]})
+    assert q.rows.dtype == np.float32 and q.rows[0, -1] == np.float32(2**70)

@@ -91,6 +91,16 @@ def _numeric_row(app: Application, value: Any, field: str, booleans: bool = True
     if app.input_type is InputType.INTEGERS and arr.dtype.kind in "fO" and _integers_only(value):
         # integers past 64 bits, or past int64 beside others: numpy made them objects or floats
         raise InvalidInput(field, "integers within the 32-bit range", "an out-of-range value")
+    if arr.dtype.kind == "O" and app.input_type is not InputType.INTEGERS and _numbers_only(value):
+        # a float input with an integer past 64 bits: numpy keeps Python ints as objects
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except OverflowError:  # past float64's range (a 400-digit integer)
+            limit = float(np.finfo(app.input_type.numpy_dtype).max)
+            dtype = app.input_type.numpy_dtype
+            raise InvalidInput(
+                field, f"{kind_text} within +-{limit:.4g} ({dtype})", "a value out of that range"
+            ) from None
     if arr.dtype.kind not in "iuf" or (booleans and _has_bool(value)):
         raise InvalidInput(field, kind_text, "non-numeric values")
     if app.input_type is InputType.INTEGERS:
@@ -128,6 +138,12 @@ def _numeric_row(app: Application, value: Any, field: str, booleans: bool = True
         if arr.size == 0:
             raise InvalidInput(field, "a non-empty list of values", "an empty list")
     return arr
+
+
+def _numbers_only(value: list[Any]) -> bool:
+    """Whether the (regular, nested) list holds Python ints and floats only (no booleans), and at least one."""
+    flat = np.asarray(value, dtype=object).ravel()
+    return flat.size > 0 and all(type(v) in (int, float) for v in flat)
 
 
 def _integers_only(value: list[Any]) -> bool:
