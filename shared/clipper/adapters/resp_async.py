@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from clipper.adapters.resp import Command, RespError, _Incomplete, missing, pack, parse
+from clipper.adapters.resp import Command, ReplyScan, RespError, _Incomplete, pack, parse
 from clipper.errors import Unavailable
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ class _Protocol(asyncio.Protocol):
         self.closed = False
         self.outgoing: list[bytes] = []
         self.need = 0  # > 0: the reply at the buffer's start is incomplete, and needs a buffer this long at least
+        self.scan: ReplyScan | None = None  # that reply's end, looked for as its parts come
         self.loop: asyncio.AbstractEventLoop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -56,20 +57,24 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buf
         buf += data
-        if len(buf) < self.need:  # the reply at the buffer's start is known to need more (resp.missing)
+        if len(buf) < self.need:  # the reply at the buffer's start is known to need more (resp.ReplyScan)
             return
         pos = 0
         calls = self.calls
         try:
-            if self.need:  # that reply came in parts: parsed once it is whole, not again at every part
-                self.need = missing(buf, 0)
+            if self.scan is not None:  # that reply came in parts: parsed once it is whole, not again at every part
+                self.need = self.scan.need(buf)
                 if self.need:
                     return
+                self.scan = None
             while calls:
                 try:
                     value, pos = parse(buf, pos)
                 except _Incomplete:
-                    self.need = missing(buf, pos) - pos  # from the buffer's start, once the answered are cut
+                    scan = ReplyScan(pos)
+                    self.need = scan.need(buf) - pos  # from the buffer's start, once the answered are cut
+                    scan.shift(pos)
+                    self.scan = scan
                     break
                 call = calls[0]
                 call.replies.append(value)
