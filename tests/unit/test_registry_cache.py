@@ -692,7 +692,9 @@ def test_while_the_registry_cannot_be_read_every_entry_held_is_answered_however_
             assert cached.active_version("mlp").version == "1" and cached.canary("mlp") is None
             assert cached.get_version("mlp", "2").version == "2"
     held = [r for r in caplog.records if "answered as last held" in r.getMessage()]
-    assert len(held) == 5  # one a second for each kind of entry (app, links, active, canary, version), not a query
+    # one a second for each kind of entry (app, links, active, canary, version) and line (a read failed: the first
+    # query; held while failing: the rest), not one a query
+    assert len(held) == 6
     with pytest.raises(Unavailable):
         cached.active_version("never-held")
     inner.down = False
@@ -746,3 +748,41 @@ def test_after_a_failed_read_queries_answer_what_is_held_without_waiting_on_read
     reads = inner.queries
     assert cached.reread_app("digits").name == "digits" and inner.queries == reads + 1
     assert runner.tasks == []
+
+
+def test_a_failure_long_ago_does_not_stand_for_an_outage_now():
+    """A review: one failed read (a throttle, a malformed key of a made-up name) made the copy answer held entries
+    without reading until some reload succeeded, which, with no query for an hour, none did: the hour-old entry
+    of an application deleted meanwhile was answered, its recheck (``reread_app``) skipped. The failure now
+    counts for the copy's staleness bound after it ended, and not against a read started later that succeeded."""
+    inner, clock = world()
+    runner = ManualRunner()
+    cached = CachedRegistry(inner, clock, ttl_s=2, refresh=runner, max_stale_s=2)
+    cached.get_app("digits")
+    inner.down = True
+    with pytest.raises(Unavailable):
+        cached.get_app("never-held")
+    inner.down = False
+    assert cached.reread_app("digits").name == "digits" and inner.queries == 2  # within the window: held
+    clock.advance(3600.0)
+    del inner.apps["digits"]
+    with pytest.raises(NotFound):  # the window is over: read, and found deleted
+        cached.reread_app("digits")
+    assert inner.queries == 3
+
+
+def test_a_read_started_before_a_success_that_fails_after_it_does_not_bring_the_outage_back():
+    from clipper.core.registry_cache import FailureWindow
+
+    clock = FakeClock()
+    window = FailureWindow(4.0, clock.now)
+    outage_read = clock.now()
+    clock.advance(1.0)
+    window.succeeded(clock.now())  # a reload started later succeeded first
+    clock.advance(1.0)
+    window.failed(outage_read)  # the earlier read's failure comes in after it
+    assert not window.failing()
+    window.failed(clock.now())
+    assert window.failing()
+    clock.advance(4.0)
+    assert not window.failing()  # aged out

@@ -31,7 +31,9 @@ the query path) only while over that rate.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable
 from typing import Any
@@ -126,6 +128,35 @@ def reread_app(registry: Registry, name: str) -> Application:
     return app
 
 
+class FailureWindow:
+    """Whether a source is failing now: a read of it failed (``Unavailable``) within the last ``window_s`` (since
+    it ended), and no read started after the failed one has succeeded. The window ages out (one failure long ago,
+    a throttled read, a malformed key, must not stand for an outage hours later: a read then decides again); a
+    read's outcome counts only against reads started before it (a read started in an outage that fails after
+    a later one succeeded does not bring the outage back)."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float]) -> None:
+        self._window, self._clock = window_s, clock
+        self._lock = threading.Lock()
+        self._failed: tuple[float, float] | None = None  # the last failed read's start and end
+        self._succeeded = -math.inf  # the start of the latest read that succeeded
+
+    def failing(self) -> bool:
+        failed = self._failed
+        return failed is not None and self._clock() - failed[1] < self._window
+
+    def failed(self, started: float) -> None:
+        with self._lock:
+            if started >= self._succeeded and (self._failed is None or started >= self._failed[0]):
+                self._failed = (started, self._clock())
+
+    def succeeded(self, started: float) -> None:
+        with self._lock:
+            self._succeeded = max(self._succeeded, started)
+            if self._failed is not None and started >= self._failed[0]:
+                self._failed = None
+
+
 class BackgroundReloads:
     """Reloads handed to a ``runner`` (e.g. a one-thread executor's ``submit``), at most one in flight per key
     however many callers ask; what a reload raises is logged as ``what`` (the stale value stays, and the next
@@ -133,15 +164,23 @@ class BackgroundReloads:
     ``fresh_s``, then stale while reloaded for ``stale_s`` more (``fresh_s`` when None), and past that while a
     reload started within that time is in flight (a slow source, ``submit``'s ``patient``).
 
-    It also says whether the source is ``failing``: its last read (a reload, or a read on a caller's path reported
-    with ``read_failed`` / ``read_succeeded``) failed with ``Unavailable``. While it is, an owner answers what it
-    holds, however old, without reading on a caller's path, and reloads it off the path; the first reload that
-    succeeds ends it. A source that fails slowly (the local stack's emulator restoring its tables answered 503s
-    that botocore retried with back-off for ~2 s; a DynamoDB that hangs) otherwise held every query past the
-    bound for one failing read of its own, answered with its default at its deadline."""
+    It also says whether the source is ``failing`` (``FailureWindow``): a read of it (a reload, or a read on a
+    caller's path reported with ``read_failed`` / ``read_succeeded``) failed with ``Unavailable`` within the last
+    ``fresh_s + stale_s``, and none started later has succeeded. While it is, an owner answers what it holds,
+    however old, without reading on a caller's path, and reloads it off the path (each such reload that fails
+    renews the window; the first that succeeds ends it). A source that fails slowly (the local stack's emulator
+    restoring its tables answered 503s that botocore retried with back-off for ~2 s; a DynamoDB that hangs)
+    otherwise held every query past the bound for one failing read of its own, answered with its default at its
+    deadline. Reads that say nothing of the entries (the list of names, ``submit``'s ``health=False``) do not
+    count."""
 
     def __init__(
-        self, runner: Callable[[Callable[[], None]], Any], what: str, fresh_s: float, stale_s: float | None = None
+        self,
+        runner: Callable[[Callable[[], None]], Any],
+        what: str,
+        fresh_s: float,
+        stale_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._runner, self._what, self._fresh = runner, what, fresh_s
         self._bound = fresh_s + (fresh_s if stale_s is None else stale_s)
@@ -150,20 +189,21 @@ class BackgroundReloads:
         self._lock = threading.Lock()
         # a failing source fails every entry's reload: one line a second says so (with how many more failed)
         self._failures_log = SampledLog(logger)
-        self._failing = False
+        self._clock = clock
+        self.health = FailureWindow(self._bound, clock)
 
     @property
     def failing(self) -> bool:
-        """Whether the source's last read failed (``Unavailable``) and none has succeeded since."""
-        return self._failing
+        """Whether the source is failing now (``FailureWindow.failing``)."""
+        return self.health.failing()
 
-    def read_failed(self) -> None:
-        """A read on a caller's path failed with ``Unavailable``."""
-        self._failing = True
+    def read_failed(self, started: float) -> None:
+        """A read on a caller's path, started at ``started``, failed with ``Unavailable``."""
+        self.health.failed(started)
 
-    def read_succeeded(self) -> None:
-        """A read on a caller's path succeeded."""
-        self._failing = False
+    def read_succeeded(self, started: float) -> None:
+        """A read on a caller's path, started at ``started``, succeeded."""
+        self.health.succeeded(started)
 
     @property
     def bound_s(self) -> float:
@@ -197,12 +237,18 @@ class BackgroundReloads:
             return self._in_flight.get(key, False)
 
     def submit(
-        self, key: Any, reload: Callable[[], object], inline_when_shut_down: bool = False, patient: bool = True
+        self,
+        key: Any,
+        reload: Callable[[], object],
+        inline_when_shut_down: bool = False,
+        patient: bool = True,
+        health: bool = True,
     ) -> None:
         """Run ``reload`` on the runner unless one for ``key`` is in flight. When the runner is shut down
         (interpreter exit): run it here (``inline_when_shut_down``), or leave it to the next caller.
         ``patient``: the value was usable when its reload was asked for, so it stays usable while the reload is
-        in flight (``usable``); False for a value already past the bound."""
+        in flight (``usable``); False for a value already past the bound. ``health``: its outcome says whether
+        the source is failing."""
         with self._lock:
             if key in self._in_flight:  # asked for again: a patient ask makes the one in flight patient
                 self._in_flight[key] = self._in_flight[key] or patient
@@ -210,12 +256,14 @@ class BackgroundReloads:
             self._in_flight[key] = patient
 
         def guarded() -> None:
+            started = self._clock()
             try:
                 reload()
-                self._failing = False
+                if health:
+                    self.health.succeeded(started)
             except ClipperError as e:
-                if isinstance(e, Unavailable):
-                    self._failing = True
+                if health and isinstance(e, Unavailable):
+                    self.health.failed(started)
                 self._failures_log.warning(type(e).__name__, "%s: %s", self._what, e)
             except Exception:  # a bug, on a background thread where nothing else would report it
                 logger.exception("%s", self._what)
@@ -263,7 +311,9 @@ class CachedRegistry:
         self._entries: OrderedDict[Key, tuple[float, object]] = OrderedDict()
         self._negative: OrderedDict[Key, tuple[float, NotFound]] = OrderedDict()
         self._reloads = (
-            BackgroundReloads(refresh, "registry reload failed", ttl_s, max_stale_s) if refresh is not None else None
+            BackgroundReloads(refresh, "registry reload failed", ttl_s, max_stale_s, clock.now)
+            if refresh is not None
+            else None
         )
         self._lock = threading.Lock()
         self._app_and_links: Callable[[str], tuple[Application, list[str]]] | None = getattr(
@@ -340,10 +390,10 @@ class CachedRegistry:
             loaded = self._flights.run(self._read_of(key), load, now, now - self._ttl)
         except Unavailable:
             if self._reloads is not None:
-                self._reloads.read_failed()
+                self._reloads.read_failed(now)
             raise
         if self._reloads is not None:
-            self._reloads.read_succeeded()
+            self._reloads.read_succeeded(now)
         if self._warm is not None and not isinstance(loaded.get(key), NotFound):
             self._warm.touch(key, now)  # a query's read of what exists: what the next ones will use
         return loaded
@@ -458,7 +508,10 @@ class CachedRegistry:
             return None
         self._reload_in_background(key, patient=False)
         self._errors_log.warning(
-            key[0], "registry failing: %s answered as last held (%.0f s old), reloaded off the path", key, now - hit[0]
+            ("failing", key[0]),
+            "registry failing: %s answered as last held (%.0f s old), reloaded off the path",
+            key,
+            now - hit[0],
         )
         return hit[1]
 
@@ -520,7 +573,7 @@ class CachedRegistry:
         names, trusted_s = self._names, self._negative_ttl
         if names is None or now - names[0] >= trusted_s / 2:
             assert self._reloads is not None
-            self._reloads.submit(("app names",), self._load_names, False, True)
+            self._reloads.submit(("app names",), self._load_names, False, True, health=False)
         return names is not None and now - names[0] < trusted_s and name not in names[1]
 
     def _settle(self, name: str, found: bool, now: float) -> None:

@@ -31,7 +31,7 @@ from clipper.core.domain import Application, ModelVersion
 from clipper.core.log_sampling import SampledLog
 from clipper.core.registry_cache import BackgroundReloads
 from clipper.core.single_flight import SingleFlight
-from clipper.errors import ClipperError, Unavailable
+from clipper.errors import ClipperError, NotFound, Unavailable
 from clipper.ports import Clock, Registry, SelectionStore
 from clipper.selection import (
     Selection,
@@ -87,7 +87,7 @@ class Selector:
         self._states: OrderedDict[str, tuple[float, SelectionState | None]] = OrderedDict()
         self._reloads: BackgroundReloads | None = None
         if refresh is not None:
-            self._reloads = BackgroundReloads(refresh, "bandit state not read again", ttl_s, max_stale_s)
+            self._reloads = BackgroundReloads(refresh, "bandit state not read again", ttl_s, max_stale_s, clock.now)
         self._lock = threading.Lock()
         self._flights: SingleFlight[SelectionState | None] = SingleFlight()  # reads on a query's path, shared
         self._generation = 0  # after_restore moves it on: a read started before is not kept
@@ -154,13 +154,16 @@ class Selector:
             return held[0]
         hit = self._states.get(key)
         if (hit is not None or is_user_key(key)) and self._reloads is not None and self._reloads.failing:
-            # the store's last read failed: the state held (a user's never held: none, the application's answers)
-            # is answered without a read of this query's own (a store failing slowly held each query for its read),
-            # and read again off the path (its success ends this)
-            self._reload_in_background(key, patient=False)
-            age = f"{now - hit[0]:.0f} s old" if hit is not None else "none held: the application's"
+            # the store failing (``FailureWindow``): the state held is answered without a read of this query's own
+            # (a store failing slowly held each query for its read) and read again off the path (its success ends
+            # this); a user's never held is none (the application's answers), not read at all (users are unbounded:
+            # each would queue a read on the one refresh thread, the registry's reloads behind them)
+            age = "none held: the application's"
+            if hit is not None:
+                self._reload_in_background(key, patient=False)
+                age = f"{now - hit[0]:.0f} s old"
             self._errors_log.warning(
-                "user" if is_user_key(key) else key,
+                ("failing", "user" if is_user_key(key) else key),
                 "bandit state store failing: answered as last held (%s), read again off the path",
                 age,
             )
@@ -171,10 +174,10 @@ class Selector:
             state = self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
         except Unavailable as e:
             if self._reloads is not None:
-                self._reloads.read_failed()
+                self._reloads.read_failed(now)
             return self._held_on_error(key, now, e)
         if self._reloads is not None:
-            self._reloads.read_succeeded()
+            self._reloads.read_succeeded(now)
         if self._warm is not None and not is_user_key(key):
             self._warm.touch(key, now)
         return state
@@ -194,7 +197,14 @@ class Selector:
 
     def _read(self, key: str, now: float) -> SelectionState | None:
         generation = self._generation
-        state = self._store.load(key) if self._store is not None else None
+        try:
+            state = self._store.load(key) if self._store is not None else None
+        except NotFound as e:
+            if e.kind != "resource":
+                raise
+            # the table missing (the local stack's emulator restoring its tables, a deployment fault): the store
+            # unavailable, as the registry copy takes it (``registry_cache._absent``), so the state held answers
+            raise Unavailable(f"bandit state store unavailable: {e}") from e
         with self._lock:
             held = self._states.get(key)
             if generation != self._generation or (held is not None and held[0] > now):
