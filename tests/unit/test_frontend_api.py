@@ -414,6 +414,9 @@ def test_update_takes_the_clients_feedback_id_and_names_it_when_it_is_bad(world)
     assert r.json()["cause"] == (
         "uid: expected an integer (within 64 bits) or a non-empty string, got an integer past 64 bits"
     )
+    reads = world[1].reads
+    r = client.post("/" + "y" * 3000 + "/update", json=body)  # no application can be named so: no registry read
+    assert r.status_code == 404 and "(3000 characters)' does not exist" in r.json()["cause"] and world[1].reads == reads
     spec = client.get("/openapi.json").json()
     update = spec["paths"]["/{app_name}/update"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "feedback_id" in update["properties"]
@@ -477,3 +480,19 @@ def test_feedback_whose_input_no_queue_message_carries_names_the_limit_and_its_s
     assert str(refused.value) == (
         "input: expected an input of at most 200 KiB as a queue message carries it, got 320,172 bytes"
     )
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_url_naming_what_no_application_can_be_named_is_a_404_without_a_registry_read(world, fast_path):  # noqa: F811
+    """A made-up name of thousands of bytes was read from the registry (DynamoDB refuses a key past 2,048 bytes: an
+    Unavailable, a 503, and a failed read that held the frontend's copy as failing)."""
+    processor, registry = world[0], world[1]
+    client = TestClient(create_app(processor, max_body_bytes=64 * 1024, fast_path=fast_path))
+    reads = registry.reads
+    for name, shown in [("x" * 3000, "x" * 100 + "... (3000 characters)"), ("a%20b", "a b"), ("-digits", "-digits")]:
+        r = client.post(f"/{name}/predict", json={"input": one_hot(1)})
+        assert r.status_code == 404 and r.json()["error"] == "unknown application", r.text
+        assert r.json()["cause"].startswith(f"application '{shown}' does not exist (an application's name is 1-100")
+    assert registry.reads == reads
+    r = client.post("/digits/predict", json={"input": one_hot(1)})
+    assert r.status_code == 200 and r.json()["output"] == 1

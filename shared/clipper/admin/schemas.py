@@ -17,6 +17,7 @@ from pydantic import (
     field_validator,
 )
 
+from clipper.core.domain import APP_NAME_PATTERN, MAX_APP_NAME
 from clipper.core.media import has_lone_surrogate
 
 # Switches are JSON's true and false (StrictBool): pydantic's lax bool took "yes", "off", 1 and 0 as well, so a
@@ -143,7 +144,7 @@ def _not_reserved(name: str) -> str:
 
 class AddApp(Body):
     name: Annotated[str, AfterValidator(_not_reserved)] = Field(
-        min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+        min_length=1, max_length=MAX_APP_NAME, pattern=APP_NAME_PATTERN
     )
     input_type: InputTypeName
     default_output: Annotated[str, AfterValidator(_answerable)] = Field(

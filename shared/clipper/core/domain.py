@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,6 +33,18 @@ class InputType(enum.StrEnum):
             InputType.FLOATS: "float32",
             InputType.DOUBLES: "float64",
         }.get(self, "object")
+
+
+# An application's name, as add_app takes it: a frontend answers a URL naming anything else 404 without a registry
+# read (a made-up name of thousands of bytes was a read DynamoDB refuses, its key past 2,048 bytes)
+APP_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+MAX_APP_NAME = 100
+_APP_NAME = re.compile(APP_NAME_PATTERN)
+
+
+def possible_app_name(name: str) -> bool:
+    """Whether ``name`` could name an application (``add_app`` refuses every other)."""
+    return 0 < len(name) <= MAX_APP_NAME and _APP_NAME.fullmatch(name) is not None
 
 
 def new_incarnation() -> int:

@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from clipper.core.domain import MAX_APP_NAME, possible_app_name
 from clipper.core.media import has_lone_surrogate, json_content
 from clipper.core.validation import may_hold_booleans
 from clipper.errors import ClipperError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
@@ -73,6 +74,13 @@ def flag(value: str | bytes | None, name: str, bare: bool = False) -> bool:
         return False
     shown = value if len(value) <= 40 else value[:40] + "..."
     raise InvalidInput(name, "true or false (1/0, yes/no, on/off)", repr(shown))
+
+
+def no_such_name(app_name: str) -> HttpAnswer:
+    """The 404 of a URL naming what no application can be named (``possible_app_name``), without a registry read."""
+    shown = app_name if len(app_name) <= 120 else app_name[:100] + f"... ({len(app_name)} characters)"
+    rule = f"an application's name is 1-{MAX_APP_NAME} letters, digits, '_', '.' or '-', from a letter or digit"
+    return error(404, "unknown application", str(NotFound("application", shown, rule)))
 
 
 def debug_requested(query: str | bytes, header: str | bytes | None) -> bool | HttpAnswer:
@@ -161,6 +169,8 @@ class QueryHandling:
         body = self.parse(raw, content_type, PREDICT_FIELDS)
         if isinstance(body, HttpAnswer):
             return body
+        if not possible_app_name(app_name):  # answered without a registry read (see possible_app_name)
+            return no_such_name(app_name)
         processor, booleans = self.processor, may_hold_booleans(raw)
         lane = processor.lane
         try:
@@ -208,6 +218,8 @@ class QueryHandling:
         body = self.parse(raw, content_type, UPDATE_FIELDS)
         if isinstance(body, HttpAnswer):
             return body
+        if not possible_app_name(app_name):
+            return no_such_name(app_name)
         try:
             accepted = await asyncio.wrap_future(self._workers.submit(self._feedback.accept, app_name, body))
         except FeedbackNotQueued as e:  # maybe queued: the key to send it again with, applied once either way
