@@ -7,6 +7,8 @@ call has the client's 1 s timeout: receive(512) of 100 KB messages times out, th
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -192,3 +194,43 @@ def test_a_reply_of_many_small_elements_is_scanned_once_however_many_parts() -> 
     replies = conn.roundtrip([("XREADGROUP",), ("PING",)], deadline=float("inf"))
     assert len(replies[0]) == items and replies[1] == "OK"
     assert looked <= 3 * 3 * items, looked
+
+
+def test_close_from_another_thread_fails_a_loops_calls_on_that_loops_thread() -> None:
+    """``close()`` failed each loop's connection from the caller's thread: a future's callbacks scheduled and its
+    transport closed from outside its loop (asyncio's debug mode refuses it: 'Non-thread-safe operation')."""
+    import concurrent.futures
+
+    from clipper.adapters.resp import RespClient
+    from clipper.errors import Unavailable
+
+    loop = asyncio.new_event_loop()
+    loop.set_debug(True)
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+
+    async def silent_server() -> int:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while await reader.read(4096):  # reads, never answers
+                pass
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port: int = server.sockets[0].getsockname()[1]
+        return port
+
+    try:
+        port = asyncio.run_coroutine_threadsafe(silent_server(), loop).result(5)
+        client = RespClient.from_url(f"redis://127.0.0.1:{port}/0").aio
+        call = asyncio.run_coroutine_threadsafe(client.execute([("PING",)], timeout=30.0), loop)
+        for _ in range(200):  # until the call is in flight on its connection
+            if client._connections and next(iter(client._connections.values())).calls:
+                break
+            time.sleep(0.01)
+        client.close()  # from this thread, not the loop's
+        with pytest.raises(Unavailable):
+            call.result(5)
+    except concurrent.futures.TimeoutError:
+        pytest.fail("the call was not failed by close()")
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(5)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import time
 import weakref
@@ -218,7 +219,19 @@ class AsyncRespClient:
             conn.fail(ConnectionError("no answer within the client's timeout: connection dropped"))
 
     def close(self) -> None:
+        """Fail every loop's connection and its calls in flight; a loop running on another thread does it on its
+        own thread (its futures and transport are not thread-safe: from here they were touched mid-turn)."""
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
         for conn in list(self._connections.values()):
-            conn.fail(ConnectionError("client closed"))
+            error = ConnectionError("client closed")
+            loop = getattr(conn, "loop", None)
+            if loop is not None and loop is not here and loop.is_running():
+                with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing left to fail
+                    loop.call_soon_threadsafe(conn.fail, error)
+            else:
+                conn.fail(error)
         self._connections.clear()
         self._by_thread.clear()
