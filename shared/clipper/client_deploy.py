@@ -59,6 +59,13 @@ class Uploader:
         timeout_s: float,
         canary: Canary | None = None,
     ) -> Any:
+        if canary is not None:  # refused after the upload, it left a registered version no deploy could start
+            from clipper.admin.schemas import StartCanary, refusal
+
+            body = {"model_name": name, "model_version": version, "share_percent": canary.percent}
+            problem = refusal(StartCanary, {**body, **({"params": canary.params} if canary.params else {})})
+            if problem is not None:
+                raise AdminError(400, "invalid input", problem)
         checked = check_on_sample(data, sample)
         self._say(f"checked on {checked.rows} sample rows: {checked.outputs[:5]}")
         if canary is not None:

@@ -81,3 +81,24 @@ def test_a_canary_needs_a_model_with_an_active_version(api, demo_models, capsys)
     assert code == 2
     assert "model newmodel does not exist: a first version becomes active" in capsys.readouterr().err
     assert main(["--url", api, "--token", TOKEN, "model", "newmodel", "1"]) == 2  # nothing uploaded
+
+
+def test_a_canary_share_or_parameter_the_api_refuses_is_refused_before_the_upload(api, demo_models, capsys):  # noqa: F811
+    """``--canary 100`` uploaded and registered the version, then the API refused the share: the version stayed
+    registered (its server and batcher running) and a second deploy of it was a 409 (a new user's run)."""
+    model = str(Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx")
+
+    def clipper(*argv: str) -> int:
+        return main(["--url", api, "--token", TOKEN, *argv])
+
+    for options, cause in [
+        (["--canary", "100"], "share_percent: Input should be less than 100"),
+        (["--canary", "0"], "share_percent: Input should be greater than 0"),
+        (["--canary", "10", "--alpha", "0.7"], "params.alpha"),
+    ]:
+        assert clipper("deploy", "mlp", "2", model, *options, "--timeout", "10") == 2
+        err = capsys.readouterr().err
+        assert f"400 invalid input: {cause}" in err and "uploading" not in err, err
+        assert clipper("model", "mlp", "2") == 2  # nothing uploaded
+        capsys.readouterr()
+    assert clipper("deploy", "mlp", "2", model, "--canary", "10", "--timeout", "60") == 0

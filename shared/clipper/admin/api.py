@@ -6,7 +6,6 @@ them, ``clipper.compat.serverless_manager``); on AWS the routes are IAM-authoris
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable
 from http import HTTPStatus
@@ -22,7 +21,6 @@ from clipper.admin import schemas
 from clipper.admin.report import ReportService, add_report_route
 from clipper.admin.service import AdminService
 from clipper.core.media import json_content
-from clipper.core.validation import json_kind
 from clipper.errors import ClipperError, Conflict, InvalidInput, NotFound, Unavailable
 
 _STATUS: list[tuple[type[ClipperError], int, str]] = [
@@ -34,9 +32,6 @@ _STATUS: list[tuple[type[ClipperError], int, str]] = [
 
 
 # the types a strict field takes, as a 400 names them (pydantic's "Input should be a valid integer" says not what came)
-_EXPECTED = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number"}
-
-
 def _error(status: int, error: str, cause: str) -> JSONResponse:
     return JSONResponse({"error": error, "cause": cause}, status_code=status)
 
@@ -96,22 +91,7 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0]
-        if first.get("type") == "json_invalid":  # its loc is the character offset: the field is the body
-            detail = (first.get("ctx") or {}).get("error", "")
-            return _error(400, "invalid input", f"body: not valid JSON ({detail} at character {first['loc'][-1]})")
-        field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        message = first["msg"].removeprefix("Value error, ")
-        if first.get("type") == "int_parsing_size":  # pydantic's words for 1e30 speak of an "input string"
-            message = f"Input should be a valid integer, got {first.get('input')!r}, far out of range"
-        elif first.get("type") in _EXPECTED:  # a switch (StrictBool), a number or an integer (Strict): JSON's own
-            got = first.get("input")
-            shown = f" {json.dumps(got)}" if isinstance(got, str | int | float) and len(json.dumps(got)) <= 40 else ""
-            kind = json_kind(got)
-            if first["type"] == "float_type" and isinstance(got, int) and not isinstance(got, bool):
-                kind, shown = "an integer out of a number's range", ""  # JSON's integer past a double's
-            message = f"expected {_EXPECTED[first['type']]}, got {kind}{shown}"
-        return _error(400, "invalid input", f"{field}: {message}")
+        return _error(400, "invalid input", schemas.error_message(e.errors()))
 
     @app.exception_handler(ClipperError)
     async def clipper_error(_: Request, e: ClipperError) -> JSONResponse:

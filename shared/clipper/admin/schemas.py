@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -13,12 +15,14 @@ from pydantic import (
     Strict,
     StrictBool,
     StrictInt,
+    ValidationError,
     ValidationInfo,
     field_validator,
 )
 
 from clipper.core.domain import APP_NAME_PATTERN, MAX_APP_NAME
 from clipper.core.media import has_lone_surrogate
+from clipper.core.validation import json_kind
 
 # Switches are JSON's true and false (StrictBool): pydantic's lax bool took "yes", "off", 1 and 0 as well, so a
 # typo'd or stringly-typed value was applied instead of refused naming the field. Likewise numbers are JSON numbers
@@ -307,3 +311,37 @@ class StartCanary(Body):
 class CanaryRef(Body):
     model_name: str
     events: StrictInt = Field(10, ge=0, le=100, description="how many of the last canary events to answer")
+
+
+_EXPECTED = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number"}
+
+
+def error_message(errors: Sequence[Any]) -> str:
+    """The first of a body's validation errors (pydantic's ``errors()``) as the admin API's cause: the field and
+    what it expected."""
+    first = errors[0]
+    if first.get("type") == "json_invalid":  # its loc is the character offset: the field is the body
+        detail = (first.get("ctx") or {}).get("error", "")
+        return f"body: not valid JSON ({detail} at character {first['loc'][-1]})"
+    field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+    message = first["msg"].removeprefix("Value error, ")
+    if first.get("type") == "int_parsing_size":  # pydantic's words for 1e30 speak of an "input string"
+        message = f"Input should be a valid integer, got {first.get('input')!r}, far out of range"
+    elif first.get("type") in _EXPECTED:  # a switch (StrictBool), a number or an integer (Strict): JSON's own
+        got = first.get("input")
+        shown = f" {json.dumps(got)}" if isinstance(got, str | int | float) and len(json.dumps(got)) <= 40 else ""
+        kind = json_kind(got)
+        if first["type"] == "float_type" and isinstance(got, int) and not isinstance(got, bool):
+            kind, shown = "an integer out of a number's range", ""  # JSON's integer past a double's
+        message = f"expected {_EXPECTED[first['type']]}, got {kind}{shown}"
+    return f"{field}: {message}"
+
+
+def refusal(model: type[Body], values: dict[str, Any]) -> str | None:
+    """What the admin API would answer a body of ``values`` for ``model`` (its 400's cause), or None when it takes
+    it: a client checks before it does what cannot be undone (an upload before starting a canary)."""
+    try:
+        model.model_validate(values)
+    except ValidationError as e:
+        return error_message(e.errors())
+    return None

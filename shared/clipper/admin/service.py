@@ -277,7 +277,10 @@ class AdminService:
         except NotFound:
             head, versions = None, {}
         if version in versions:
-            raise Conflict(f"{model}:{version} is registered already and versions are immutable: upload a new version")
+            raise Conflict(
+                f"{model}:{version} is registered already and versions are immutable: upload a new version (or start "
+                f"this one as the canary: POST /admin/start_canary, `clipper canary {model} --start {version}`)"
+            )
         if head is not None and self._stacks is None:
             raise Conflict(unserved_reason(model, version, head.active_version))
         key = f"models/{model}/{version}/model.onnx"
