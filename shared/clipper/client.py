@@ -32,8 +32,13 @@ from typing import Any
 
 from clipper.client_auth import SigningError, signer_for
 from clipper.client_query import ApiError, json_answer, json_value
+from clipper.errors import ClipperError
 
 Progress = Callable[[str], None]
+
+
+class BadUrl(ClipperError):
+    """The API's URL (``CLIPPER_URL``, ``--url``) is not an http(s) URL."""
 
 
 class AdminError(ApiError):
@@ -65,6 +70,12 @@ class ClipperConnection:
         when no token is given); ``region`` of the signature (default ``CLIPPER_REGION``, else the URL's, else the
         credential chain's). A bad ``auth`` raises ``SigningError``."""
         self.url = (url or os.environ.get("CLIPPER_URL") or "http://127.0.0.1:8080").rstrip("/")
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            # '127.0.0.1:8093' was tried and reported as "no Clipper API answers at ... (unknown url type)"
+            raise BadUrl(
+                f"the API's URL must start with http:// or https:// (e.g. http://127.0.0.1:8080), got {self.url!r}"
+            )
         self._token = token if token is not None else os.environ.get("CLIPPER_ADMIN_TOKEN", "")
         self._timeout = timeout_s
         mode = auth or os.environ.get("CLIPPER_AUTH") or "auto"

@@ -15,7 +15,7 @@ from typing import Any
 
 from clipper.cli import admin, local, query, report
 from clipper.cli.tables import canary_table, inspect_table, metrics_table
-from clipper.client import AdminError, ClipperConnection
+from clipper.client import AdminError, BadUrl, ClipperConnection
 from clipper.client_auth import AUTH_MODES, SigningError
 from clipper.client_query import ApiError
 from clipper.cost import cli as cost_cli
@@ -68,7 +68,7 @@ def _main(argv: list[str] | None) -> int:
         return local.run_logs(args)
     try:
         conn = ClipperConnection(args.url, args.token, auth=args.auth, region=args.region)
-    except SigningError as e:  # CLIPPER_AUTH not one of the modes
+    except (SigningError, BadUrl) as e:  # CLIPPER_AUTH not one of the modes, a URL without http(s)://
         print(f"clipper: {e}", file=sys.stderr)
         return 2
     try:
