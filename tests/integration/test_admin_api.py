@@ -47,7 +47,8 @@ def test_admin_calls_need_the_token(aws):
     service = AdminService(DynamoDBRegistry(aws.dynamodb, aws.registry_table))
     client = TestClient(create_admin_app(service, "token", TOKEN))
     assert client.get("/admin/ping").status_code == 401
-    assert client.get("/admin/ping", headers={"Authorization": "Bearer nope"}).status_code == 403
+    wrong = client.get("/admin/ping", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 403 and "FRESH=1" in wrong.json()["cause"]  # a fresh local state: a new token
     assert client.post("/admin/add_app", json=DIGITS, headers={"Authorization": "Bearer x"}).status_code == 403
     unset = TestClient(create_admin_app(service, "token", ""))
     assert unset.get("/admin/ping", headers={"Authorization": "Bearer "}).status_code in (401, 403)

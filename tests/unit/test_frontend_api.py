@@ -46,6 +46,12 @@ def test_predict_and_health(client):
             400,
             "uid: expected an integer (within 64 bits) or a non-empty string, got a list",
         ),
+        (  # it said "got a string" (a new user's run)
+            "/digits/predict",
+            {"input": [0.0] * 64, "uid": ""},
+            400,
+            "uid: expected an integer (within 64 bits) or a non-empty string, got an empty string",
+        ),
     ],
 )
 def test_errors_use_clippers_body_and_name_the_field(client, path, body, status, cause):

@@ -61,7 +61,11 @@ def create_admin_app(service: AdminService, auth: str, token: str, report: Repor
         if given is None:
             raise _Refused(401, "missing credentials: send Authorization: Bearer <CLIPPER_ADMIN_TOKEN>")
         if not token or not secrets.compare_digest(given.encode(), token.encode()):
-            raise _Refused(403, "the credentials are not the admin token")
+            raise _Refused(
+                403,
+                "the credentials are not the admin token (a local stack started with FRESH=1 or with a new state "
+                "folder made a new one: the export line it printed has it)",
+            )
 
     def json_body(request: Request) -> None:
         """An operation's body is JSON: another Content-Type is a 415, as the query API answers it."""

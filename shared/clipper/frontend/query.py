@@ -66,7 +66,7 @@ def user_id(body: Any) -> str | None:
     if uid is None:
         return None
     if isinstance(uid, bool) or not isinstance(uid, int | str) or uid == "":
-        got = json_kind(uid)
+        got = "an empty string" if uid == "" else json_kind(uid)
         if isinstance(uid, float) and uid.is_integer() and abs(uid) >= 2.0**63:
             got = "an integer past 64 bits"  # the JSON parser read it as a float
         raise InvalidInput("uid", "an integer (within 64 bits) or a non-empty string", got)
