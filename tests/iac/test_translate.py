@@ -156,6 +156,7 @@ def test_http_api_has_exactly_the_query_routes(translated: dict[str, Any]) -> No
         ("/{app}/predict", "post"),
         ("/{app}/update", "post"),
         ("/health", "get"),
+        ("/health", "head"),  # some health checkers send HEAD
         ("/metrics", "get"),
         ("/admin/ping", "get"),
         ("/admin/{operation}", "post"),

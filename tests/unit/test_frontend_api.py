@@ -502,3 +502,12 @@ def test_a_url_naming_what_no_application_can_be_named_is_a_404_without_a_regist
     assert registry.reads == reads
     r = client.post("/digits/predict", json={"input": one_hot(1)})
     assert r.status_code == 200 and r.json()["output"] == 1
+
+
+def test_health_answers_head_and_the_unknown_route_lists_the_document(client):
+    """HEAD /health was a 405 (some health checkers send it); the 404 of an unknown route named every route but
+    GET /openapi.json (a new user's run)."""
+    r = client.head("/health")
+    assert r.status_code == 200 and r.content == b""
+    cause = client.get("/nope").json()["cause"]
+    assert "GET /openapi.json" in cause and client.get("/openapi.json").status_code == 200

@@ -150,7 +150,7 @@ def create_app(
         if exc.status_code == 404 and cause == "Not Found":  # no such route (an application's 404 says which)
             cause = (
                 f"{request.method} {request.url.path}: no such route (POST /<app>/predict, POST /<app>/update, "
-                "GET /health, GET /metrics, GET /docs)"
+                "GET /health, GET /metrics, GET /docs, GET /openapi.json)"
             )
         if exc.status_code == 405:
             cause = (
@@ -166,6 +166,10 @@ def create_app(
 
     @app.get("/health", tags=["ops"])
     def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.head("/health", tags=["ops"], include_in_schema=False)
+    def health_head() -> dict[str, str]:  # some health checkers send HEAD (it was a 405); the body is dropped
         return {"status": "ok"}
 
     @app.get("/metrics", tags=["ops"], summary="Clipper's metrics: counters, meters and histograms")
