@@ -192,6 +192,29 @@ def test_an_engine_without_a_vpc_creates_nothing_and_a_rule_refuses_it(translate
     assert len(rule["Assertions"]) == 2
 
 
+def test_rules_use_only_rule_functions() -> None:
+    """CloudFormation takes only its rule functions (and Ref) inside Rules; cfn-lint and moto let others by: an
+    Fn::Join there (ElastiCacheNeedsVpc's subnets) would have failed every deployment's validation (a review)."""
+    allowed = {"Ref", "Fn::And", "Fn::Contains", "Fn::EachMemberEquals", "Fn::EachMemberIn", "Fn::Equals", "Fn::Not"}
+    allowed |= {"Fn::Or", "Fn::RefAll", "Fn::ValueOf", "Fn::ValueOfAll"}
+    used: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            used.update(k for k in node if k == "Ref" or k.startswith("Fn::"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    rules = cfn.load_template(SERVICE_TEMPLATE)["Rules"]
+    for rule in rules.values():
+        walk(rule.get("RuleCondition"))
+        walk([a["Assert"] for a in rule["Assertions"]])
+    assert used and used <= allowed, used - allowed
+
+
 # --- concurrency ------------------------------------------------------------------------------------------
 
 
