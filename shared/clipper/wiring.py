@@ -66,8 +66,9 @@ def aws_client(service: str, session: Any = None, **config: Any) -> Any:
 
 # The frontend's SQS client: a query's and a feedback's send. SQS answers a SendMessage in tens of milliseconds; a
 # stalled one held a request's worker thread (and a Lambda invocation) for the default 10 s read timeout a try.
-# Two tries of at most 1 s to connect and 2 s to read: a stalled queue answers a feedback 503 within ~6 s, and a
-# query (answered with its default at its deadline in any case) frees its thread as soon.
+# Three tries (botocore's max_attempts counts the retries: 2 after the first) of at most 1 s to connect and 2 s to
+# read: a stalled queue answers a feedback 503 within ~6-9 s (with the back-off), inside the frontend's 10 s
+# timeout, and a query (answered with its default at its deadline in any case) frees its thread as soon.
 FRONTEND_SQS = {"max_attempts": 2, "connect_timeout": 1, "read_timeout": 2}
 
 

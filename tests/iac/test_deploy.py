@@ -54,6 +54,7 @@ def test_service_stack_is_complete_with_all_outputs(session: Any, service: dict[
         "SelectionTableName",
         "FeedbackQueueUrl",
         "FeedbackDeadLetterQueueUrl",
+        "UploadFailureQueueUrl",
         "FeedbackFunctionName",
         "DashboardName",
         "ModelBucketName",

@@ -319,6 +319,7 @@ def test_alarms_watch_dead_letters_latency_default_rate_and_errors(translated: d
     alarms = of_type(translated, "AWS::CloudWatch::Alarm")
     assert set(alarms) == {
         "FeedbackDeadLetterAlarm",
+        "UploadFailureAlarm",
         "ApiLatencyAlarm",
         "DefaultOutputRateAlarm",
         "FunctionErrorsAlarm",
@@ -330,6 +331,15 @@ def test_alarms_watch_dead_letters_latency_default_rate_and_errors(translated: d
     assert {m["MetricStat"]["Metric"]["MetricName"] for m in rate if "MetricStat" in m} == {"DefaultOutputs", "Queries"}
     (dashboard,) = of_type(translated, "AWS::CloudWatch::Dashboard").values()
     assert "CacheHits" in dashboard["Properties"]["DashboardBody"]["Fn::Sub"]
+    upload = alarms["UploadFailureAlarm"]["Properties"]  # an upload the updater failed on every try is kept
+    assert upload["Dimensions"] == [{"Name": "QueueName", "Value": {"Fn::GetAtt": ["UploadFailureQueue", "QueueName"]}}]
+    (invoke,) = [
+        r["Properties"]
+        for r in of_type(translated, "AWS::Lambda::EventInvokeConfig").values()
+        if r["Properties"]["FunctionName"] == {"Ref": "ModelUpdaterFunction"}
+    ]
+    destination = invoke["DestinationConfig"]["OnFailure"]["Destination"]
+    assert destination == {"Fn::GetAtt": ["UploadFailureQueue", "Arn"]}
     rollback = alarms["CanaryRollbackAlarm"]["Properties"]
     assert (rollback["Namespace"], rollback["MetricName"]) == ("Clipper", "CanaryDecisions")
     assert rollback["Dimensions"] == [{"Name": "kind", "Value": "rollback"}]
