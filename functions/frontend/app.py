@@ -61,7 +61,7 @@ app = create_app(
     processor,
     settings.max_body_bytes,
     query_threads=settings.query_threads,
-    feedback=build_feedback_receiver(settings, processor.registry, sqs),
+    feedback=build_feedback_receiver(settings, processor.registry, sqs, processor.cache),
     observe=Observers(EmfQueryMetrics(), metrics),
     metrics=metrics,
 )

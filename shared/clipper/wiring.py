@@ -314,13 +314,15 @@ def build_report_service(settings: CommonSettings, dynamodb: Any) -> ReportServi
     return ReportService(DynamoDBRegistry(dynamodb, settings.registry_table), log, SystemClock())
 
 
-def build_feedback_receiver(settings: FrontendSettings, registry: Registry, sqs: Any) -> FeedbackReceiver:
+def build_feedback_receiver(
+    settings: FrontendSettings, registry: Registry, sqs: Any, cache: Any = None
+) -> FeedbackReceiver:
     """The feedback queue is on the request queues' transport: SQS, or on the local stack a Redis stream, kept in
     Redis's append-only file (moto's queues live in its memory: a restart of the emulator or of the stack lost
     the feedback accepted and not yet applied)."""
     from clipper.feedback import FeedbackReceiver
 
-    return FeedbackReceiver(registry, request_queue(settings, sqs), settings.feedback_queue_url)
+    return FeedbackReceiver(registry, request_queue(settings, sqs), settings.feedback_queue_url, cache)
 
 
 def build_query_processor(

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from clipper.core.registry_cache import CachedRegistry
@@ -710,3 +711,43 @@ def test_a_model_is_not_charged_for_the_frontends_own_failures_nor_a_failed_retr
     assert feedback.process(FeedbackMessage(feedback_id="r", app="ens", payload=_payload(y), label=10)) == "applied"
     state = store.states[state_key("ens")]
     assert state.arm("good").losses == 0.0 and state.arm("bad").losses == 1.0  # judged on the answer given
+
+
+def test_a_feedback_judges_the_prediction_of_its_input_when_it_was_accepted(learning):
+    """A new user's run: exp3 answered an input with one model, the feedback was accepted, the same user queried
+    the input again (another model answered, its record replacing the first's), and the worker, reading the record
+    when it applied the feedback, charged the label to the later answer's model. The frontend now reads the record
+    when it accepts the feedback and it travels in the message."""
+    from clipper.core.cache_keys import record_keys
+    from clipper.selection import Selection
+
+    p, registry, cache, store = learning
+    registry.apps["e3"] = digits_app(name="e3", policy="exp3")
+    registry.links["e3"] = ["good", "bad"]
+    queue = ListQueue()
+    receiver = FeedbackReceiver(registry, queue, "https://sqs.local/feedback", cache)
+    feedback = FeedbackProcessor(registry, store, cache)
+    body = {"uid": "u", "input": one_hot(5)}
+    (key,) = record_keys("e3", "u", np.asarray([one_hot(5)], dtype=np.float32))
+
+    def chosen() -> str:
+        (model,) = Selection.from_dict(cache.get_many([key])[key]["selection"]).models
+        return model
+
+    p.predict("e3", body)
+    first = chosen()
+    receiver.accept("e3", {**body, "label": 7})  # neither model says 7: the model that answered loses
+    for _ in range(200):  # the same input queried again until the other model answers it
+        p.predict("e3", body)
+        if chosen() != first:
+            break
+    assert chosen() != first
+    assert store.load(state_key("e3")) is None  # no feedback yet: the arms start even
+    (message,) = [FeedbackMessage.from_json(sent) for _, sent in queue.sent]
+    assert message.record is not None
+    assert feedback.process(message) == "applied"
+    weights = store.load(state_key("e3")).weights
+    other = "bad" if first == "good" else "good"
+    assert weights[first] < weights[other], (first, weights)  # the model that answered the labelled query lost
+    # without the record in the message (an older frontend's), the worker reads the cache's: the later answer's
+    assert feedback.process(message.model_copy(update={"record": None, "feedback_id": "again"})) == "applied"

@@ -149,8 +149,12 @@ class FeedbackProcessor:
         app, linked, versions = read
         canaries = self._canaries(registry, linked)
         rows = decode_rows(message.payload)
-        (key,) = record_keys(app.name, message.user, rows)
-        record = self.cache.get_many([key]).get(key)
+        # the record the frontend read when it accepted the feedback (a later query of the input replaces the
+        # cache's); a message without one (the frontend could not read it, or an older frontend's) reads it now
+        record = message.record
+        if record is None:
+            (key,) = record_keys(app.name, message.user, rows)
+            record = self.cache.get_many([key]).get(key)
         if record is not None and not fresh and not self._record_agrees(registry, record, app, linked, versions):
             raise _Stale  # answered under what the copy does not know yet, or no longer
         if app.policy == "single" and not canaries:

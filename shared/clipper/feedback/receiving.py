@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import re
 import uuid
@@ -15,14 +16,17 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from clipper.core.cache_keys import record_keys
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Payload, encode_rows, sqs_text
 from clipper.core.registry_cache import held_app, reread_app
 from clipper.core.validation import json_kind, validate_query
 from clipper.errors import InvalidInput, MalformedMessage, Unavailable
-from clipper.ports import Registry, RequestQueue
+from clipper.ports import PredictionCache, Registry, RequestQueue
 
 if TYPE_CHECKING:
     pass
+
+logger = logging.getLogger(__name__)
 
 
 class FeedbackMessage(BaseModel):
@@ -34,6 +38,10 @@ class FeedbackMessage(BaseModel):
     user: str | None = None
     payload: Payload
     label: float | int | str
+    # the query's record (``rec:`` key) as the frontend read it when it accepted the feedback: the prediction the
+    # label is for. Read by the worker at apply time instead, a query of the same input by the same user in
+    # between (its record replaces the first's) had the label judge the later answer's model (a new user's run)
+    record: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
@@ -133,10 +141,28 @@ def _fits_a_double(n: int) -> bool:
 class FeedbackReceiver:
     """The frontend's side: validate, enqueue, answer at once."""
 
-    def __init__(self, registry: Registry, queue: RequestQueue, queue_url: str) -> None:
+    def __init__(
+        self, registry: Registry, queue: RequestQueue, queue_url: str, cache: PredictionCache | None = None
+    ) -> None:
+        """``cache``: the prediction cache the query records are in; the record the feedback labels is read from it
+        at once and travels in the message (``FeedbackMessage.record``)."""
         self._registry = registry
         self._queue = queue
         self._url = queue_url
+        self._cache = cache
+
+    def _record(self, app: str, user: str | None, rows: Any) -> dict[str, Any] | None:
+        """The query's record for this input now, or None (none kept, or the cache unreadable: the worker then
+        reads it when it applies the feedback, as without a cache here)."""
+        if self._cache is None:
+            return None
+        (key,) = record_keys(app, user, rows)
+        try:
+            record = self._cache.get_many([key]).get(key)
+        except Unavailable as e:
+            logger.warning("feedback: the query's record not read (%s): the worker reads it", e)
+            return None
+        return record if isinstance(record, dict) else None
 
     def accept(self, app_name: str, body: Any) -> dict[str, Any]:
         from clipper.frontend.query import user_id
@@ -166,9 +192,14 @@ class FeedbackReceiver:
         user = user_id(body)
         content = json.dumps([payload.model_dump(exclude_none=True), label])  # what the feedback says
         key, fid = feedback_key_and_id(app.name, user, body, app.incarnation, content)
-        message = FeedbackMessage(feedback_id=fid, app=app.name, user=user, payload=payload, label=label)
+        record = self._record(app.name, user, query.rows)
+        message = FeedbackMessage(feedback_id=fid, app=app.name, user=user, payload=payload, label=label, record=record)
         body = sqs_text(message.to_json())
         size = len(body.encode("utf-8", "surrogatepass"))
+        if size > MAX_MESSAGE_BYTES and record is not None:  # a record too large to travel: the worker reads it
+            message = message.model_copy(update={"record": None})
+            body = sqs_text(message.to_json())
+            size = len(body.encode("utf-8", "surrogatepass"))
         if size > MAX_MESSAGE_BYTES:  # the input's and the label's bounds keep it under; the queue would refuse it
             raise InvalidInput("input", "an input and a label that fit one queue message (256 KiB)", f"{size} bytes")
         if not self._url:

@@ -141,6 +141,11 @@ class QueryProcessor:
         return self._registry
 
     @property
+    def cache(self) -> PredictionCache | None:
+        """The prediction cache (with the query records feedback joins with), if any."""
+        return self._cache
+
+    @property
     def tally(self) -> CanaryTally | None:
         return self._tally
 
