@@ -41,8 +41,9 @@ from clipper.adapters.resp import RespClient, RespError
 from clipper.errors import NotFound, Unavailable
 from clipper.ports import ReceivedMessage
 
-# The model stack's defaults (infra/model-stack.yaml): VisibilityTimeoutSeconds, MaxReceiveCount,
-# MessageRetentionSeconds.
+# The model stack's defaults (infra/model-stack.yaml): VisibilityTimeoutSeconds, MessageRetentionSeconds; and
+# MaxReceiveCount's before it became 5 for a Lambda event source (whose throttled receives count as deliveries:
+# no reader of these streams is throttled so).
 VISIBILITY_TIMEOUT_S = 180.0
 MAX_RECEIVE_COUNT = 3
 RETENTION_S = 3600.0
