@@ -280,7 +280,7 @@ def test_scaling_changes_the_replicas_and_nothing_else(aws, stacks):
     (stack,) = boto3.client("cloudformation").describe_stacks(StackName=stacks.stack_name("mlp", "1"))["Stacks"]
     values = {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}
     assert values["InitialInstanceCount"] == "2"
-    assert values["MaxReceiveCount"] == "3"  # what the version was created with
+    assert values["MaxReceiveCount"] == "5"  # what the version was created with (the template's default)
 
 
 def test_upload_urls_without_a_model_bucket_are_unavailable_not_a_bad_request(world, stacks):

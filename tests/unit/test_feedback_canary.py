@@ -144,3 +144,21 @@ def test_a_regression_apps_canary_evidence_is_judged_on_its_loss_scale():
         assert processor.process(feedback("f1", label=1000.0)) == "canary_only"
         (got,) = evidence.load("mlp", CANARY.trial).values()
         assert got.feedback == 1 and got.loss_sum == pytest.approx(loss_sum)
+
+
+def test_a_feedback_after_the_canary_ended_is_not_counted_as_without_a_record():
+    """A review: just after a single-model application's canary was rolled back, the worker's registry copy still
+    held the canary, the queries since kept no record (nothing learns from them), and their feedback was counted
+    'no_record' in the selection report. Decided on the registry itself it is 'not_learning' (not counted)."""
+    from clipper.core.registry_cache import CachedRegistry
+    from tests.fakes import FakeClock
+
+    _, registry, cache, evidence = world("single")
+    copy = CachedRegistry(registry, FakeClock(), ttl_s=60)
+    processor = FeedbackProcessor(copy, InMemorySelectionStore(), cache, evidence=evidence)
+    assert copy.canary("mlp") == CANARY  # held by the copy
+    del registry.canaries["mlp"]  # rolled back
+    assert processor.process(feedback("after")) == "not_learning"
+    registry.canaries["mlp"] = CANARY  # a canary running and truly no record: still no_record
+    copy.invalidate()
+    assert processor.process(feedback("none")) == "no_record"

@@ -160,6 +160,10 @@ class FeedbackProcessor:
         if app.policy == "single" and not canaries:
             return "not_learning"
         if record is None:
+            if not fresh and app.policy == "single":
+                # the copy may hold a canary the registry has ended (rolled back, promoted: the queries since
+                # keep no record): decided on the registry itself, that is "not_learning", not "no_record"
+                raise _Stale
             logger.info("feedback without a recorded prediction", extra={"app": app.name})
             return "no_record"
         if record.get("incarnation", 0) != app.incarnation:  # answered by a deleted application of this name
