@@ -751,3 +751,42 @@ def test_a_feedback_judges_the_prediction_of_its_input_when_it_was_accepted(lear
     assert weights[first] < weights[other], (first, weights)  # the model that answered the labelled query lost
     # without the record in the message (an older frontend's), the worker reads the cache's: the later answer's
     assert feedback.process(message.model_copy(update={"record": None, "feedback_id": "again"})) == "applied"
+
+
+@pytest.mark.parametrize("trouble", ["missing table", "hung"])
+def test_the_record_read_at_accept_is_best_effort_and_bounded(learning, trouble):
+    """A review: the read of the query's record at accept let a missing cache table through as a 404 ('unknown
+    application': the feedback not queued), and a hung cache held the request past the frontend's timeout. The
+    feedback is now queued without the record (the worker reads it), within the read's budget."""
+    import threading
+    import time
+
+    from clipper.feedback import receiving
+
+    p, registry, cache, store = learning
+    p.predict("ens", {"input": one_hot(4)})
+    release = threading.Event()
+
+    class Troubled(InMemoryCache):
+        def get_many(self, keys, timeout=None):
+            if trouble == "hung":
+                release.wait(5)
+                return {}
+            raise NotFound("resource", "dynamodb.BatchGetItem(cache) (ResourceNotFoundException)")
+
+    queue = ListQueue()
+    receiver = FeedbackReceiver(registry, queue, "https://sqs.local/feedback", Troubled())
+    try:
+        started = time.monotonic()
+        assert receiver.accept("ens", {"input": one_hot(4), "label": 4})["accepted"] is True
+        assert time.monotonic() - started < receiving.RECORD_READ_S + 0.5
+        (message,) = [FeedbackMessage.from_json(sent) for _, sent in queue.sent]
+        assert message.record is None
+        # the worker reads the record itself, from the cache it uses
+        assert FeedbackProcessor(registry, store, cache).process(message) == "applied"
+        if trouble == "hung":  # reads in flight are bounded: past them, none is started
+            for _ in range(receiving.MAX_RECORD_READS + 2):
+                receiver.accept("ens", {"input": one_hot(4), "label": 4})
+            assert receiver._reads <= receiving.MAX_RECORD_READS
+    finally:
+        release.set()

@@ -786,3 +786,67 @@ def test_a_read_started_before_a_success_that_fails_after_it_does_not_bring_the_
     assert window.failing()
     clock.advance(4.0)
     assert not window.failing()  # aged out
+
+
+def test_a_query_that_joins_a_read_does_not_report_its_outcome_as_its_own():
+    """A review of the failure window: a query that joined another's read (SingleFlight) reported the read's failure
+    with its own start time, so a read started in the outage, failing after a later reload had succeeded, brought
+    the outage back through its joiner. The flight's own read reports it, from its start."""
+    import threading
+    import time
+
+    inner, clock = world()
+    gate, slow = threading.Event(), set()
+
+    class Gated(OneQueryRegistry):
+        def app_and_links(self, name: str) -> tuple[Application, list[str]]:
+            if threading.get_ident() in slow:  # the read started in the outage: fails late
+                gate.wait(5)
+                raise Unavailable("dynamodb: read timed out")
+            return super().app_and_links(name)
+
+    gated = Gated(apps=inner.apps, links=inner.links, versions=inner.versions, active=inner.active)
+    runner = ManualRunner()
+    cached = CachedRegistry(gated, clock, ttl_s=2, refresh=runner, max_stale_s=2)
+    cached.get_app("digits")
+    clock.advance(10.0)
+
+    def leader() -> None:
+        slow.add(threading.get_ident())
+        with pytest.raises(Unavailable):
+            cached.reread_app("digits")  # read A, started at t=10 (the outage)
+
+    errors: list[Exception] = []
+
+    def joiner() -> None:
+        try:
+            cached.reread_app("digits")  # t=11: joins A's flight
+        except Unavailable as e:
+            errors.append(e)
+
+    a = threading.Thread(target=leader)
+    a.start()
+    time.sleep(0.2)
+    clock.advance(0.5)
+    cached._reload_in_background(("app", "digits"))
+    runner.run()  # reload B, started at t=10.5, succeeds
+    clock.advance(0.5)
+    c = threading.Thread(target=joiner)
+    c.start()
+    time.sleep(0.2)
+    gate.set()
+    a.join()
+    c.join()
+    assert errors and cached._flights.joined == 1
+    assert not cached._reloads.failing  # A started before B succeeded: its failure does not count
+
+
+def test_a_clock_stepped_back_does_not_hold_the_failure_window_open():
+    from clipper.core.registry_cache import FailureWindow
+
+    clock = FakeClock()
+    window = FailureWindow(4.0, clock.now)
+    window.failed(clock.now())
+    assert window.failing()
+    clock.advance(-3600.0)  # the wall clock stepped back an hour
+    assert not window.failing()

@@ -234,3 +234,36 @@ def test_close_from_another_thread_fails_a_loops_calls_on_that_loops_thread() ->
     finally:
         loop.call_soon_threadsafe(loop.stop)
         runner.join(5)
+
+
+def test_close_after_the_loop_of_a_connection_is_closed_does_not_raise() -> None:
+    """A client used under ``asyncio.run`` (its loop closed since) and closed after: ``close()`` raised 'Event loop
+    is closed' from the connection's transport (found by a review)."""
+    from clipper.adapters.resp import RespClient
+
+    async def pong(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        writer.write(b"+PONG\r\n")
+        await writer.drain()
+
+    ready, box = threading.Event(), {}
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        server = loop.run_until_complete(asyncio.start_server(pong, "127.0.0.1", 0))
+        box["port"], box["loop"] = server.sockets[0].getsockname()[1], loop
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=serve, daemon=True).start()
+    assert ready.wait(5)
+    client = RespClient("127.0.0.1", box["port"], timeout=1.0)
+
+    async def ping() -> list[Any]:
+        return await client.aio.execute([("PING",)])
+
+    try:
+        assert asyncio.run(ping()) == ["PONG"]  # the loop of that connection is closed once run returns
+        client.close()
+    finally:
+        box["loop"].call_soon_threadsafe(box["loop"].stop)

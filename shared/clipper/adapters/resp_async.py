@@ -228,6 +228,8 @@ class AsyncRespClient:
         for conn in list(self._connections.values()):
             error = ConnectionError("client closed")
             loop = getattr(conn, "loop", None)
+            if loop is not None and loop.is_closed():  # its transport went with it: nothing to close or fail
+                continue
             if loop is not None and loop is not here and loop.is_running():
                 with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing left to fail
                     loop.call_soon_threadsafe(conn.fail, error)

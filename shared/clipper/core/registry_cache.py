@@ -143,7 +143,8 @@ class FailureWindow:
 
     def failing(self) -> bool:
         failed = self._failed
-        return failed is not None and self._clock() - failed[1] < self._window
+        # (a clock stepped back before the failure's end: not failing, or the window would last as long as the step)
+        return failed is not None and 0 <= self._clock() - failed[1] < self._window
 
     def failed(self, started: float) -> None:
         with self._lock:
@@ -380,20 +381,20 @@ class CachedRegistry:
         """``key``'s read on the caller's path, kept: this caller's own, or one that another caller started within
         ``ttl_s`` (what it yields is as recent as a fresh entry's), whose result it takes (``SingleFlight``)."""
 
-        def load() -> dict[Key, object]:
+        def load() -> dict[Key, object]:  # the flight's own read: its outcome counted once, from its start
             generation = self._generation
-            loaded = self._load(key)
+            try:
+                loaded = self._load(key)
+            except Unavailable:
+                if self._reloads is not None:
+                    self._reloads.read_failed(now)
+                raise
+            if self._reloads is not None:
+                self._reloads.read_succeeded(now)
             self._keep(loaded, now, generation)
             return loaded
 
-        try:
-            loaded = self._flights.run(self._read_of(key), load, now, now - self._ttl)
-        except Unavailable:
-            if self._reloads is not None:
-                self._reloads.read_failed(now)
-            raise
-        if self._reloads is not None:
-            self._reloads.read_succeeded(now)
+        loaded = self._flights.run(self._read_of(key), load, now, now - self._ttl)
         if self._warm is not None and not isinstance(loaded.get(key), NotFound):
             self._warm.touch(key, now)  # a query's read of what exists: what the next ones will use
         return loaded

@@ -10,7 +10,9 @@ import json
 import logging
 import math
 import re
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -138,6 +140,21 @@ def _fits_a_double(n: int) -> bool:
         return False
 
 
+# The time a feedback's accept gives the read of its query's record, and how many such reads may be in flight
+RECORD_READ_S = 0.25
+MAX_RECORD_READS = 8
+_readers: ThreadPoolExecutor | None = None
+_readers_lock = threading.Lock()
+
+
+def _record_readers() -> ThreadPoolExecutor:
+    global _readers
+    with _readers_lock:
+        if _readers is None:
+            _readers = ThreadPoolExecutor(MAX_RECORD_READS, thread_name_prefix="clipper-feedback-record")
+        return _readers
+
+
 class FeedbackReceiver:
     """The frontend's side: validate, enqueue, answer at once."""
 
@@ -150,19 +167,44 @@ class FeedbackReceiver:
         self._queue = queue
         self._url = queue_url
         self._cache = cache
+        self._reads = 0  # record reads in flight (``_record``)
+        self._reads_lock = threading.Lock()
 
     def _record(self, app: str, user: str | None, rows: Any) -> dict[str, Any] | None:
-        """The query's record for this input now, or None (none kept, or the cache unreadable: the worker then
-        reads it when it applies the feedback, as without a cache here)."""
+        """The query's record for this input now, or None: none kept, or not read within ``RECORD_READ_S`` (the
+        cache failing, slow or missing its table: the feedback is accepted all the same, and the worker reads the
+        record when it applies it, as without a cache here). The read runs on its own thread, at most
+        ``MAX_RECORD_READS`` at once (a hung cache holds those, not the feedback requests: a DynamoDB client's
+        retries of a hung read outlast the frontend's timeout)."""
         if self._cache is None:
             return None
         (key,) = record_keys(app, user, rows)
+        with self._reads_lock:
+            if self._reads >= MAX_RECORD_READS:
+                return None
+            self._reads += 1
         try:
-            record = self._cache.get_many([key]).get(key)
-        except Unavailable as e:
-            logger.warning("feedback: the query's record not read (%s): the worker reads it", e)
+            future = _record_readers().submit(self._read_record, key)
+        except RuntimeError:  # shut down (interpreter exit)
+            self._read_done(None)
+            return None
+        future.add_done_callback(self._read_done)
+        try:
+            record = future.result(RECORD_READ_S)
+        except Exception as e:  # the cache's failure or the budget past: the worker reads it
+            logger.warning(
+                "feedback: the query's record not read (%s): the worker reads it", str(e) or type(e).__name__
+            )
             return None
         return record if isinstance(record, dict) else None
+
+    def _read_record(self, key: str) -> Any:
+        assert self._cache is not None
+        return self._cache.get_many([key], timeout=RECORD_READ_S).get(key)
+
+    def _read_done(self, _future: Any) -> None:
+        with self._reads_lock:
+            self._reads -= 1
 
     def accept(self, app_name: str, body: Any) -> dict[str, Any]:
         from clipper.frontend.query import user_id

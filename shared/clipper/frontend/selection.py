@@ -171,13 +171,9 @@ class Selector:
         # one read however many queries ask at once (a read another query started within ttl_s is as recent as a
         # fresh state): after a quiet while each query read the state itself, all at the store at once
         try:
-            state = self._flights.run(key, lambda: self._read(key, now), now, now - self._ttl)
+            state = self._flights.run(key, lambda: self._read_counted(key, now), now, now - self._ttl)
         except Unavailable as e:
-            if self._reloads is not None:
-                self._reloads.read_failed(now)
             return self._held_on_error(key, now, e)
-        if self._reloads is not None:
-            self._reloads.read_succeeded(now)
         if self._warm is not None and not is_user_key(key):
             self._warm.touch(key, now)
         return state
@@ -194,6 +190,19 @@ class Selector:
             "user" if is_user_key(key) else key, "bandit state unreadable, answered as last held (%s): %s", age, error
         )
         return hit[1] if hit is not None else None
+
+    def _read_counted(self, key: str, now: float) -> SelectionState | None:
+        """``_read`` on a query's path, its outcome counted once (by the flight's own read, from its start: a query
+        that joins it reports nothing) for whether the store is failing."""
+        try:
+            state = self._read(key, now)
+        except Unavailable:
+            if self._reloads is not None:
+                self._reloads.read_failed(now)
+            raise
+        if self._reloads is not None:
+            self._reloads.read_succeeded(now)
+        return state
 
     def _read(self, key: str, now: float) -> SelectionState | None:
         generation = self._generation
