@@ -8,6 +8,7 @@ import pytest
 
 from clipper.core.registry_cache import RELOAD_PATIENCE_S
 from clipper.frontend.selection import Selector
+from clipper.selection import state_key
 from tests.fakes import FakeClock, InMemoryRegistry, InMemorySelectionStore, digits_app, model_version
 
 pytestmark = pytest.mark.unit
@@ -301,3 +302,56 @@ def test_a_missing_state_table_is_the_store_unavailable_and_the_state_held_answe
     store.load = gone
     clock.advance(600.0)
     assert selector.choose(app, None) is not None
+
+
+def test_a_query_that_joins_a_state_read_does_not_report_its_outcome_as_its_own():
+    """As the registry copy's (a review): a query joining a read of the state store started in an outage reported
+    its failure with its own start, after a later read had succeeded: the store counted as failing again."""
+    from clipper.errors import Unavailable
+
+    tasks: list = []
+    selector, app, clock, _ = _bandit_world(refresh=tasks.append)
+    assert selector.choose(app, None) is not None
+    store = selector._store
+    real_load = store.load
+    gate, slow = threading.Event(), set()
+
+    def load(key):
+        if threading.get_ident() in slow:  # the read started in the outage: fails late
+            gate.wait(5)
+            raise Unavailable("dynamodb.GetItem(selection): read timed out")
+        return real_load(key)
+
+    store.load = load
+    clock.advance(600.0)
+    errors: list = []
+
+    def leader():
+        slow.add(threading.get_ident())
+        selector.choose(app, None)  # its read fails: the state held answers
+
+    a = threading.Thread(target=leader)
+    a.start()
+    time.sleep(0.2)
+    clock.advance(0.5)
+    tasks.clear()
+    selector._reload_in_background(state_key("d", "u1"))  # another state's read, started after the leader's
+    (task,) = tasks
+    task()  # ... succeeds: the store is not failing
+    assert not selector._reloads.failing
+    clock.advance(0.5)  # within the leader's flight's TTL: the joiner joins it
+
+    def joiner():
+        try:
+            selector.choose(app, None)
+        except Unavailable as e:
+            errors.append(e)
+
+    c = threading.Thread(target=joiner)
+    c.start()
+    time.sleep(0.2)
+    gate.set()
+    a.join()
+    c.join()
+    assert selector._flights.joined == 1 and not errors
+    assert not selector._reloads.failing  # the leader's read started before the success: it does not count
