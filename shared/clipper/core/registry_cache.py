@@ -199,11 +199,12 @@ class BackgroundReloads:
         return self.health.failing()
 
     def read_failed(self, started: float) -> None:
-        """A read on a caller's path, started at ``started``, failed with ``Unavailable``."""
+        """A read on a caller's path (the read itself, not a caller that joined it), started at ``started``, failed
+        with ``Unavailable``."""
         self.health.failed(started)
 
     def read_succeeded(self, started: float) -> None:
-        """A read on a caller's path, started at ``started``, succeeded."""
+        """A read on a caller's path (the read itself), started at ``started``, succeeded."""
         self.health.succeeded(started)
 
     @property
@@ -498,9 +499,9 @@ class CachedRegistry:
         return hit[1]
 
     def _held_while_failing(self, key: Key, now: float) -> object | None:
-        """The entry held for ``key``, however old, while the registry's last read failed
-        (``BackgroundReloads.failing``): not read on the caller's path, reloaded off it (the reload that succeeds
-        ends the outage); None when the registry is not failing, or nothing is held."""
+        """The entry held for ``key``, however old, while the registry is failing (``FailureWindow``): not read
+        on the caller's path, reloaded off it (a reload that succeeds ends the outage); None when the registry is
+        not failing, or nothing is held."""
         if self._reloads is None or not self._reloads.failing:
             return None
         with self._lock:
@@ -600,8 +601,8 @@ class CachedRegistry:
     def reread_app(self, name: str) -> Application:
         """The application read from the registry now (with its links), kept in this copy, whatever reload is in
         flight (``NotFound`` when it no longer exists: remembered as a miss). Callers at once share one read: a
-        reread another caller started within ``ttl_s`` is taken (``_read_now``). While the registry's last read
-        failed, the application held is answered without a read (``_held_while_failing``)."""
+        reread another caller started within ``ttl_s`` is taken (``_read_now``). While the registry is failing,
+        the application held is answered without a read (``_held_while_failing``)."""
         now = self._clock.now()
         held = self._held_while_failing(("app", name), now)
         value = held if held is not None else self._read_now(("app", name), now)[("app", name)]

@@ -13,7 +13,7 @@ import re
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -24,9 +24,6 @@ from clipper.core.registry_cache import held_app, reread_app
 from clipper.core.validation import json_kind, validate_query
 from clipper.errors import InvalidInput, MalformedMessage, Unavailable
 from clipper.ports import PredictionCache, Registry, RequestQueue
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 
