@@ -13,7 +13,8 @@ core was, and the latency p50/p99.
 
     python -m bench.frontdoor.cpu [--seconds 10] [--connections 8] [--rates 250,500,1000] [--out DIR]
 
-Prints the tables (ms of CPU per query by process) and writes bench/results/frontdoor_cpu.json. This says where
+Prints the tables (ms of CPU per query by process; context switches per query by process, every thread counted,
+from ``/proc/<pid>/task/*/status``) and writes bench/results/frontdoor_cpu.json. This says where
 the stack's per-query CPU goes; where a stage is heavy, ``py-spy record --pid <pid>`` on that process says why.
 """
 
@@ -81,6 +82,37 @@ def cpu_ticks(pids: dict[str, int]) -> dict[str, int]:
     return out
 
 
+def switches(pids: dict[str, int]) -> dict[str, int]:
+    """Context switches so far (voluntary and not) of each process, over all its threads (``/proc/<pid>/task/*``; a
+    thread that ended takes its count with it)."""
+    out = {}
+    for name, pid in pids.items():
+        total = 0
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            tasks = []
+        for task in tasks:
+            try:
+                for line in (task / "status").read_text().splitlines():
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        total += int(line.split()[1])
+            except (OSError, ValueError):
+                continue
+        out[name] = total
+    return out
+
+
+def per_query_switches(
+    before: dict[str, int], after: dict[str, int], answered: int, named: tuple[str, ...]
+) -> dict[str, float]:
+    """Context switches a query by group (every process's threads), and their total."""
+    grouped = by_group({name: float(after.get(name, 0) - n) for name, n in before.items()}, named)
+    out = {g: round(n / answered, 2) for g, n in grouped.items()}
+    out["total"] = round(sum(grouped.values()) / answered, 2)
+    return out
+
+
 async def closed_loop(port: int, bodies: list[bytes], path: str, connections: int, seconds: float) -> dict[str, int]:
     counts = {"answered": 0, "default": 0, "error": 0}
     end = time.monotonic() + seconds
@@ -128,7 +160,7 @@ def measure(
     named = groups(model)
     pids = {name: pid for name, pid in stack_pids(stack).items() if group_of(name, named) != "other"}
     port = int(stack.url.rsplit(":", 1)[1])
-    before, started = cpu_ticks(pids), time.monotonic()
+    before, started, switched = cpu_ticks(pids), time.monotonic(), switches(pids)
     counts = asyncio.run(closed_loop(port, bodies, path, connections, seconds))
     after, took = cpu_ticks(pids), time.monotonic() - started
     answered = max(1, counts["answered"])
@@ -136,6 +168,7 @@ def measure(
     per_query = {name: seconds / answered * 1000 for name, seconds in used.items() if name != "other"}
     return {
         **counts,
+        "switches_per_query": per_query_switches(switched, switches(pids), answered, named),
         "seconds": round(took, 2),
         "rate_qps": round(counts["answered"] / took, 1),
         "cpu_ms_per_query": {k: round(v, 4) for k, v in per_query.items()},
@@ -157,7 +190,7 @@ def open_loop(
     port = int(stack.url.rsplit(":", 1)[1])
     runner = Runner()
     try:
-        before, started = cpu_ticks(pids), time.monotonic()
+        before, started, switched = cpu_ticks(pids), time.monotonic(), switches(pids)
         record = runner.trial(
             "127.0.0.1",
             port,
@@ -170,7 +203,7 @@ def open_loop(
             initial_connections=8,
             stop_early=False,
         )
-        after, took = cpu_ticks(pids), time.monotonic() - started
+        after, took, switched_after = cpu_ticks(pids), time.monotonic() - started, switches(pids)
     finally:
         runner.close()
     figures = summarize(record, case.slo_ms, rate)
@@ -184,6 +217,7 @@ def open_loop(
         "core_busy": round(sum(used.values()) / took, 3),
         "cpu_ms_per_query": {k: round(v, 4) for k, v in per_query.items()},
         "cpu_ms_per_query_total": round(sum(per_query.values()), 4),
+        "switches_per_query": per_query_switches(switched, switched_after, answered, named),
         **{k: figures.get(k) for k in ("p50_ms", "p99_ms", "real", "defaults", "timeouts", "ok")},
     }
 
@@ -259,6 +293,12 @@ def main(argv: list[str] | None = None) -> None:
                 f"| {run['offered_qps']:g} | " + " | ".join(cells) + f" | {run['cpu_ms_per_query_total']:.3f} | "
                 f"{run['core_busy']:.0%} | {ms(run['p50_ms'])} | {ms(run['p99_ms'])} |"
             )
+    runs = [("cache miss", miss), ("cache hit", hit), *((f"open loop {r['offered_qps']:g} q/s", r) for r in opened)]
+    columns = [*named, "other", "total"]
+    print("\n| context switches per query | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for name, run in runs:
+        print(f"| {name} | " + " | ".join(f"{run['switches_per_query'][g]:.2f}" for g in columns) + " |")
 
 
 if __name__ == "__main__":

@@ -283,3 +283,28 @@ def test_sched_reads_perf_timehist_and_bins_the_core_by_process():
     assert bins[1] == pytest.approx({"frontend": 10.0, "other": 10.0})
     assert clusters([1.0, 1.01, 1.02, 2.0, 3.0, 3.005]) == [(1.0, 1.02, 3), (3.0, 3.005, 2), (2.0, 2.0, 1)]
     assert parse_plan("500:4,idle:2,1000:5") == [("trial", 500.0, 4.0), ("idle", 0.0, 2.0), ("trial", 1000.0, 5.0)]
+
+
+def test_the_cpu_tool_counts_context_switches_of_every_thread_by_group():
+    import os
+    import threading
+
+    from bench.frontdoor.cpu import groups, per_query_switches, switches
+
+    before = switches({"frontend": os.getpid(), "gone": 2**22 + 7})
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: [done.wait(0.001) for _ in range(50)])
+    worker.start()
+    worker.join()
+    parked = threading.Thread(target=done.wait)  # a live thread's switches count too
+    parked.start()
+    after = switches({"frontend": os.getpid(), "gone": 2**22 + 7})
+    done.set()
+    parked.join()
+    assert before["gone"] == after["gone"] == 0 and after["frontend"] > before["frontend"]
+    named = groups("mlp")
+    counts = per_query_switches(
+        {"frontend": 10, "batcher-mlp-1": 0, "x": 0}, {"frontend": 30, "batcher-mlp-1": 10, "x": 4}, 10, named
+    )
+    assert counts["frontend"] == 2.0 and counts["batcher-mlp"] == 1.0 and counts["other"] == 0.4
+    assert counts["total"] == 3.4
