@@ -36,7 +36,8 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from clipper.core.domain import Application, Canary, ModelRecord, ModelVersion
 from clipper.core.keep_warm import KeepWarm
@@ -46,6 +47,7 @@ from clipper.errors import ClipperError, NotFound, Unavailable
 from clipper.ports import Clock, Registry
 
 Key = tuple[str, ...]
+T = TypeVar("T")
 # A model without a canary, as an entry (None would read as "not held")
 _NO_CANARY = object()
 
@@ -166,7 +168,7 @@ class BackgroundReloads:
     reload started within that time is in flight (a slow source, ``submit``'s ``patient``).
 
     It also says whether the source is ``failing`` (``FailureWindow``): a read of it (a reload, or a read on a
-    caller's path reported with ``read_failed`` / ``read_succeeded``) failed with ``Unavailable`` within the last
+    caller's path run through ``counted``) failed with ``Unavailable`` within the last
     ``fresh_s + stale_s``, and none started later has succeeded. While it is, an owner answers what it holds,
     however old, without reading on a caller's path, and reloads it off the path (each such reload that fails
     renews the window; the first that succeeds ends it). A source that fails slowly (the local stack's emulator
@@ -191,21 +193,23 @@ class BackgroundReloads:
         # a failing source fails every entry's reload: one line a second says so (with how many more failed)
         self._failures_log = SampledLog(logger)
         self._clock = clock
-        self.health = FailureWindow(self._bound, clock)
+        self._health = FailureWindow(self._bound, clock)
 
     @property
     def failing(self) -> bool:
         """Whether the source is failing now (``FailureWindow.failing``)."""
-        return self.health.failing()
+        return self._health.failing()
 
-    def read_failed(self, started: float) -> None:
-        """A read on a caller's path (the read itself, not a caller that joined it), started at ``started``, failed
-        with ``Unavailable``."""
-        self.health.failed(started)
-
-    def read_succeeded(self, started: float) -> None:
-        """A read on a caller's path (the read itself), started at ``started``, succeeded."""
-        self.health.succeeded(started)
+    def counted(self, started: float, read: Callable[[], T]) -> T:
+        """``read()``, started at ``started``, its outcome counted for whether the source is failing: a reload's,
+        or a read on a caller's path (the read itself, not a caller that joined it)."""
+        try:
+            value = read()
+        except Unavailable:
+            self._health.failed(started)
+            raise
+        self._health.succeeded(started)
+        return value
 
     @property
     def bound_s(self) -> float:
@@ -258,14 +262,12 @@ class BackgroundReloads:
             self._in_flight[key] = patient
 
         def guarded() -> None:
-            started = self._clock()
             try:
-                reload()
                 if health:
-                    self.health.succeeded(started)
+                    self.counted(self._clock(), reload)
+                else:
+                    reload()
             except ClipperError as e:
-                if health and isinstance(e, Unavailable):
-                    self.health.failed(started)
                 self._failures_log.warning(type(e).__name__, "%s: %s", self._what, e)
             except Exception:  # a bug, on a background thread where nothing else would report it
                 logger.exception("%s", self._what)
@@ -384,14 +386,8 @@ class CachedRegistry:
 
         def load() -> dict[Key, object]:  # the flight's own read: its outcome counted once, from its start
             generation = self._generation
-            try:
-                loaded = self._load(key)
-            except Unavailable:
-                if self._reloads is not None:
-                    self._reloads.read_failed(now)
-                raise
-            if self._reloads is not None:
-                self._reloads.read_succeeded(now)
+            read = partial(self._load, key)
+            loaded = self._reloads.counted(now, read) if self._reloads is not None else read()
             self._keep(loaded, now, generation)
             return loaded
 

@@ -88,10 +88,10 @@ def _numeric_row(app: Application, value: Any, field: str, booleans: bool = True
         arr = np.asarray(value)
     except ValueError as e:  # ragged nesting
         raise InvalidInput(field, kind_text + " of a regular shape", "a ragged list") from e
-    if app.input_type is InputType.INTEGERS and arr.dtype.kind in "fO" and _integers_only(value):
+    if app.input_type is InputType.INTEGERS and arr.dtype.kind in "fO" and _only(value, (int,)):
         # integers past 64 bits, or past int64 beside others: numpy made them objects or floats
         raise InvalidInput(field, "integers within the 32-bit range", "an out-of-range value")
-    if arr.dtype.kind == "O" and app.input_type is not InputType.INTEGERS and _numbers_only(value):
+    if arr.dtype.kind == "O" and app.input_type is not InputType.INTEGERS and _only(value, (int, float)):
         # a float input with an integer past 64 bits: numpy keeps Python ints as objects
         try:
             arr = np.asarray(value, dtype=np.float64)
@@ -140,16 +140,11 @@ def _numeric_row(app: Application, value: Any, field: str, booleans: bool = True
     return arr
 
 
-def _numbers_only(value: list[Any]) -> bool:
-    """Whether the (regular, nested) list holds Python ints and floats only (no booleans), and at least one."""
+def _only(value: list[Any], kinds: tuple[type, ...]) -> bool:
+    """Whether the (regular, nested) list holds values of exactly these JSON-parsed types (a boolean is not an
+    int here), and at least one."""
     flat = np.asarray(value, dtype=object).ravel()
-    return flat.size > 0 and all(type(v) in (int, float) for v in flat)
-
-
-def _integers_only(value: list[Any]) -> bool:
-    """Whether the (regular, nested) list holds Python ints only, and at least one."""
-    flat = np.asarray(value, dtype=object).ravel()
-    return flat.size > 0 and all(isinstance(v, int) and not isinstance(v, bool) for v in flat)
+    return flat.size > 0 and all(type(v) in kinds for v in flat)
 
 
 def _text_row(app: Application, value: Any, field: str) -> str | bytes:

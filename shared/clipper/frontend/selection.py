@@ -25,6 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from clipper.core.domain import Application, ModelVersion
@@ -171,7 +172,7 @@ class Selector:
         # one read however many queries ask at once (a read another query started within ttl_s is as recent as a
         # fresh state): after a quiet while each query read the state itself, all at the store at once
         try:
-            state = self._flights.run(key, lambda: self._read_counted(key, now), now, now - self._ttl)
+            state = self._flights.run(key, partial(self._read_counted, key, now), now, now - self._ttl)
         except Unavailable as e:
             return self._held_on_error(key, now, e)
         if self._warm is not None and not is_user_key(key):
@@ -194,15 +195,8 @@ class Selector:
     def _read_counted(self, key: str, now: float) -> SelectionState | None:
         """``_read`` on a query's path, its outcome counted once (by the flight's own read, from its start: a query
         that joins it reports nothing) for whether the store is failing."""
-        try:
-            state = self._read(key, now)
-        except Unavailable:
-            if self._reloads is not None:
-                self._reloads.read_failed(now)
-            raise
-        if self._reloads is not None:
-            self._reloads.read_succeeded(now)
-        return state
+        read = partial(self._read, key, now)
+        return self._reloads.counted(now, read) if self._reloads is not None else read()
 
     def _read(self, key: str, now: float) -> SelectionState | None:
         generation = self._generation
