@@ -125,8 +125,10 @@ def run_trial(h: Harness, mode: str, rate: float) -> dict[str, Any]:
     controller: BatchSizeController = (
         make_controller(h.controller, slo_s, 0, MAX_BATCH) if mode.startswith("adaptive") else FixedController(1)
     )
-    # as the batcher runs on each: the pipe hands out a whole batch per receive (like Redis Streams, one receiver);
-    # a queue with SQS's limits gets at most 10 per receive, so four receives run ahead (the SQS default)
+    # the pipe hands out a whole batch per receive (like Redis Streams) to one receiver ahead of the batches: the
+    # batcher process on Redis Streams receives on its batching thread instead (--receivers 0), dating the batch
+    # wait by the stream's entry ids, which the pipe's messages do not carry; a queue with SQS's limits gets at
+    # most 10 per receive, so four receives run ahead (the SQS default, as the batcher process runs on SQS)
     sqs_like = h.queue == "sqs-limits"
     driver = TimedDriver(
         reader,

@@ -64,10 +64,6 @@ def batcher_command(queue_url: str, endpoint_url: str, slo_ms: float, model: str
         str(slo_ms / 2),
         "--batch-wait-ms",
         "1",
-        # one receive in flight: enough on Redis Streams (a receive takes a whole batch), and moto's SQS serialises
-        # concurrent receives (it would only cost CPU)
-        "--receivers",
-        "1",
         "--model",
         model,
         "--version",

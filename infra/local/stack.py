@@ -69,6 +69,9 @@ class LocalStack:
                 [str(repo / "shared"), str(repo), str(repo / "model-images" / "onnx-runtime")]
             ),
             "CLIPPER_QUEUE_TRANSPORT": args.queue,
+            # the batchers' receives ahead: Redis Streams' default (none, the batching thread receives); on moto's
+            # SQS one, where AWS has four (moto serialises concurrent receives: more would only cost CPU)
+            **({"CLIPPER_BATCHER_RECEIVERS": "1"} if args.queue == "sqs" else {}),
         }
         self.env.pop("AWS_PROFILE", None)
         manifest = json.loads((Path(args.models) / "manifest.json").read_text())

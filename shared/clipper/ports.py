@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from clipper.canary.evidence import VersionEvidence
 from clipper.core.domain import Application, Canary, ModelVersion
@@ -39,6 +39,9 @@ class ReceivedMessage:
     body: str
     receive_count: int = 1
     received_ms: float | None = None  # epoch ms at which the driver got it (the batch wait starts there)
+    # epoch ms at which it entered the queue, where the transport says (a first delivery from a Redis stream:
+    # its entry id); a batcher that receives on its own thread dates the batch wait from it (``LongPollDriver``)
+    sent_ms: float | None = None
 
 
 class QueueReader(Protocol):
@@ -50,6 +53,20 @@ class QueueReader(Protocol):
 
     def release(self, receipt_handle: str, delay_s: int) -> None:
         """Make a failed message visible again after ``delay_s`` seconds."""
+        ...
+
+
+@runtime_checkable
+class DeletingReader(QueueReader, Protocol):
+    """A queue whose receive can carry the deletes of the batch before it in the same round trip (Redis
+    Streams): a batcher that receives on its own thread acknowledges without a call or a thread of its own."""
+
+    def receive_and_delete(self, receipt_handles: list[str], max_messages: int, wait_s: float) -> list[ReceivedMessage]:
+        """``delete(receipt_handles)``, then ``receive(max_messages, wait_s)``, in one round trip. A delete that
+        the queue refuses is logged and counted (``delete_errors``), never raised: the messages received are
+        returned (the refused ones come back after their visibility timeout, as after any failed delete). When
+        the call fails as a whole it raises, and it is not known whether the deletes were done (deleting twice
+        is harmless: the caller may send them again)."""
         ...
 
 

@@ -18,9 +18,13 @@ pytestmark = pytest.mark.unit
 REQUIRED = ["--queue-url", "https://sqs.us-east-1.amazonaws.com/123456789012/q", "--endpoint-url", "http://e"]
 
 
-def test_options_and_their_defaults():
+def test_options_and_their_defaults(monkeypatch):
+    monkeypatch.delenv("CLIPPER_BATCHER_RECEIVERS", raising=False)
     args = parse_args(REQUIRED)
-    assert (args.batch_wait_ms, args.receivers, args.buffer_batches, args.poll_wait_s) == (1.0, 0, 2.0, 1.0)
+    assert (args.batch_wait_ms, args.receivers, args.buffer_batches, args.poll_wait_s) == (1.0, None, 2.0, 1.0)
+    monkeypatch.setenv("CLIPPER_BATCHER_RECEIVERS", "1")  # the local stack's on moto's SQS
+    assert parse_args(REQUIRED).receivers == 1
+    assert parse_args([*REQUIRED, "--receivers", "0"]).receivers == 0
     args = parse_args([*REQUIRED, "--receivers", "8", "--buffer-batches", "3", "--batch-wait-ms", "0"])
     assert (args.receivers, args.buffer_batches, args.batch_wait_ms) == (8, 3.0, 0.0)
 
@@ -44,16 +48,22 @@ def settings(monkeypatch):
 
 @pytest.mark.parametrize(
     ("transport", "reader_type", "receivers", "receive_max"),
-    [("sqs", SqsQueueReader, 4, 10), ("redis", RedisStreamQueueReader, 1, None)],
+    [("sqs", SqsQueueReader, 4, 10), ("redis", RedisStreamQueueReader, 0, None)],
 )
-def test_the_queue_reader_and_receivers_follow_the_transport(settings, transport, reader_type, receivers, receive_max):
+def test_the_queue_reader_and_receivers_follow_the_transport(
+    settings, monkeypatch, transport, reader_type, receivers, receive_max
+):
+    monkeypatch.delenv("CLIPPER_BATCHER_RECEIVERS", raising=False)
     # no connection is made: clients connect on their first call
     chosen = settings(queue_transport=transport, redis_url="redis://127.0.0.1:9/0")
     driver = build_driver(parse_args(REQUIRED), chosen)
     assert isinstance(driver._reader, reader_type)
-    assert len(driver._receivers._threads) == receivers and driver._receivers._per_receive == receive_max
+    if receivers:
+        assert len(driver._receivers._threads) == receivers and driver._receivers._per_receive == receive_max
+    else:  # Redis Streams: the batching thread receives, its deletes carried by the receive
+        assert driver._receivers is None and driver._carrier is driver._reader
     driver = build_driver(parse_args([*REQUIRED, "--receivers", "2"]), chosen)
-    assert len(driver._receivers._threads) == 2
+    assert len(driver._receivers._threads) == 2 and driver._carrier is None
 
 
 def run_python(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -21,12 +21,16 @@ script). A release at once (a stopping batcher handing its messages back) also a
 within a round trip, not at its next scan. Delete acknowledges and removes the entries in one ``MULTI``, so the
 stream holds only unanswered messages. A receipt handle is ``<entry id>:<delivery count>``: a release by a reader
 whose delivery is no longer the current one changes nothing (the current holder keeps the message); a delete by any
-holder deletes it (it was answered), and deleting twice is harmless.
+holder deletes it (it was answered), and deleting twice is harmless. ``receive_and_delete`` sends a batch's
+deletes in the same round trip as the next receive (a batcher that receives on its own thread acknowledges
+without a call of its own); a first delivery's ``sent_ms`` is its entry id's time (the server's clock, the
+middle of that millisecond).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import secrets
@@ -51,6 +55,8 @@ GROUP = "batchers"
 MAX_WAIT_S = 20.0  # SQS's longest long poll; under the Redis client's socket timeout
 DEAD_LETTER_MAX_LEN = 100_000
 RESCAN_S = 1.0  # the longest a reader goes without the receive script's scan (capped at half the visibility timeout)
+
+logger = logging.getLogger(__name__)
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 
@@ -96,6 +102,12 @@ def parse_receipt_handle(handle: str) -> tuple[str, int]:
     if not sep or not entry_id or not count.isdigit():
         raise ValueError(f"not a Redis Streams receipt handle: {handle!r}")
     return entry_id, int(count)
+
+
+def sent_ms(entry_id: str) -> float:
+    """When an entry entered its stream, in epoch ms: its id's time (whole ms of the server's clock), plus half a
+    millisecond, the middle of the ms it names."""
+    return int(entry_id.split("-", 1)[0]) + 0.5
 
 
 def _text(value: Any) -> str:
@@ -185,6 +197,44 @@ class RedisStreamQueueReader:
         self._depth = client.script(DEPTH)
         self._rescan_s = min(RESCAN_S, visibility_timeout_s / 2)
         self._scan_at = 0.0  # monotonic time from which the next receive runs the script (0: at once)
+        self._carried: list[str] = []  # entry ids to delete with the next command sent (``receive_and_delete``)
+        self.delete_errors = 0  # deletes carried by a receive that the server refused
+
+    def receive_and_delete(self, receipt_handles: list[str], max_messages: int, wait_s: float) -> list[ReceivedMessage]:
+        """Delete the messages (``delete``) in the same round trip as the receive's first command, then receive
+        (``receive``). A delete the server refuses is logged and counted in ``delete_errors``; the messages
+        received are returned all the same. Raises when the call fails as a whole (then whether the deletes
+        were done is not known: deleting twice is harmless)."""
+        self._carried = [parse_receipt_handle(h)[0] for h in receipt_handles]
+        try:
+            return self.receive(max_messages, wait_s)
+        finally:
+            self._carried = []
+
+    def _execute(self, commands: list[tuple[Any, ...]], timeout: float | None = None) -> list[Any]:
+        """``commands`` in one round trip, after the deletes a ``receive_and_delete`` carries (the first command
+        of the receive takes them)."""
+        ids, self._carried = self._carried, []
+        if not ids:
+            return self._client.execute(commands, timeout)
+        head = self._delete_commands(ids)
+        replies = self._client.execute([*head, *commands], timeout)
+        refused = _refused(replies[: len(head)])
+        if refused is not None:
+            self.delete_errors += 1
+            logger.warning(
+                "%d deletes refused (their messages come back after the visibility timeout): %s", len(ids), refused
+            )
+        return replies[len(head) :]
+
+    def _delete_commands(self, ids: list[str]) -> list[tuple[Any, ...]]:
+        return [
+            ("MULTI",),
+            ("XACK", self.keys.stream, GROUP, *ids),
+            ("XDEL", self.keys.stream, *ids),
+            ("ZREM", self.keys.delayed, *ids),
+            ("EXEC",),
+        ]
 
     def receive(self, max_messages: int, wait_s: float) -> list[ReceivedMessage]:
         """Up to ``max_messages`` messages; when none is ready, waits up to ``wait_s`` (at most 20 s) and
@@ -223,14 +273,17 @@ class RedisStreamQueueReader:
             self._max_receive,
             self._dead_letter_max_len,
         ]
-        out = _one(self._client, self._receive.command(self.keys.all, [*args, "1" if hint else "0"]))
+        (out,) = self._execute([self._receive.command(self.keys.all, [*args, "1" if hint else "0"])])
+        if isinstance(out, RespError):
+            raise Unavailable(f"redis queue: {out}")
         if len(out) == 2:
             return int(out[0])
         received_ms = time.time() * 1000
         got: list[ReceivedMessage] = []
         for i in range(2, len(out), 3):
             entry_id, body, deliveries = _text(out[i]), _text(out[i + 1]), int(out[i + 2])
-            got.append(ReceivedMessage(entry_id, receipt_handle(entry_id, deliveries), body, deliveries, received_ms))
+            handle, sent = receipt_handle(entry_id, deliveries), sent_ms(entry_id) if deliveries == 1 else None
+            got.append(ReceivedMessage(entry_id, handle, body, deliveries, received_ms, sent))
         return got
 
     def _read_new(self, count: int, block_ms: int | None) -> list[ReceivedMessage] | None:
@@ -240,7 +293,7 @@ class RedisStreamQueueReader:
         if block_ms is not None:
             command = (*command, "BLOCK", block_ms)
         wait_s = 0.0 if block_ms is None else block_ms / 1000
-        (resp,) = self._client.execute([(*command, "STREAMS", self.keys.stream, ">")], wait_s + 2.0)
+        (resp,) = self._execute([(*command, "STREAMS", self.keys.stream, ">")], wait_s + 2.0)
         if isinstance(resp, RespError):
             self._scan_at = 0.0  # the next receive's script recreates the group
             return None
@@ -254,9 +307,8 @@ class RedisStreamQueueReader:
                 if b"wake" in values:  # a message handed back at once (RELEASE): scan for it now
                     wakes.append(mid)
                     continue
-                out.append(
-                    ReceivedMessage(mid, receipt_handle(mid, 1), _text(values.get(b"body", b"")), 1, received_ms)
-                )
+                body = _text(values.get(b"body", b""))
+                out.append(ReceivedMessage(mid, receipt_handle(mid, 1), body, 1, received_ms, sent_ms(mid)))
         if wakes:
             self._scan_at = 0.0
             # not deleted: the next scan takes them (and drops them); the messages read still come back now
@@ -270,20 +322,9 @@ class RedisStreamQueueReader:
         if not receipt_handles:
             return
         ids = [parse_receipt_handle(h)[0] for h in receipt_handles]
-        replies = self._client.execute(
-            [
-                ("MULTI",),
-                ("XACK", self.keys.stream, GROUP, *ids),
-                ("XDEL", self.keys.stream, *ids),
-                ("ZREM", self.keys.delayed, *ids),
-                ("EXEC",),
-            ]
-        )
-        # an error inside the transaction (a key of the wrong type) comes in EXEC's array, not as a reply of its own
-        inside = replies[-1] if isinstance(replies[-1], list) else []
-        for reply in [*replies, *inside]:
-            if isinstance(reply, RespError):
-                raise Unavailable(f"redis queue: {reply}")
+        refused = _refused(self._client.execute(self._delete_commands(ids)))
+        if refused is not None:
+            raise Unavailable(f"redis queue: {refused}")
 
     def release(self, receipt_handle: str, delay_s: int) -> None:
         """Make a received message visible again after ``delay_s`` seconds (0: at once), its delivery count
@@ -303,6 +344,13 @@ class RedisStreamQueueReader:
             self._client, self._depth.command(self.keys.all, [GROUP, self._visibility_ms])
         )
         return QueueDepth(int(ready), int(in_flight), int(delayed), int(dead))
+
+
+def _refused(replies: list[Any]) -> RespError | None:
+    """The first error among a delete transaction's replies (an error inside it, a key of the wrong type, comes
+    in EXEC's array, not as a reply of its own)."""
+    inside = replies[-1] if replies and isinstance(replies[-1], list) else []
+    return next((r for r in [*replies, *inside] if isinstance(r, RespError)), None)
 
 
 def queue_depth(

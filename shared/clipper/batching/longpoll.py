@@ -13,6 +13,16 @@ Queue I/O runs beside the batcher, never on its path:
   duplicate) and releases failed messages for a retry after an exponential back-off (the queue's redrive
   policy moves a message to the dead-letter queue after ``maxReceiveCount`` tries).
 
+With ``receivers=0`` the batcher's own thread receives instead (for a transport whose one receive returns
+a whole batch: Redis Streams, the local stack's): once a batch is answered, one receive takes everything that
+came meanwhile, and within the batch wait the thread sleeps until the window ends and takes what came with one
+short receive. No thread is woken per receive and none hands messages over: at the knee's rates, where queries
+come one or two a batch, each wake-up and hand-off costs about as much CPU as the query's work. The batch wait
+starts when the batch's first message entered the queue where the transport says (``ReceivedMessage.sent_ms``:
+a message that came while the last batch ran may have its window over already), else when it was received. On
+a ``DeletingReader`` the deletes of a batch travel with the next receive (one round trip, no acknowledgement
+thread at work); a failed receive keeps them for the one after.
+
 The core cuts each batch to what can still meet its earliest deadline (``Batcher.process(defer=True)``);
 the messages it defers stay in flight (neither deleted nor released) and lead the next batch, which is then
 completed at once with what is buffered. On stop the receivers end within their long poll, the current
@@ -27,16 +37,16 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
 from clipper.batching.acker import BackgroundAcker
 from clipper.batching.controller import BatchSizeController
 from clipper.batching.core import Batcher, BatchReport, Inbound
-from clipper.batching.receive_ahead import ReceiveBuffer, Receivers
+from clipper.batching.receive_ahead import ERROR_PAUSE_S, WAKE_S, ReceiveBuffer, Receivers
 from clipper.errors import ClipperError
-from clipper.ports import ControllerStateStore, QueueReader, ReceivedMessage
+from clipper.ports import ControllerStateStore, DeletingReader, QueueReader, ReceivedMessage
 
 logger = logging.getLogger("clipper.batcher")
 
@@ -58,14 +68,15 @@ class DriverStats:
 
 
 class LongPollDriver:
-    """``receivers``: receives in flight at once; ``receive_max``: messages one receive asks for at most
-    (SQS's 10; None: as many as the buffer has room for, for a transport that returns a whole batch);
-    ``buffer_batches``: the buffer's bound in batches of the controller's current size (and at least
-    ``receivers`` x ``receive_max``, so each receiver can make a full receive); ``idle_wait_s``: the
-    receivers' long poll (a stop is seen within it) and how long ``collect`` waits for a first message;
-    ``ack_chunk``: receipt handles per delete call; ``ack_linger_s``: how long a delete waits for others to
-    share its call (``BackgroundAcker``). ``clock`` (monotonic seconds) times the batch wait.
-    ``on_report`` sees every batch's report (the process's counters: EndpointErrors to CloudWatch)."""
+    """``receivers``: receives in flight at once (0: none ahead, this thread receives); ``receive_max``:
+    messages one receive asks for at most (SQS's 10; None: as many as the buffer has room for, for a transport
+    that returns a whole batch); ``buffer_batches``: the buffer's bound in batches of the controller's current
+    size (and at least ``receivers`` x ``receive_max``, so each receiver can make a full receive);
+    ``idle_wait_s``: the receivers' long poll (a stop is seen within it) and how long ``collect`` waits for a
+    first message; ``ack_chunk``: receipt handles per delete call; ``ack_linger_s``: how long a delete waits for
+    others to share its call (``BackgroundAcker``). ``clock`` (monotonic seconds) times the batch wait; ``wall``
+    (epoch seconds) dates a message's ``sent_ms`` on it. ``on_report`` sees every batch's report (the process's
+    counters: EndpointErrors to CloudWatch)."""
 
     def __init__(
         self,
@@ -85,9 +96,12 @@ class LongPollDriver:
         ack_linger_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         on_report: Callable[[BatchReport], None] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         if buffer_batches < 1:
             raise ValueError("the receive buffer must hold at least one batch (buffer_batches >= 1)")
+        if receivers < 0:
+            raise ValueError("receivers must be 0 (this thread receives) or more")
         self._reader = reader
         self._batcher = batcher
         self._controller = controller
@@ -104,12 +118,21 @@ class LongPollDriver:
         self._saver: threading.Thread | None = None
         self._save_lock = threading.Lock()
         self._buffer_batches = buffer_batches
-        self._receivers_floor = receivers * (receive_max or 1)
+        self._receivers_floor = max(1, receivers) * (receive_max or 1)
         self.stats = DriverStats()
         self._carry: list[ReceivedMessage] = []  # deferred by the last batch: they lead the next one
         self._halt = threading.Event()  # ends the receivers
         self._buffer = ReceiveBuffer(self._capacity(), clock=clock)
-        self._receivers = Receivers(reader, self._buffer, self._halt, receivers, idle_wait_s, receive_max)
+        self._receivers = (
+            Receivers(reader, self._buffer, self._halt, receivers, idle_wait_s, receive_max) if receivers else None
+        )
+        self._receive_max = receive_max
+        self._clock, self._wall = clock, wall
+        self._recheck = WAKE_S if clock is not time.monotonic else math.inf  # as ReceiveBuffer's waits
+        self._received = self._receive_errors = 0  # this thread's receives (receivers=0)
+        # receivers=0 on a queue whose receive can carry deletes: a batch's deletes wait for the next receive
+        self._carrier = reader if receivers == 0 and isinstance(reader, DeletingReader) else None
+        self._to_delete: list[str] = []
         self._acker = BackgroundAcker(reader, chunk=ack_chunk, linger_s=ack_linger_s)
         self._started = self._closed = False
         self._restore()
@@ -173,7 +196,8 @@ class LongPollDriver:
             self._started = True
             self._buffer.set_capacity(self._capacity())
             self._acker.start()
-            self._receivers.start()
+            if self._receivers is not None:
+                self._receivers.start()
 
     def reconfigure(self, controller: BatchSizeController, batch_wait_s: float) -> None:
         """A new controller and batch wait (from any thread), applied before the next batch forms. The new
@@ -207,7 +231,63 @@ class LongPollDriver:
         limit = self._controller.max_batch_size()
         # the deferred lead, within the limit: it may have shrunk since (reconfigured, or AIMD after a slow batch)
         lead, self._carry = self._carry[:limit], self._carry[limit:]
+        if self._receivers is None:
+            return lead + self._take(limit - len(lead), bool(lead), stop)
         return lead + self._buffer.take(limit, self._batch_wait, self._idle_wait, stop, lead=len(lead))
+
+    def _take(self, room: int, led: bool, stop: threading.Event) -> list[ReceivedMessage]:
+        """The batch's members received on this thread (``receivers=0``): one receive (waiting up to
+        ``idle_wait_s`` for a first message, none when ``led``: the batch is completed at once); then, when the
+        batch wait after the first message is not over and the batch not full, a sleep until it is over and one
+        short receive for what came meanwhile (a stop ends the sleep, and the batch is cut with what it has)."""
+        if room <= 0 or stop.is_set():
+            return []
+        got = self._receive(room, 0.0 if led else self._idle_wait, stop)
+        if not got or led or len(got) >= room or self._batch_wait <= 0:
+            return got
+        cutoff = self._arrival(got[0]) + self._batch_wait
+        if cutoff <= self._clock():
+            return got  # its window is over (it came while the last batch ran): the receive took what there was
+        while not stop.is_set():
+            left = cutoff - self._clock()
+            if left <= 0:
+                return got + self._receive(room - len(got), 0.0, stop)
+            stop.wait(min(left, self._recheck))
+        return got
+
+    def _arrival(self, message: ReceivedMessage) -> float:
+        """When ``message`` arrived, on ``clock``: when it entered the queue where the transport says, else now
+        (it was just received)."""
+        now = self._clock()
+        if message.sent_ms is None:
+            return now
+        return now - max(0.0, self._wall() - message.sent_ms / 1000)
+
+    def _receive(self, most: int, wait_s: float, stop: threading.Event) -> list[ReceivedMessage]:
+        """One receive on this thread, carrying the deletes asked for since the last one (``DeletingReader``).
+        A failed receive is logged and counted, its deletes kept for the next one, and the thread pauses as a
+        receiver would."""
+        deletes, self._to_delete = self._to_delete, []
+        try:
+            if deletes:
+                assert self._carrier is not None
+                got = self._carrier.receive_and_delete(deletes, most, wait_s)
+            else:
+                got = self._reader.receive(most if self._receive_max is None else min(most, self._receive_max), wait_s)
+        except Exception as e:  # never let the loop die: the driver would starve without a word
+            self._to_delete = deletes + self._to_delete  # sent again with the next receive: deleting twice is harmless
+            self._receive_errors += 1
+            if isinstance(e, ClipperError):
+                logger.warning("receive failed: %s", e)
+            else:
+                logger.exception("receive failed unexpectedly")
+            stop.wait(ERROR_PAUSE_S)
+            return []
+        if got:
+            self._received += len(got)
+            wall_ms = self._wall() * 1000
+            got = [m if m.received_ms is not None else replace(m, received_ms=wall_ms) for m in got]
+        return got
 
     def handle(self, batch: list[ReceivedMessage]) -> BatchReport:
         started = time.monotonic()
@@ -222,10 +302,11 @@ class LongPollDriver:
         self._carry = sorted(
             [m for m in batch if m.message_id in deferred] + self._carry, key=lambda m: m.received_ms or 0.0
         )
-        # Off the batch path: the acker deletes and releases while the next batch forms.
-        self._acker.delete(
-            [m.receipt_handle for m in batch if m.message_id not in failed and m.message_id not in deferred]
-        )
+        answered = [m.receipt_handle for m in batch if m.message_id not in failed and m.message_id not in deferred]
+        if self._carrier is not None:
+            self._to_delete.extend(answered)  # with the next receive, in its round trip
+        else:
+            self._acker.delete(answered)  # off the batch path: the acker deletes while the next batch forms
         for m in batch:
             if m.message_id in failed:
                 self._acker.release(m.receipt_handle, min(self._max_backoff, 2 ** (m.receive_count - 1)))
@@ -244,7 +325,9 @@ class LongPollDriver:
         return report
 
     def flush_acks(self, timeout_s: float | None = None) -> bool:
-        """Wait until every delete and release asked for so far was done (or failed and was logged)."""
+        """Wait until every delete and release asked for so far was done (or failed and was logged): the deletes
+        waiting for the next receive are made on this thread."""
+        self._delete_carried()
         done = self._acker.flush(timeout_s)
         self._update_io_stats()
         return done
@@ -271,9 +354,10 @@ class LongPollDriver:
         self._closed = True
         self._halt.set()
         self._buffer.wake()
-        if not self._receivers.join(self._idle_wait + JOIN_MARGIN_S):
+        if self._receivers is not None and not self._receivers.join(self._idle_wait + JOIN_MARGIN_S):
             logger.warning("a receive did not end in time: what it returns comes back after its visibility timeout")
         self.release_held()
+        self._delete_carried()
         self._acker.close()
         self._update_io_stats()
         self.save_state()
@@ -287,10 +371,15 @@ class LongPollDriver:
             self._acker.release(m.receipt_handle, 0)
         self.stats.returned += len(held)
 
+    def _delete_carried(self) -> None:
+        """The deletes waiting for the next receive, made now (on this thread: a stop, a flush)."""
+        deletes, self._to_delete = self._to_delete, []
+        self._acker.delete(deletes)
+
     def _update_io_stats(self) -> None:
-        self.stats.received = self._buffer.received
-        self.stats.receive_errors = self._receivers.errors
-        self.stats.ack_errors = self._acker.errors
+        self.stats.received = self._buffer.received + self._received
+        self.stats.receive_errors = self._receive_errors + (self._receivers.errors if self._receivers else 0)
+        self.stats.ack_errors = self._acker.errors + getattr(self._carrier, "delete_errors", 0)
 
     def __enter__(self) -> LongPollDriver:
         return self

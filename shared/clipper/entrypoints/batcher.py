@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("clipper.batcher")
 
 # Receives in flight at once, per transport: an SQS ReceiveMessage returns at most 10 messages (so a batch
-# of more than 10 needs several), a Redis Streams read returns a whole batch.
-RECEIVERS = {"sqs": 4, "redis": 1}
+# of more than 10 needs several); a Redis Streams read returns a whole batch, so none runs ahead: the batching
+# thread receives itself, its deletes carried by the receive (no thread woken and no hand-off a batch).
+RECEIVERS = {"sqs": 4, "redis": 0}
 RECEIVE_MAX = {"sqs": 10, "redis": None}  # messages one receive asks for (None: the buffer's room)
 ACK_CHUNK = {"sqs": 10, "redis": 100}  # receipt handles per delete call (SQS's DeleteMessageBatch takes 10)
 ACK_LINGER_MS = DEFAULT_LINGER_S * 1000  # a delete waits this long for others to share its call
@@ -55,11 +56,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1.0,
         help="how long a batch waits for more queries after its first arrived (0: cut at once)",
     )
+    receivers = os.environ.get("CLIPPER_BATCHER_RECEIVERS")
     p.add_argument(
         "--receivers",
         type=int,
-        default=0,
-        help="receives in flight at once (0: the transport's default, 4 on SQS, 1 on Redis Streams)",
+        default=int(receivers) if receivers and receivers.strip().isdigit() else None,
+        help="receives in flight at once, ahead of the batches; 0: none, the batching thread receives (default: "
+        "$CLIPPER_BATCHER_RECEIVERS, else the transport's: 4 on SQS, 0 on Redis Streams)",
     )
     p.add_argument(
         "--buffer-batches",
@@ -105,8 +108,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
-    if args.receivers < 0:
-        p.error("--receivers must be 0 (the transport's default) or more")
+    if args.receivers is not None and args.receivers < 0:
+        p.error("--receivers must be 0 (the batching thread receives) or more")
     if args.buffer_batches < 1:
         p.error("--buffer-batches must be at least 1")
     if not 0 < args.slo_fraction <= 1:
@@ -203,7 +206,7 @@ def build_driver(
         idle_wait_s=args.poll_wait_s,
         state_store=DynamoDBControllerStore(dynamodb, settings.registry_table),
         state_key=(args.model, args.version) if args.model and args.version else None,
-        receivers=args.receivers or RECEIVERS[transport],
+        receivers=RECEIVERS[transport] if args.receivers is None else args.receivers,
         receive_max=RECEIVE_MAX[transport],
         buffer_batches=args.buffer_batches,
         ack_chunk=ACK_CHUNK[transport],
