@@ -86,7 +86,7 @@ class World:
         conn.link_model_to_app(FAULTY_APP, FAULTY_MODEL)
         env = {**os.environ, **self.env, "CLIPPER_QUEUE_TRANSPORT": "redis", "PYTHONUNBUFFERED": "1"}
         command = [sys.executable, "-m", "clipper.entrypoints.batcher", "--queue-url", FAULTY_QUEUE]
-        command += ["--endpoint-url", self.proxy.url, "--receivers", "1", "--model", FAULTY_MODEL, "--version", "1"]
+        command += ["--endpoint-url", self.proxy.url, "--model", FAULTY_MODEL, "--version", "1"]
         log = open(self.stack.state_dir.parent / "faulty-batcher.log", "w")  # noqa: SIM115 (closed with the process)
         self.batcher = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         time.sleep(3)  # the frontend's configuration refresh (2 s) sees the new app
