@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import gzip
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -116,6 +118,20 @@ def test_json_is_the_only_body_type(client):
     assert client.post("/digits/predict", content=b"{}", headers=form).status_code == 415
     r = client.post("/digits/predict", content=b'{"input": ' + str(one_hot(2)).encode() + b"}")
     assert r.status_code == 200 and r.json()["output"] == 2  # no Content-Type: taken as JSON
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_compressed_body_is_a_415_naming_content_encoding(world, fast_path):  # noqa: F811
+    client = TestClient(create_app(world[0], max_body_bytes=64 * 1024, fast_path=fast_path))
+    body = gzip.compress(b'{"input": ' + str(one_hot(2)).encode() + b"}")
+    gzipped = {"content-type": "application/json", "content-encoding": "gzip"}
+    for route in ("/digits/predict", "/digits/update"):
+        r = client.post(route, content=body, headers=gzipped)
+        assert r.status_code == 415, route
+        assert r.json()["cause"] == "Content-Encoding: expected none (an uncompressed JSON body), got gzip"
+    plain = b'{"input": ' + str(one_hot(2)).encode() + b"}"
+    r = client.post("/digits/predict", content=plain, headers={"content-encoding": "identity"})
+    assert r.status_code == 200 and r.json()["output"] == 2
 
 
 def test_deeply_nested_bodies_are_a_400_not_a_500(client):

@@ -213,8 +213,12 @@ def create_app(
         debug = debug_requested(request.url.query, request.headers.get("x-clipper-debug"))
         if isinstance(debug, HttpAnswer):
             return _response(debug)
+        content_type = request.headers.get("content-type")
+        refused = handling.unsupported(content_type) or handling.encoded(request.headers.get("content-encoding"))
+        if refused is not None:
+            return _response(refused)
         raw = await request.body()
-        return _response(await handling.predict(app_name, raw, request.headers.get("content-type"), debug))
+        return _response(await handling.predict(app_name, raw, content_type, debug))
 
     @app.post(
         "/{app_name}/update",
@@ -248,7 +252,11 @@ def create_app(
         retries (a timeout, a 503) sends its own ``feedback_id`` to have the feedback applied once. Feedback for
         an input this application (and user) never queried, or whose record expired, is accepted and then
         skipped: it says nothing about the models."""
+        content_type = request.headers.get("content-type")
+        refused = handling.unsupported(content_type) or handling.encoded(request.headers.get("content-encoding"))
+        if refused is not None:
+            return _response(refused)
         raw = await request.body()
-        return _response(await handling.update(app_name, raw, request.headers.get("content-type")))
+        return _response(await handling.update(app_name, raw, content_type))
 
     return app

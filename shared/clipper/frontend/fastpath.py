@@ -36,17 +36,25 @@ class PredictFastPath:
 
     async def answer(self, app_name: str, scope: Scope, receive: Any, send: Any) -> None:
         content_type: str | None = None
+        encoding: str | None = None
         debug_header: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"content-type":
                 content_type = value.decode("latin-1")
             elif name == b"x-clipper-debug" and debug_header is None:  # the first, as the framework reads it
                 debug_header = value
+            elif name == b"content-encoding":
+                encoding = value.decode("latin-1")
         query = scope.get("query_string", b"")
         debug = debug_requested(query, debug_header) if query or debug_header is not None else False
         try:
             # a bad debug switch or Content-Type is answered before the body is read, as its size would be
-            refused = debug if isinstance(debug, HttpAnswer) else self._handling.unsupported(content_type)
+            handling = self._handling
+            refused = (
+                debug
+                if isinstance(debug, HttpAnswer)
+                else handling.unsupported(content_type) or handling.encoded(encoding)
+            )
             body = refused or await self._body(receive)
             if isinstance(body, HttpAnswer):
                 answer = body

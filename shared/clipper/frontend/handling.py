@@ -140,6 +140,15 @@ class QueryHandling:
             return None
         return error(415, "unsupported media type", f"Content-Type: expected application/json, got {content_type}")
 
+    @staticmethod
+    def encoded(content_encoding: str | None) -> HttpAnswer | None:
+        """The 415 for a compressed body (``Content-Encoding`` other than identity): it would otherwise be read as
+        JSON and refused as invalid JSON, which does not say what to change."""
+        if content_encoding is None or content_encoding.strip().lower() in ("", "identity"):
+            return None
+        cause = f"Content-Encoding: expected none (an uncompressed JSON body), got {content_encoding}"
+        return error(415, "unsupported media type", cause)
+
     def parse(self, raw: bytes, content_type: str | None, fields: frozenset[str]) -> Any:
         """The body as JSON, or Clipper's error answer (too large, not JSON, unknown fields)."""
         unsupported = self.unsupported(content_type)
