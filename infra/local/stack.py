@@ -419,9 +419,43 @@ class LocalStack:
         if self.dispatcher is not None and not self.dispatcher.finish(timeout_s=10):
             logger.warning("an upload was still being handled after 10 s when the stack stopped")
         self.take_snapshot()
+        if self.args.queue == "sqs":
+            self._say_feedback_dropped()
         for stage in (Stage.REDIS, Stage.MOTO):
             sup.stop_stage(stage)
         sup.halt()
+
+    def _say_feedback_dropped(self) -> None:
+        """With ``QUEUE=sqs`` the feedback queue is moto's, whose messages no copy keeps: say how many accepted
+        feedback messages were not applied yet and go with it (with Redis Streams' queues they survive)."""
+        url = self.outputs.get("FeedbackQueueUrl")
+        if not url:
+            return
+        try:
+            left = unapplied(boto3.client("sqs"), url)
+        except Exception as e:  # moto gone already: nothing to count
+            logger.info("the feedback queue's depth not read at stop: %s", e)
+            return
+        if left:
+            logger.warning(
+                "%d accepted feedback message(s) not applied yet are dropped with moto's SQS (QUEUE=sqs); with the "
+                "default Redis Streams queues they would be applied after the restart",
+                left,
+            )
+
+
+# SQS's counts of a queue's messages not deleted: visible, received and in flight, delayed
+QUEUE_COUNTS = (
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+)
+
+
+def unapplied(sqs: Any, queue_url: str) -> int:
+    """The messages of an SQS queue not deleted yet (visible, in flight or delayed)."""
+    attrs = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=list(QUEUE_COUNTS))["Attributes"]
+    return sum(int(attrs.get(name, 0)) for name in QUEUE_COUNTS)
 
 
 def log(msg: str) -> None:
