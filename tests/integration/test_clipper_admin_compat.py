@@ -59,6 +59,7 @@ def conn(api, tmp_path) -> ClipperConnection:
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "frontend.log").write_text("started\n")
+    (tmp_path / "requests.log").write_text("POST /shapes/predict 200\n")  # the gateway's, beside the folder
     c = ClipperConnection(ServerlessContainerManager(api, token=TOKEN, logs_dir=logs))
     c.connect()
     return c
@@ -106,7 +107,7 @@ def test_clippers_client_works_unchanged(conn, tmp_path):
     assert conn.get_query_addr() == conn.cm.get_query_addr()
     assert conn.get_metric_addr() == conn.cm.get_query_addr()
     copied = conn.get_clipper_logs(str(tmp_path / "copied"))
-    assert [p.rsplit("/", 1)[-1] for p in copied] == ["frontend.log"]
+    assert [p.rsplit("/", 1)[-1] for p in copied] == ["frontend.log", "requests.log"]
 
     conn.unlink_model_from_app("shapes", "mlp")
     assert conn.get_linked_models("shapes") == []

@@ -101,13 +101,15 @@ class ServerlessContainerManager(ContainerManager):  # type: ignore[misc]
         self._admin("set_num_replicas", {"model_name": name, "num_replicas": num_replicas})
 
     def get_logs(self, logging_dir: str) -> list[str]:
-        """The local stack's process logs, copied into ``logging_dir`` (on AWS: CloudWatch Logs)."""
+        """The local stack's process logs and its request log (``requests.log`` beside the logs folder, and the
+        one it rolled over to ``requests.log.1``), copied into ``logging_dir`` (on AWS: CloudWatch Logs)."""
         if not self._logs.is_dir():
             raise ClipperException(f"no local stack logs in {self._logs} (on AWS the logs are in CloudWatch Logs)")
         out = Path(logging_dir)
         out.mkdir(parents=True, exist_ok=True)
         copied = []
-        for log in sorted(self._logs.glob("*.log")):
+        requests = [p for p in (self._logs.parent / n for n in ("requests.log", "requests.log.1")) if p.is_file()]
+        for log in [*sorted(self._logs.glob("*.log")), *requests]:
             shutil.copy2(log, out / log.name)
             copied.append(str(out / log.name))
         return copied
