@@ -38,7 +38,7 @@ class ReceivedMessage:
     receipt_handle: str
     body: str
     receive_count: int = 1
-    received_ms: float | None = None  # epoch ms at which the driver got it (the batch wait starts there)
+    received_ms: float | None = None  # epoch ms at which the driver got it (the batch wait starts there, or at sent_ms)
     # epoch ms at which it entered the queue, where the transport says (a first delivery from a Redis stream:
     # its entry id); a batcher that receives on its own thread dates the batch wait from it (``LongPollDriver``)
     sent_ms: float | None = None

@@ -103,3 +103,24 @@ def test_a_zero_config_ttl_follows_the_batching_settings_twice_a_second_rather_t
     assert follow_interval(BatcherSettings()) == FOLLOW_MIN_S == 0.5
     monkeypatch.setenv("CLIPPER_CONFIG_TTL_S", "3")
     assert follow_interval(BatcherSettings()) == 3.0
+
+
+@pytest.mark.parametrize("bad", ["-1", "x", "1.5"])
+def test_a_bad_receivers_variable_is_refused_naming_it(monkeypatch, capsys, bad):
+    monkeypatch.setenv("CLIPPER_BATCHER_RECEIVERS", bad)
+    with pytest.raises(SystemExit):
+        parse_args(REQUIRED)
+    assert "CLIPPER_BATCHER_RECEIVERS must be a whole number" in capsys.readouterr().err
+
+
+def test_no_receivers_ahead_on_sqs_is_allowed_with_a_warning(settings, monkeypatch, caplog):
+    monkeypatch.delenv("CLIPPER_BATCHER_RECEIVERS", raising=False)
+    chosen = settings(queue_transport="sqs", redis_url="redis://127.0.0.1:9/0")
+    with caplog.at_level("WARNING", logger="clipper.batcher"):
+        driver = build_driver(parse_args([*REQUIRED, "--receivers", "0"]), chosen)
+    assert driver._receivers is None and driver._carrier is None  # SQS's deletes stay the acknowledger's
+    assert any("--receivers 0 on sqs" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="clipper.batcher"):
+        build_driver(parse_args(REQUIRED), chosen)
+    assert not caplog.records

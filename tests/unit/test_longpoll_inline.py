@@ -92,7 +92,7 @@ def test_a_failed_receive_keeps_its_deletes_for_the_next_one():
         assert driver.stats.receive_errors == 1
 
 
-def test_within_the_batch_wait_the_batcher_sleeps_then_takes_what_came_with_one_short_receive():
+def test_within_the_batch_wait_the_batcher_sleeps_and_takes_what_came_at_each_quarter_until_it_ends():
     reader, stepped = CarryingReader(), SteppedClock()
     driver, clock = make(reader, 10, batch_wait_s=0.010, clock=stepped)
     stop = threading.Event()
@@ -100,14 +100,45 @@ def test_within_the_batch_wait_the_batcher_sleeps_then_takes_what_came_with_one_
         reader.add(message(1, one_hot(1), clock, ttl_s=60))  # received at t = 100.000: cut at 100.010
         batch = pool.submit(driver.collect, stop)
         wait_until(lambda: reader.calls == 1 and any(n.startswith("batcher") for n in stepped.readers))
-        stepped.advance(0.004)
-        reader.add(message(2, one_hot(2), clock, ttl_s=60))  # 4 ms after the first: joins
-        stepped.advance(0.004)
+        reader.add(message(2, one_hot(2), clock, ttl_s=60))
+        assert reader.calls == 1  # asleep: no receive before its first check, a quarter of the window
+        stepped.advance(0.003)
+        wait_until(lambda: reader.calls == 2)  # the check at 2.5 ms took m2
         reader.add(message(3, one_hot(3), clock, ttl_s=60))
-        assert not batch.done() and reader.calls == 1  # asleep: no receive within the window
-        stepped.advance(0.004)  # the window is over: one short receive
+        stepped.advance(0.003)
+        wait_until(lambda: reader.calls == 3)
+        assert not batch.done()
+        stepped.advance(0.005)  # 11 ms: the window is over after its last check
         assert ids(batch.result(timeout=5)) == ["m1", "m2", "m3"]
-        assert reader.calls == 2
+        assert reader.calls <= 1 + 4  # the receive that opened it, and a short one a quarter at most
+
+
+def test_a_batch_that_fills_within_its_window_is_cut_at_the_next_check_not_at_its_end():
+    reader, stepped = CarryingReader(), SteppedClock()
+    driver, clock = make(reader, 2, batch_wait_s=0.010, clock=stepped)
+    stop = threading.Event()
+    with ThreadPoolExecutor(1, thread_name_prefix="batcher") as pool, driving(driver, reader, stop):
+        reader.add(message(1, one_hot(1), clock, ttl_s=60))
+        batch = pool.submit(driver.collect, stop)
+        wait_until(lambda: reader.calls == 1)
+        reader.add(message(2, one_hot(2), clock, ttl_s=60))
+        stepped.advance(0.003)  # the clock stops 7 ms before the window's end: only a check can cut the batch
+        assert ids(batch.result(timeout=5)) == ["m1", "m2"]
+
+
+def test_the_default_window_is_one_sleep_and_one_short_receive():
+    reader, stepped = CarryingReader(), SteppedClock()
+    driver, clock = make(reader, 10, batch_wait_s=0.001, clock=stepped)
+    stop = threading.Event()
+    with ThreadPoolExecutor(1, thread_name_prefix="batcher") as pool, driving(driver, reader, stop):
+        reader.add(message(1, one_hot(1), clock, ttl_s=60))
+        batch = pool.submit(driver.collect, stop)
+        wait_until(lambda: reader.calls == 1 and any(n.startswith("batcher") for n in stepped.readers))
+        reader.add(message(2, one_hot(2), clock, ttl_s=60))
+        stepped.advance(0.0009)
+        assert reader.calls == 1
+        stepped.advance(0.0002)
+        assert ids(batch.result(timeout=5)) == ["m1", "m2"] and reader.calls == 2
 
 
 def test_the_batch_wait_starts_when_the_first_message_entered_the_queue():
@@ -142,11 +173,64 @@ def test_a_stop_ends_the_batch_wait_at_once():
 
 
 def test_a_deferred_lead_is_completed_with_one_short_receive_without_waiting():
-    reader, stepped = CarryingReader(), SteppedClock()
-    driver, clock = make(reader, 3, batch_wait_s=0.010, clock=stepped)
+    reader, stepped = CarryingReader(), SteppedClock()  # the clock never moves: a window would never end
+    driver, clock = make(reader, 3, batch_wait_s=0.010, clock=stepped)  # and a receive waits 30 s for a message
     stop = threading.Event()
     with ThreadPoolExecutor(1) as pool, driving(driver, reader, stop):
         lead = ReceivedMessage("m1", "h-m1", message(1, one_hot(1), clock, ttl_s=60).body, received_ms=1.0)
         driver._carry = [lead]
+        assert ids(pool.submit(driver.collect, stop).result(timeout=5)) == ["m1"]  # the queue empty: no wait
+        driver._carry = [lead]
         reader.add(message(2, one_hot(2), clock, ttl_s=60))
         assert ids(pool.submit(driver.collect, stop).result(timeout=5)) == ["m1", "m2"]
+        assert reader.calls == 2
+
+
+def test_the_window_opens_when_the_oldest_message_of_the_batch_entered_the_queue():
+    reader, stepped = CarryingReader(), SteppedClock()  # the clock never moves: a wait would never end
+    wall = [1_000.0]
+    driver, clock = make(reader, 10, batch_wait_s=0.010, clock=stepped, wall=lambda: wall[0])
+    stop = threading.Event()
+    body = message(1, one_hot(1), clock, ttl_s=60).body
+    redelivered = ReceivedMessage("m1", "h-m1", body, receive_count=2)  # a redelivery: when it came is not said
+    first = ReceivedMessage("m2", "h-m2", body, sent_ms=wall[0] * 1000 - 12)  # 12 ms ago: the window is over
+    reader.add_received(redelivered, first)
+    with ThreadPoolExecutor(1) as pool, driving(driver, reader, stop):
+        assert ids(pool.submit(driver.collect, stop).result(timeout=5)) == ["m1", "m2"]
+
+
+def test_a_receive_failing_on_a_bug_hands_its_deletes_to_the_acknowledger_and_the_next_receive_goes_on():
+    reader = CarryingReader()
+    driver, clock = make(reader, 1, batch_wait_s=0.0)
+    stop = threading.Event()
+    with driving(driver, reader, stop):
+        reader.add(message(1, one_hot(1), clock, ttl_s=60), message(2, one_hot(2), clock, ttl_s=60))
+        driver.handle(driver.collect(stop))
+        calls = reader.receive_and_delete
+
+        def broken(handles, most, wait_s):
+            reader.receive_and_delete = calls
+            raise ValueError("not a receipt handle")
+
+        reader.receive_and_delete = broken
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(driver.collect, stop).result(timeout=5) == []
+        assert ids(driver.collect(stop)) == ["m2"] and reader.carried == []  # nothing carried again
+        driver.flush_acks()
+        assert reader.deleted == ["h-m1"] and reader.plain_deletes == 1
+
+
+def test_the_batch_wait_a_reply_reports_runs_from_when_the_message_entered_the_queue():
+    clock, endpoint, replies = FakeClock(), FakeEndpoint(), InMemoryReplies()
+    reader = CarryingReader()
+    driver = LongPollDriver(
+        reader, Batcher(FakeResolver(endpoint), replies, clock), FixedController(10), 0.0, receivers=0
+    )
+    clock.t = 1_000.0
+    with driving(driver, reader):
+        sent = ReceivedMessage("m1", "h-m1", message(1, one_hot(1), clock, ttl_s=60).body, sent_ms=999_980.0)
+        reader.add_received(sent)  # entered the queue 20 ms before the batch starts (it waited for the last batch)
+        (m,) = driver.collect(threading.Event())
+        driver.handle([m])
+        (reply,) = replies.lists["1"]
+        assert reply.timings["batch_wait_ms"] == pytest.approx(20, abs=0.01)

@@ -8,7 +8,8 @@ Queue I/O runs beside the batcher, never on its path:
   message stamped when it arrived;
 - batch formation is Clipper's: block until the first message of a batch is there, then wait up to
   ``batch_wait_s`` after it arrived, or until the batch is full at the controller's current size, taking what
-  the receivers deliver meanwhile; never a receive round trip of its own before cutting;
+  the receivers deliver meanwhile; never a receive round trip of its own before cutting (with ``receivers``
+  ahead; with none, below, the thread's own short receives within the window);
 - acknowledgements (``acker``): a background thread deletes what a batch answered (or dropped as expired or
   duplicate) and releases failed messages for a retry after an exponential back-off (the queue's redrive
   policy moves a message to the dead-letter queue after ``maxReceiveCount`` tries).
@@ -17,9 +18,11 @@ With ``receivers=0`` the batcher's own thread receives instead (for a transport 
 a whole batch: Redis Streams, the local stack's): once a batch is answered, one receive takes everything that
 came meanwhile, and within the batch wait the thread sleeps until the window ends and takes what came with one
 short receive. No thread is woken per receive and none hands messages over: at the knee's rates, where queries
-come one or two a batch, each wake-up and hand-off costs about as much CPU as the query's work. The batch wait
-starts when the batch's first message entered the queue where the transport says (``ReceivedMessage.sent_ms``:
-a message that came while the last batch ran may have its window over already), else when it was received. On
+come one or two a batch, each wake-up and hand-off costs about as much CPU as the query's work. A batch that
+fills within a long window is cut within a quarter of it (``WINDOW_CHECKS`` short receives at most). The batch
+wait starts when the batch's oldest message entered the queue where the transport says
+(``ReceivedMessage.sent_ms``: a message that came while the last batch ran may have its window over already),
+else when it was received. On
 a ``DeletingReader`` the deletes of a batch travel with the next receive (one round trip, no acknowledgement
 thread at work); a failed receive keeps them for the one after.
 
@@ -51,6 +54,10 @@ from clipper.ports import ControllerStateStore, DeletingReader, QueueReader, Rec
 logger = logging.getLogger("clipper.batcher")
 
 JOIN_MARGIN_S = 5.0  # beyond the long poll's wait, how long stopping waits for a receive in flight
+# receivers=0: short receives within a batch wait, at most (a batch that fills is cut within a quarter of the
+# window), and the shortest pause between two (the default 1 ms window: one sleep, one short receive)
+WINDOW_CHECKS = 4
+MIN_CHECK_S = 0.001
 
 
 @dataclass
@@ -237,50 +244,62 @@ class LongPollDriver:
 
     def _take(self, room: int, led: bool, stop: threading.Event) -> list[ReceivedMessage]:
         """The batch's members received on this thread (``receivers=0``): one receive (waiting up to
-        ``idle_wait_s`` for a first message, none when ``led``: the batch is completed at once); then, when the
-        batch wait after the first message is not over and the batch not full, a sleep until it is over and one
-        short receive for what came meanwhile (a stop ends the sleep, and the batch is cut with what it has)."""
+        ``idle_wait_s`` for a first message; none when ``led``: the batch is completed at once). Then, while the
+        batch wait after the first message is not over and the batch is not full, the thread sleeps and takes
+        what came with one short receive, ``WINDOW_CHECKS`` times in the window at most (the last at its end): a
+        batch that fills is cut within a quarter of the window, one that does not at its end. The default window
+        (1 ms) is one sleep and one short receive. A stop ends the sleep; the batch is cut with what it has."""
         if room <= 0 or stop.is_set():
             return []
         got = self._receive(room, 0.0 if led else self._idle_wait, stop)
         if not got or led or len(got) >= room or self._batch_wait <= 0:
             return got
-        cutoff = self._arrival(got[0]) + self._batch_wait
-        if cutoff <= self._clock():
-            return got  # its window is over (it came while the last batch ran): the receive took what there was
-        while not stop.is_set():
+        cutoff = self._opened(got) + self._batch_wait
+        check_s = max(self._batch_wait / WINDOW_CHECKS, MIN_CHECK_S)
+        while len(got) < room:
             left = cutoff - self._clock()
             if left <= 0:
-                return got + self._receive(room - len(got), 0.0, stop)
-            stop.wait(min(left, self._recheck))
+                break  # over (or it was when the batch was received: it came while the last batch ran)
+            wake = self._clock() + min(left, check_s)
+            while not stop.is_set() and (pause := wake - self._clock()) > 0:
+                stop.wait(min(pause, self._recheck))
+            if stop.is_set():
+                break
+            got += self._receive(room - len(got), 0.0, stop)
         return got
 
-    def _arrival(self, message: ReceivedMessage) -> float:
-        """When ``message`` arrived, on ``clock``: when it entered the queue where the transport says, else now
-        (it was just received)."""
+    def _opened(self, got: list[ReceivedMessage]) -> float:
+        """When the batch's window opened, on ``clock``: when its oldest message entered the queue where the
+        transport says (a first delivery from a Redis stream: its entry id, the server's clock, which on the
+        local stack is this host's), else now (it was just received: a redelivery, or a transport that does not
+        say). A clock skew moves the window by as much, bounded by the window itself."""
         now = self._clock()
-        if message.sent_ms is None:
+        sent = [m.sent_ms for m in got if m.sent_ms is not None]
+        if not sent:
             return now
-        return now - max(0.0, self._wall() - message.sent_ms / 1000)
+        return now - max(0.0, self._wall() - min(sent) / 1000)
 
     def _receive(self, most: int, wait_s: float, stop: threading.Event) -> list[ReceivedMessage]:
         """One receive on this thread, carrying the deletes asked for since the last one (``DeletingReader``).
-        A failed receive is logged and counted, its deletes kept for the next one, and the thread pauses as a
-        receiver would."""
+        A failed receive is logged and counted, and the thread pauses as a receiver would; its deletes are sent
+        again with the next receive when the queue was unavailable, handed to the acknowledger otherwise (an
+        unexpected error must not fail every receive after it)."""
         deletes, self._to_delete = self._to_delete, []
+        most = most if self._receive_max is None else min(most, self._receive_max)
         try:
             if deletes:
                 assert self._carrier is not None
                 got = self._carrier.receive_and_delete(deletes, most, wait_s)
             else:
-                got = self._reader.receive(most if self._receive_max is None else min(most, self._receive_max), wait_s)
+                got = self._reader.receive(most, wait_s)
         except Exception as e:  # never let the loop die: the driver would starve without a word
-            self._to_delete = deletes + self._to_delete  # sent again with the next receive: deleting twice is harmless
             self._receive_errors += 1
             if isinstance(e, ClipperError):
                 logger.warning("receive failed: %s", e)
+                self._to_delete = deletes + self._to_delete  # with the next receive: deleting twice is harmless
             else:
                 logger.exception("receive failed unexpectedly")
+                self._acker.delete(deletes)
             stop.wait(ERROR_PAUSE_S)
             return []
         if got:
@@ -291,7 +310,12 @@ class LongPollDriver:
 
     def handle(self, batch: list[ReceivedMessage]) -> BatchReport:
         started = time.monotonic()
-        inbound = [Inbound(m.message_id, m.body, m.received_ms, m.receive_count == 1) for m in batch]
+        # the batch wait reported in replies runs from when the message entered the queue where the transport says
+        # (with receivers=0 it may wait there while the last batch runs), else from its receipt
+        inbound = [
+            Inbound(m.message_id, m.body, m.received_ms if m.sent_ms is None else m.sent_ms, m.receive_count == 1)
+            for m in batch
+        ]
         report = self._batcher.process(inbound, defer=True)
         latency = time.monotonic() - started
         deferred = set(report.deferred)

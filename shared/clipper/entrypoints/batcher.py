@@ -56,11 +56,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1.0,
         help="how long a batch waits for more queries after its first arrived (0: cut at once)",
     )
-    receivers = os.environ.get("CLIPPER_BATCHER_RECEIVERS")
+    receivers = os.environ.get("CLIPPER_BATCHER_RECEIVERS", "").strip()
+    if receivers and not receivers.isdigit():
+        p.error(
+            f"CLIPPER_BATCHER_RECEIVERS must be a whole number (0: the batching thread receives), got {receivers!r}"
+        )
     p.add_argument(
         "--receivers",
         type=int,
-        default=int(receivers) if receivers and receivers.strip().isdigit() else None,
+        default=int(receivers) if receivers else None,
         help="receives in flight at once, ahead of the batches; 0: none, the batching thread receives (default: "
         "$CLIPPER_BATCHER_RECEIVERS, else the transport's: 4 on SQS, 0 on Redis Streams)",
     )
@@ -189,6 +193,14 @@ def build_driver(
     )
     config = config or args_config(args)
     transport = settings.queue_transport
+    receivers = RECEIVERS[transport] if args.receivers is None else args.receivers
+    if receivers == 0 and RECEIVE_MAX[transport] is not None:
+        logger.warning(
+            "--receivers 0 on %s: a batch holds what one receive returns (at most %d messages) and what the "
+            "short receives within its batch wait add; receivers ahead fill larger batches",
+            transport,
+            RECEIVE_MAX[transport],
+        )
     # the SQS client's read timeout outlasts a long poll (SQS's longest: 20 s)
     sqs = aws_client("sqs", read_timeout=30) if transport == "sqs" else None
     reader = queue_reader(
@@ -206,7 +218,7 @@ def build_driver(
         idle_wait_s=args.poll_wait_s,
         state_store=DynamoDBControllerStore(dynamodb, settings.registry_table),
         state_key=(args.model, args.version) if args.model and args.version else None,
-        receivers=RECEIVERS[transport] if args.receivers is None else args.receivers,
+        receivers=receivers,
         receive_max=RECEIVE_MAX[transport],
         buffer_batches=args.buffer_batches,
         ack_chunk=ACK_CHUNK[transport],
