@@ -16,15 +16,14 @@ Queue I/O runs beside the batcher, never on its path:
 
 With ``receivers=0`` the batcher's own thread receives instead (for a transport whose one receive returns
 a whole batch: Redis Streams, the local stack's): once a batch is answered, one receive takes everything that
-came meanwhile, and within the batch wait the thread sleeps until the window ends and takes what came with one
-short receive. No thread is woken per receive and none hands messages over: at the knee's rates, where queries
-come one or two a batch, each wake-up and hand-off costs about as much CPU as the query's work. A batch that
-fills within a long window is cut within a quarter of it (``WINDOW_CHECKS`` short receives at most). The batch
-wait starts when the batch's oldest message entered the queue where the transport says
-(``ReceivedMessage.sent_ms``: a message that came while the last batch ran may have its window over already),
-else when it was received. On
-a ``DeletingReader`` the deletes of a batch travel with the next receive (one round trip, no acknowledgement
-thread at work); a failed receive keeps them for the one after.
+came meanwhile; within the batch wait the thread sleeps and takes what came with a short receive, at the
+window's end, or for a long window every quarter of it until the batch is full (``WINDOW_CHECKS``). No thread
+is woken per receive and none hands messages over: at the knee's rates, where queries come one or two a batch,
+each wake-up and hand-off costs about as much CPU as the query's work. The window opens when the batch's oldest
+message entered the queue where the transport says (``ReceivedMessage.sent_ms``: a message that came while the
+last batch ran may have its window over already), else when it was received. On a ``DeletingReader`` the
+deletes of a batch travel with the next receive (one round trip, no acknowledgement thread at work); a receive
+that fails on an unavailable queue keeps them for the one after.
 
 The core cuts each batch to what can still meet its earliest deadline (``Batcher.process(defer=True)``);
 the messages it defers stay in flight (neither deleted nor released) and lead the next batch, which is then
@@ -349,8 +348,8 @@ class LongPollDriver:
         return report
 
     def flush_acks(self, timeout_s: float | None = None) -> bool:
-        """Wait until every delete and release asked for so far was done (or failed and was logged): the deletes
-        waiting for the next receive are made on this thread."""
+        """Wait until every delete and release asked for so far was done (or failed and was logged); the deletes
+        waiting for the next receive are handed to the acknowledger first."""
         self._delete_carried()
         done = self._acker.flush(timeout_s)
         self._update_io_stats()
@@ -396,7 +395,8 @@ class LongPollDriver:
         self.stats.returned += len(held)
 
     def _delete_carried(self) -> None:
-        """The deletes waiting for the next receive, made now (on this thread: a stop, a flush)."""
+        """The deletes waiting for the next receive, handed to the acknowledger (a stop, a flush: they wait for no
+        receive)."""
         deletes, self._to_delete = self._to_delete, []
         self._acker.delete(deletes)
 
