@@ -180,6 +180,9 @@ def test_logs_lists_the_processes_and_tails_one(tmp_path, capsys):
     assert "processes: batcher-mlp, requests" in capsys.readouterr().err
     assert main(["logs", "--state-dir", str(tmp_path / "none")]) == 1  # no stack there, as no API at a URL
     assert "no local stack state" in capsys.readouterr().err
+    assert main(["logs", "batcher-mlp", "--state-dir", str(tmp_path / "none")]) == 2  # one process's, no stack
+    err = capsys.readouterr().err
+    assert "no local stack state in" in err and "CLIPPER_LOCAL_STATE_DIR" in err and "processes:" not in err
 
 
 def test_a_joblib_file_loads_with_joblib_and_a_bad_file_is_one_line(tmp_path):

@@ -3,6 +3,7 @@ per queue transport, and that the library module no longer imports the compositi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -124,3 +125,23 @@ def test_no_receivers_ahead_on_sqs_is_allowed_with_a_warning(settings, monkeypat
     with caplog.at_level("WARNING", logger="clipper.batcher"):
         build_driver(parse_args(REQUIRED), chosen)
     assert not caplog.records
+
+
+def test_help_lists_defaults_and_the_environment_whatever_the_receivers_variable_says():
+    env = {**os.environ, "CLIPPER_BATCHER_RECEIVERS": "two"}
+    out = subprocess.run(
+        [sys.executable, "-m", "clipper.entrypoints.batcher", "--help"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "(default: 1.0)" in text and "CLIPPER_REGISTRY_TABLE" in text
+
+
+def test_a_missing_environment_is_one_line_naming_the_variables():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLIPPER_")}
+    argv = ["--queue-url", "q", "--endpoint-url", "http://127.0.0.1:9"]
+    out = subprocess.run(
+        [sys.executable, "-m", "clipper.entrypoints.batcher", *argv], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "missing or invalid environment: CLIPPER_REGISTRY_TABLE: Field required" in out.stderr

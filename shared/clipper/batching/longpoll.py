@@ -190,6 +190,11 @@ class LongPollDriver:
                 logger.exception("controller state not saved")
 
     @property
+    def receivers(self) -> int:
+        """Receives in flight ahead of the batches (0: this thread receives)."""
+        return 0 if self._receivers is None else self._receivers.count
+
+    @property
     def buffered(self) -> int:
         """Messages received and waiting for a batch."""
         return len(self._buffer)

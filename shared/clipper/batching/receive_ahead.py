@@ -203,6 +203,10 @@ class Receivers:
         self._errors_lock = threading.Lock()
         self.errors = 0  # failed receives
 
+    @property
+    def count(self) -> int:
+        return len(self._threads)
+
     def start(self) -> None:
         for t in self._threads:
             t.start()

@@ -70,6 +70,11 @@ def run_logs(args: argparse.Namespace) -> int:
         return 0
     path = log_path(folder, args.process)
     if not path.exists():
+        if not (folder / "logs").is_dir():
+            raise SystemExit(
+                f"clipper: no local stack state in {folder}: run this from where `make run` runs, or name its state "
+                "folder (--state-dir, or CLIPPER_LOCAL_STATE_DIR as make run had it)"
+            )
         known = sorted(p.stem for p in (folder / "logs").glob("*.log"))
         raise SystemExit(f"clipper: no log {path}; processes: {', '.join([*known, 'requests'])}")
     with path.open("rb") as f:

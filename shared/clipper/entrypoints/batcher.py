@@ -17,6 +17,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from clipper.adapters.cloudwatch_metrics import CloudWatchCounters
 from clipper.batching.acker import DEFAULT_LINGER_S
 from clipper.batching.longpoll import LongPollDriver
@@ -40,11 +42,22 @@ ACK_LINGER_MS = DEFAULT_LINGER_S * 1000  # a delete waits this long for others t
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="clipper-batcher", description="The long-poll batcher: batches one model queue's queries for its server."
+        prog="clipper-batcher",
+        description="The long-poll batcher: batches one model queue's queries for its server. Its environment "
+        "(clipper.settings.BatcherSettings): CLIPPER_REGISTRY_TABLE and CLIPPER_REPLIES_TABLE (required), "
+        "CLIPPER_QUEUE_TRANSPORT (sqs or redis), REDIS_URL, CLIPPER_CACHE_*, CLIPPER_MODEL_BUCKET, AWS_* as boto3 "
+        "reads them; the local stack sets them for its batchers.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--queue-url", required=True, help="the model's request queue")
     p.add_argument("--endpoint-url", required=True, help="the model server, e.g. http://127.0.0.1:8080")
-    p.add_argument("--slo-ms", type=float, default=100.0, help="latency objective of a batch (AIMD)")
+    p.add_argument(
+        "--slo-ms",
+        type=float,
+        default=100.0,
+        help="latency objective of a batch, for every controller, while no application is linked (else "
+        "--slo-fraction of the strictest linked one)",
+    )
     p.add_argument("--batch-size", type=int, default=0, help="fix the batch size (0: adapt)")
     p.add_argument("--controller", choices=["aimd", "quantile"], default="aimd", help="how the size adapts")
     p.add_argument("--model", default=os.environ.get("CLIPPER_MODEL_NAME", ""), help="model name (state key)")
@@ -56,16 +69,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1.0,
         help="how long a batch waits for more queries after its first arrived (0: cut at once)",
     )
-    receivers = os.environ.get("CLIPPER_BATCHER_RECEIVERS", "").strip()
-    if receivers and not receivers.isdigit():
-        p.error(
-            f"CLIPPER_BATCHER_RECEIVERS must be a whole number (0: the batching thread receives), got {receivers!r}"
-        )
     p.add_argument(
         "--receivers",
         type=int,
-        default=int(receivers) if receivers else None,
-        help="receives in flight at once, ahead of the batches; 0: none, the batching thread receives (default: "
+        default=None,
+        help="receives in flight at once, ahead of the batches; 0: none, the batching thread receives (None: "
         "$CLIPPER_BATCHER_RECEIVERS, else the transport's: 4 on SQS, 0 on Redis Streams)",
     )
     p.add_argument(
@@ -78,7 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--ack-linger-ms",
         type=float,
         default=ACK_LINGER_MS,
-        help="how long a delete waits for others to share its call (0: each batch's own call at once)",
+        help="how long a delete waits for others to share its call (0: each batch's own call at once); not used "
+        "with --receivers 0 on Redis Streams, whose deletes travel with the next receive",
     )
     p.add_argument(
         "--poll-wait-s",
@@ -112,6 +121,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
+    receivers = os.environ.get("CLIPPER_BATCHER_RECEIVERS", "").strip()
+    if args.receivers is None and receivers:
+        if not receivers.isdigit():
+            p.error(
+                f"CLIPPER_BATCHER_RECEIVERS must be a whole number (0: the batching thread receives), got {receivers!r}"
+            )
+        args.receivers = int(receivers)
     if args.receivers is not None and args.receivers < 0:
         p.error("--receivers must be 0 (the batching thread receives) or more")
     if args.buffer_batches < 1:
@@ -241,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from clipper.settings import BatcherSettings
 
-    settings = BatcherSettings()  # type: ignore[call-arg]
+    try:
+        settings = BatcherSettings()  # type: ignore[call-arg]
+    except ValidationError as e:
+        problems = "; ".join(f"CLIPPER_{'_'.join(map(str, x['loc'])).upper()}: {x['msg']}" for x in e.errors())
+        print(f"clipper-batcher: missing or invalid environment: {problems} (--help lists it)", file=sys.stderr)
+        return 2
     from clipper.wiring import aws_client
 
     dynamodb = aws_client("dynamodb")  # one client (its service model loaded once) for the registry and the rest
@@ -271,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stopping)
     gc.freeze()  # start-up objects never need collecting: keeps full collections (tens of ms) off batches
-    logger.info("batcher polling %s (%s) for %s", args.queue_url, settings.queue_transport, args.endpoint_url)
+    mode = "received ahead" if driver.receivers else "received by the batching thread"
+    transport = {"redis": "Redis Streams", "sqs": "SQS"}.get(settings.queue_transport, settings.queue_transport)
+    logger.info("batcher polling %s (%s, %s) for %s", args.queue_url, transport, mode, args.endpoint_url)
     driver.run(stop)
     if follower is not None:
         follower.stop()

@@ -146,7 +146,7 @@ class QueryHandling:
         JSON and refused as invalid JSON, which does not say what to change."""
         if content_encoding is None or content_encoding.strip().lower() in ("", "identity"):
             return None
-        cause = f"Content-Encoding: expected none (an uncompressed JSON body), got {content_encoding}"
+        cause = f"Content-Encoding: expected none or identity (an uncompressed JSON body), got {content_encoding}"
         return error(415, "unsupported media type", cause)
 
     def parse(self, raw: bytes, content_type: str | None, fields: frozenset[str]) -> Any:
