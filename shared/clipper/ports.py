@@ -58,11 +58,13 @@ class QueueReader(Protocol):
 
 @runtime_checkable
 class DeletingReader(QueueReader, Protocol):
-    """A queue whose receive can carry the deletes of the batch before it in the same round trip (Redis
-    Streams): a batcher that receives on its own thread acknowledges without a call or a thread of its own."""
+    """A queue whose receive can carry the deletes of the batch before it (Redis Streams): they travel in the
+    round trip of the receive's first command, so a batcher that receives on its own thread acknowledges without
+    a call or a thread of its own."""
 
     def receive_and_delete(self, receipt_handles: list[str], max_messages: int, wait_s: float) -> list[ReceivedMessage]:
-        """``delete(receipt_handles)``, then ``receive(max_messages, wait_s)``, in one round trip. A delete that
+        """``delete(receipt_handles)``, then ``receive(max_messages, wait_s)``, the deletes in the round trip of
+        the receive's first command (a receive that waits may take a second). A delete that
         the queue refuses is logged and counted (``delete_errors``), never raised: the messages received are
         returned (the refused ones come back after their visibility timeout, as after any failed delete). When
         the call fails as a whole it raises, and it is not known whether the deletes were done (deleting twice

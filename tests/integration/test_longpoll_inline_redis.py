@@ -114,3 +114,25 @@ def test_the_batch_wait_runs_from_when_the_first_message_entered_the_stream(stre
         time.sleep(0.1)
         queue.send(URL, body[3])
         assert [m.body for m in batch.result(timeout=5)] == [body[2], body[3]]
+
+
+def test_deletes_ride_the_plain_read_between_scans_too(stream):
+    queue, reader, client = stream
+    queue.send(URL, "a")
+    (a,) = reader.receive(10, 0)  # the script's scan (the first receive), not full: no scan for a second
+    queue.send(URL, "b")
+    trips = client.round_trips
+    (b,) = reader.receive_and_delete([a.receipt_handle], 10, 0)  # between scans: one XREADGROUP, the deletes with it
+    assert b.body == "b" and client.round_trips == trips + 1
+    depth = reader.depth()
+    assert (depth.ready, depth.in_flight) == (0, 1) and reader.delete_errors == 0  # "a" deleted
+
+
+def test_a_redelivery_carries_no_time_of_entry(stream):
+    queue, reader, _ = stream
+    queue.send(URL, "a")
+    (first,) = reader.receive(10, 0)
+    assert first.sent_ms is not None and first.receive_count == 1
+    reader.release(first.receipt_handle, 0)  # handed back at once: delivered again by the next scan
+    (again,) = reader.receive(10, 1.0)
+    assert again.message_id == first.message_id and again.receive_count == 2 and again.sent_ms is None

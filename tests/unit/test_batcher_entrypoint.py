@@ -106,7 +106,7 @@ def test_a_zero_config_ttl_follows_the_batching_settings_twice_a_second_rather_t
     assert follow_interval(BatcherSettings()) == 3.0
 
 
-@pytest.mark.parametrize("bad", ["-1", "x", "1.5"])
+@pytest.mark.parametrize("bad", ["-1", "x", "1.5", "\u00b2"])
 def test_a_bad_receivers_variable_is_refused_naming_it(monkeypatch, capsys, bad):
     monkeypatch.setenv("CLIPPER_BATCHER_RECEIVERS", bad)
     with pytest.raises(SystemExit):

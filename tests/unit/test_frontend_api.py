@@ -132,6 +132,13 @@ def test_a_compressed_body_is_a_415_naming_content_encoding(world, fast_path):  
     plain = b'{"input": ' + str(one_hot(2)).encode() + b"}"
     r = client.post("/digits/predict", content=plain, headers={"content-encoding": "identity"})
     assert r.status_code == 200 and r.json()["output"] == 2
+    # several headers are one list, whichever order: any coding but identity is a 415, on both paths alike
+    for codings in (["gzip", "identity"], ["identity", "gzip"], ["identity, gzip"]):
+        headers = [("content-type", "application/json"), *(("content-encoding", c) for c in codings)]
+        r = client.post("/digits/predict", content=body, headers=headers)
+        assert r.status_code == 415, codings
+    headers = [("content-encoding", "identity"), ("content-encoding", "Identity, ")]
+    assert client.post("/digits/predict", content=plain, headers=headers).status_code == 200
 
 
 def test_deeply_nested_bodies_are_a_400_not_a_500(client):

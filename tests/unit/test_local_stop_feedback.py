@@ -27,7 +27,7 @@ def sqs(monkeypatch):
 
 class Stages:
     def __init__(self) -> None:
-        self.stopped: list[Stage] = []
+        self.stopped: list[Stage | str] = []
 
     def stop_stage(self, stage: Stage) -> None:
         self.stopped.append(stage)
@@ -46,7 +46,12 @@ def stopping(queue: str, url: str) -> types.SimpleNamespace:
         supervisor=Stages(),
         take_snapshot=lambda: None,
     )
-    state._say_feedback_dropped = lambda: LocalStack._say_feedback_dropped(state)
+
+    def say() -> None:
+        state.supervisor.stopped.append("counted")
+        LocalStack._say_feedback_dropped(state)
+
+    state._say_feedback_dropped = say
     return state
 
 
@@ -71,4 +76,7 @@ def test_the_stop_says_how_much_feedback_goes_with_motos_sqs(sqs, caplog, queue,
     assert (
         any("2 accepted feedback message(s) not applied yet are dropped" in r.message for r in caplog.records) is said
     )
-    assert state.supervisor.stopped[-2:] == [Stage.REDIS, Stage.MOTO]  # counted before moto stops
+    # counted after the feedback worker stopped, before moto does
+    stopped = state.supervisor.stopped
+    assert stopped[-2:] == [Stage.REDIS, Stage.MOTO] and stopped.index(Stage.WORKERS) < len(stopped) - 2
+    assert ("counted" in stopped) is said and (not said or stopped.index("counted") == len(stopped) - 3)

@@ -6,6 +6,7 @@ transport says."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -32,10 +33,17 @@ class CarryingReader(ListReader):
         self.carried: list[list[str]] = []
         self.plain_deletes = 0
         self.fail_next = False
+        self.fail_plain_next = False  # the next receive without deletes fails as a whole
 
     def delete(self, receipt_handles: list[str]) -> None:
         self.plain_deletes += 1
         super().delete(receipt_handles)
+
+    def receive(self, max_messages: int, wait_s: float):
+        if self.fail_plain_next:
+            self.fail_plain_next = False
+            raise Unavailable("redis queue: connection reset")
+        return super().receive(max_messages, wait_s)
 
     def receive_and_delete(self, receipt_handles: list[str], max_messages: int, wait_s: float):
         if self.fail_next:
@@ -234,3 +242,43 @@ def test_the_batch_wait_a_reply_reports_runs_from_when_the_message_entered_the_q
         driver.handle([m])
         (reply,) = replies.lists["1"]
         assert reply.timings["batch_wait_ms"] == pytest.approx(20, abs=0.01)
+
+
+def test_a_receive_failing_within_the_window_cuts_the_batch_in_hand_without_the_error_pause():
+    reader, stepped = CarryingReader(), SteppedClock()
+    driver, clock = make(reader, 10, batch_wait_s=0.010, clock=stepped)
+    stop = threading.Event()
+    with ThreadPoolExecutor(1, thread_name_prefix="batcher") as pool, driving(driver, reader, stop):
+        reader.add(message(1, one_hot(1), clock, ttl_s=60))
+        batch = pool.submit(driver.collect, stop)
+        wait_until(lambda: reader.calls == 1 and any(n.startswith("batcher") for n in stepped.readers))
+        reader.fail_plain_next = True  # the window's short receive fails
+        started = time.monotonic()
+        stepped.advance(0.011)
+        assert ids(batch.result(timeout=5)) == ["m1"]
+        assert time.monotonic() - started < 0.5  # not the 1 s pause after a failed receive: m1 is in hand
+        assert driver._receive_errors == 1
+
+
+def test_a_lead_that_fills_the_batch_hands_the_waiting_deletes_to_the_acknowledger():
+    reader = CarryingReader()
+    driver, clock = make(reader, 1, batch_wait_s=0.0)
+    stop = threading.Event()
+    with driving(driver, reader, stop):
+        reader.add(message(1, one_hot(1), clock, ttl_s=60))
+        driver.handle(driver.collect(stop))
+        lead = ReceivedMessage("m2", "h-m2", message(2, one_hot(2), clock, ttl_s=60).body, received_ms=1.0)
+        driver._carry = [lead]  # deferred: it fills the next batch alone, no receive is made
+        assert ids(driver.collect(stop)) == ["m2"] and reader.calls == 1
+        wait_until(lambda: reader.deleted == ["h-m1"])  # not left waiting for a receive that may be far off
+
+
+def test_flushing_makes_the_deletes_waiting_for_the_next_receive():
+    reader = CarryingReader()
+    driver, clock = make(reader, 1, batch_wait_s=0.0)
+    stop = threading.Event()
+    with driving(driver, reader, stop):
+        reader.add(message(1, one_hot(1), clock, ttl_s=60))
+        driver.handle(driver.collect(stop))
+        assert driver.flush_acks(5.0)
+        assert reader.deleted == ["h-m1"] and reader.plain_deletes == 1

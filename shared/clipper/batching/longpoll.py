@@ -254,8 +254,10 @@ class LongPollDriver:
         batch that fills is cut within a quarter of the window, one that does not at its end. The default window
         (1 ms) is one sleep and one short receive. A stop ends the sleep; the batch is cut with what it has."""
         if room <= 0 or stop.is_set():
+            if self._to_delete:  # no receive to carry them (a lead fills the batch): the acknowledger makes them
+                self._delete_carried()
             return []
-        got = self._receive(room, 0.0 if led else self._idle_wait, stop)
+        got = self._receive(room, 0.0 if led else self._idle_wait, stop, pause=not led)
         if not got or led or len(got) >= room or self._batch_wait <= 0:
             return got
         cutoff = self._opened(got) + self._batch_wait
@@ -269,7 +271,7 @@ class LongPollDriver:
                 stop.wait(min(pause, self._recheck))
             if stop.is_set():
                 break
-            got += self._receive(room - len(got), 0.0, stop)
+            got += self._receive(room - len(got), 0.0, stop, pause=False)
         return got
 
     def _opened(self, got: list[ReceivedMessage]) -> float:
@@ -283,11 +285,12 @@ class LongPollDriver:
             return now
         return now - max(0.0, self._wall() - min(sent) / 1000)
 
-    def _receive(self, most: int, wait_s: float, stop: threading.Event) -> list[ReceivedMessage]:
+    def _receive(self, most: int, wait_s: float, stop: threading.Event, pause: bool = True) -> list[ReceivedMessage]:
         """One receive on this thread, carrying the deletes asked for since the last one (``DeletingReader``).
-        A failed receive is logged and counted, and the thread pauses as a receiver would; its deletes are sent
-        again with the next receive when the queue was unavailable, handed to the acknowledger otherwise (an
-        unexpected error must not fail every receive after it)."""
+        A failed receive is logged and counted; its deletes are sent again with the next receive when the queue
+        was unavailable, handed to the acknowledger otherwise (an unexpected error must not fail every receive
+        after it). With ``pause`` (nothing held yet) the thread then pauses as a receiver would; without (a
+        batch in hand: a lead, or its window's short receive) the batch goes on with what it has."""
         deletes, self._to_delete = self._to_delete, []
         most = most if self._receive_max is None else min(most, self._receive_max)
         try:
@@ -304,7 +307,8 @@ class LongPollDriver:
             else:
                 logger.exception("receive failed unexpectedly")
                 self._acker.delete(deletes)
-            stop.wait(ERROR_PAUSE_S)
+            if pause:
+                stop.wait(ERROR_PAUSE_S)
             return []
         if got:
             self._received += len(got)

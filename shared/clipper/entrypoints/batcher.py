@@ -123,9 +123,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     receivers = os.environ.get("CLIPPER_BATCHER_RECEIVERS", "").strip()
     if args.receivers is None and receivers:
-        if not receivers.isdigit():
+        if not (receivers.isascii() and receivers.isdigit()):
             p.error(
-                f"CLIPPER_BATCHER_RECEIVERS must be a whole number (0: the batching thread receives), got {receivers!r}"
+                "CLIPPER_BATCHER_RECEIVERS must be a whole number, 0 or more (0: the batching thread receives), "
+                f"got {receivers!r}"
             )
         args.receivers = int(receivers)
     if args.receivers is not None and args.receivers < 0:

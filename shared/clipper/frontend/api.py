@@ -116,6 +116,12 @@ class FeedbackAccepted(BaseModel):
     feedback_id: str
 
 
+def _encoding(request: Request) -> str | None:
+    """Every Content-Encoding header of the request as one list (HTTP's rule for a repeated header)."""
+    codings = request.headers.getlist("content-encoding")
+    return ", ".join(codings) if codings else None
+
+
 def create_app(
     processor: QueryProcessor,
     max_body_bytes: int,
@@ -214,7 +220,7 @@ def create_app(
         if isinstance(debug, HttpAnswer):
             return _response(debug)
         content_type = request.headers.get("content-type")
-        refused = handling.unsupported(content_type) or handling.encoded(request.headers.get("content-encoding"))
+        refused = handling.unsupported(content_type) or handling.encoded(_encoding(request))
         if refused is not None:
             return _response(refused)
         raw = await request.body()
@@ -253,7 +259,7 @@ def create_app(
         an input this application (and user) never queried, or whose record expired, is accepted and then
         skipped: it says nothing about the models."""
         content_type = request.headers.get("content-type")
-        refused = handling.unsupported(content_type) or handling.encoded(request.headers.get("content-encoding"))
+        refused = handling.unsupported(content_type) or handling.encoded(_encoding(request))
         if refused is not None:
             return _response(refused)
         raw = await request.body()

@@ -43,8 +43,8 @@ class PredictFastPath:
                 content_type = value.decode("latin-1")
             elif name == b"x-clipper-debug" and debug_header is None:  # the first, as the framework reads it
                 debug_header = value
-            elif name == b"content-encoding":
-                encoding = value.decode("latin-1")
+            elif name == b"content-encoding":  # several: one list (HTTP's rule), every coding counts
+                encoding = value.decode("latin-1") if encoding is None else f"{encoding}, {value.decode('latin-1')}"
         query = scope.get("query_string", b"")
         debug = debug_requested(query, debug_header) if query or debug_header is not None else False
         try:

@@ -142,9 +142,10 @@ class QueryHandling:
 
     @staticmethod
     def encoded(content_encoding: str | None) -> HttpAnswer | None:
-        """The 415 for a compressed body (``Content-Encoding`` other than identity): it would otherwise be read as
-        JSON and refused as invalid JSON, which does not say what to change."""
-        if content_encoding is None or content_encoding.strip().lower() in ("", "identity"):
+        """The 415 for a compressed body (``Content-Encoding`` other than identity; several headers are one
+        comma-separated list, every coding of which must be identity): it would otherwise be read as JSON and
+        refused as invalid JSON, which does not say what to change."""
+        if content_encoding is None or all(c.strip().lower() in ("", "identity") for c in content_encoding.split(",")):
             return None
         cause = f"Content-Encoding: expected none or identity (an uncompressed JSON body), got {content_encoding}"
         return error(415, "unsupported media type", cause)
