@@ -39,14 +39,14 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from clipper.batching.acker import BackgroundAcker
 from clipper.batching.controller import BatchSizeController
 from clipper.batching.core import Batcher, BatchReport, Inbound
-from clipper.batching.receive_ahead import ERROR_PAUSE_S, WAKE_S, ReceiveBuffer, Receivers
+from clipper.batching.receive_ahead import ERROR_PAUSE_S, WAKE_S, ReceiveBuffer, Receivers, stamped
 from clipper.errors import ClipperError
 from clipper.ports import ControllerStateStore, DeletingReader, QueueReader, ReceivedMessage
 
@@ -312,8 +312,7 @@ class LongPollDriver:
             return []
         if got:
             self._received += len(got)
-            wall_ms = self._wall() * 1000
-            got = [m if m.received_ms is not None else replace(m, received_ms=wall_ms) for m in got]
+            got = stamped(got, self._wall() * 1000)
         return got
 
     def handle(self, batch: list[ReceivedMessage]) -> BatchReport:

@@ -39,6 +39,11 @@ class Arrival:
     at: float  # the buffer's clock when the message entered
 
 
+def stamped(messages: list[ReceivedMessage], wall_ms: float) -> list[ReceivedMessage]:
+    """``messages`` with ``received_ms`` set to ``wall_ms`` where the adapter did not set it."""
+    return [m if m.received_ms is not None else replace(m, received_ms=wall_ms) for m in messages]
+
+
 class ReceiveBuffer:
     """Received messages in arrival order, at most ``capacity`` of them (counting the receives in flight).
 
@@ -102,10 +107,8 @@ class ReceiveBuffer:
         with self._lock:
             self._reserved -= reserved
             if messages:
-                at, wall_ms = self._clock(), self._wall() * 1000
-                for m in messages:
-                    stamped = m if m.received_ms is not None else replace(m, received_ms=wall_ms)
-                    self._items.append(Arrival(stamped, at))
+                at = self._clock()
+                self._items.extend(Arrival(m, at) for m in stamped(messages, self._wall() * 1000))
                 self.received += len(messages)
                 if self._want and len(self._items) >= self._want:
                     self._filled.notify_all()

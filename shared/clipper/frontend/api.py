@@ -220,7 +220,7 @@ def create_app(
         if isinstance(debug, HttpAnswer):
             return _response(debug)
         content_type = request.headers.get("content-type")
-        refused = handling.unsupported(content_type) or handling.encoded(_encoding(request))
+        refused = handling.refused(content_type, _encoding(request))
         if refused is not None:
             return _response(refused)
         raw = await request.body()
@@ -259,7 +259,7 @@ def create_app(
         an input this application (and user) never queried, or whose record expired, is accepted and then
         skipped: it says nothing about the models."""
         content_type = request.headers.get("content-type")
-        refused = handling.unsupported(content_type) or handling.encoded(_encoding(request))
+        refused = handling.refused(content_type, _encoding(request))
         if refused is not None:
             return _response(refused)
         raw = await request.body()

@@ -49,12 +49,7 @@ class PredictFastPath:
         debug = debug_requested(query, debug_header) if query or debug_header is not None else False
         try:
             # a bad debug switch or Content-Type is answered before the body is read, as its size would be
-            handling = self._handling
-            refused = (
-                debug
-                if isinstance(debug, HttpAnswer)
-                else handling.unsupported(content_type) or handling.encoded(encoding)
-            )
+            refused = debug if isinstance(debug, HttpAnswer) else self._handling.refused(content_type, encoding)
             body = refused or await self._body(receive)
             if isinstance(body, HttpAnswer):
                 answer = body

@@ -150,6 +150,11 @@ class QueryHandling:
         cause = f"Content-Encoding: expected none or identity (an uncompressed JSON body), got {content_encoding}"
         return error(415, "unsupported media type", cause)
 
+    @classmethod
+    def refused(cls, content_type: str | None, content_encoding: str | None) -> HttpAnswer | None:
+        """The 415 for a body this API does not read (not JSON, or compressed), answered before it is read."""
+        return cls.unsupported(content_type) or cls.encoded(content_encoding)
+
     def parse(self, raw: bytes, content_type: str | None, fields: frozenset[str]) -> Any:
         """The body as JSON, or Clipper's error answer (too large, not JSON, unknown fields)."""
         unsupported = self.unsupported(content_type)
