@@ -356,6 +356,31 @@ def test_a_models_batching_settings_are_stored_and_mapped_onto_its_lambda_batche
     versions = ok(client.post("/admin/get_state", json={}))["models"]["mlp"]["versions"]
     assert {v["batch_size"] for v in versions.values()} == {32}  # as get_model says (get_state said -1)
 
+    # what the long-poll batchers apply: no application linked, their --slo-ms (100 ms), half of it as the most a
+    # batch waits (the 1,000 ms set is for the Lambda batcher's window), said in a note
+    assert done["long_poll_batchers"] == {
+        "latency_objective_ms": 100.0,
+        "objective_of": [],
+        "batch_wait_ms": 50.0,
+        "note": "batch_wait_ms 1000 is more than half the latency objective: the long-poll batchers wait 50 ms "
+        "(the Lambda batcher takes the setting)",
+    }
+    from clipper.core.domain import Application, InputType
+
+    for name, slo_micros in (("strict", 20_000), ("loose", 200_000)):
+        registry.put_app(Application(name, InputType.FLOATS, "0", slo_micros, input_shape=(64,)))
+        registry.link(name, "mlp")
+    shown = ok(client.post("/admin/get_model_batching", json={"model_name": "mlp"}))
+    assert shown["long_poll_batchers"]["latency_objective_ms"] == 10.0  # half the strictest SLO
+    assert shown["long_poll_batchers"]["objective_of"] == ["strict"]
+    assert shown["long_poll_batchers"]["batch_wait_ms"] == 5.0
+    short = {"model_name": "mlp", "controller": "aimd", "batch_wait_ms": 2}
+    assert ok(client.post("/admin/set_model_batching", json=short))["long_poll_batchers"] == {
+        "latency_objective_ms": 10.0,
+        "objective_of": ["strict"],
+        "batch_wait_ms": 2.0,
+    }
+
     refused = client.post("/admin/set_model_batching", json={"model_name": "mlp", "controller": "fixed"})
     assert refused.status_code == 400 and refused.json()["cause"].startswith("batch_size")
     assert client.post("/admin/set_model_batching", json={"model_name": "nope"}).status_code == 404

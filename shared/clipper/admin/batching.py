@@ -6,13 +6,16 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from clipper.admin import schemas
-from clipper.core.domain import BatchingSettings, ModelRecord
+from clipper.batching.model_config import FALLBACK_SLO_MS, SLO_FRACTION, RegistryBatcherConfig
+from clipper.core.domain import Application, BatchingSettings, ModelRecord
 from clipper.errors import InvalidInput, NotFound
 from clipper.models.serving import ServingStacks, check_idle, lambda_mapping
 
 
 class BatchingRegistry(Protocol):
     def model_record(self, name: str) -> ModelRecord: ...
+
+    def get_app(self, name: str) -> Application: ...
 
     def set_model_settings(self, model: str, *, batching: BatchingSettings | None = None) -> None: ...
 
@@ -58,4 +61,20 @@ def set_model_batching(
             "not_applied": not_applied,
         },
         "versions_without_lambda_batcher": without,
+        "long_poll_batchers": long_poll_batchers(registry, req.model_name),
     }
+
+
+def get_model_batching(registry: BatchingRegistry, model: str) -> dict[str, Any]:
+    return {
+        "model_name": model,
+        "batching": registry.model_record(model).batching.to_dict(),  # NotFound
+        "long_poll_batchers": long_poll_batchers(registry, model),
+    }
+
+
+def long_poll_batchers(registry: BatchingRegistry, model: str) -> dict[str, Any]:
+    """What the model's long-poll batchers (the local stack's, a GPU host's ``clipper-batcher``) batch by, with
+    their default ``--slo-fraction`` and ``--slo-ms``: read as they read it (``RegistryBatcherConfig``), so the
+    answer says when the batch wait they apply is less than the one set."""
+    return RegistryBatcherConfig(registry, model, SLO_FRACTION, FALLBACK_SLO_MS / 1000).load().applied()

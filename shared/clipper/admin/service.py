@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from clipper.admin import schemas
-from clipper.admin.batching import set_model_batching
+from clipper.admin.batching import get_model_batching, set_model_batching
 from clipper.admin.canary import (
     deleted_canary_event,
     end_by_hand,
@@ -328,7 +328,7 @@ class AdminService:
         return set_model_batching(self._registry, self._stacks, req)
 
     def get_model_batching(self, model: str) -> dict[str, Any]:
-        return {"model_name": model, "batching": self._registry.model_record(model).batching.to_dict()}
+        return get_model_batching(self._registry, model)
 
     def set_model_version(self, model: str, version: str) -> dict[str, Any]:
         record = self._registry.model_record(model)  # NotFound

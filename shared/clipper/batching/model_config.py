@@ -32,6 +32,10 @@ from clipper.errors import ClipperError, NotFound
 logger = logging.getLogger(__name__)
 
 WAIT_SHARE = 0.5  # the most of the batch latency objective a batch waits to fill
+# the long-poll batcher's defaults (clipper-batcher --slo-fraction, --slo-ms): what the management API's batching
+# answers say a model's batchers apply
+SLO_FRACTION = 0.5
+FALLBACK_SLO_MS = 100.0
 
 
 class ModelRegistry(Protocol):
@@ -65,6 +69,23 @@ class BatcherConfig:
         if self.batch_wait_s < b.batch_wait_ms / 1000:
             wait += f" (waits {self.batch_wait_s * 1000:g} ms: half the latency objective)"
         return f"{b.controller} ({size}), {wait}, latency objective {self.slo_s * 1000:g} ms ({source})"
+
+    def applied(self) -> dict[str, object]:
+        """What a long-poll batcher batches by, for the management API's answers: the latency objective and where
+        it comes from, and the batch wait it applies (``batch_wait_s``), with a note when that is less than the
+        model's setting."""
+        b = self.batching
+        view: dict[str, object] = {
+            "latency_objective_ms": round(self.slo_s * 1000, 3),
+            "objective_of": list(self.apps),  # the strictest linked applications; none: the batchers' --slo-ms
+            "batch_wait_ms": round(self.batch_wait_s * 1000, 3),
+        }
+        if self.batch_wait_s < b.batch_wait_ms / 1000:
+            view["note"] = (
+                f"batch_wait_ms {b.batch_wait_ms:g} is more than half the latency objective: the long-poll "
+                f"batchers wait {self.batch_wait_s * 1000:g} ms (the Lambda batcher takes the setting)"
+            )
+        return view
 
 
 class RegistryBatcherConfig:

@@ -22,7 +22,13 @@ from pydantic import ValidationError
 from clipper.adapters.cloudwatch_metrics import CloudWatchCounters
 from clipper.batching.acker import DEFAULT_LINGER_S
 from clipper.batching.longpoll import LongPollDriver
-from clipper.batching.model_config import BatcherConfig, ConfigFollower, RegistryBatcherConfig
+from clipper.batching.model_config import (
+    FALLBACK_SLO_MS,
+    SLO_FRACTION,
+    BatcherConfig,
+    ConfigFollower,
+    RegistryBatcherConfig,
+)
 from clipper.core.domain import BatchingSettings
 from clipper.errors import ClipperError, NotFound
 
@@ -54,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--slo-ms",
         type=float,
-        default=100.0,
+        default=FALLBACK_SLO_MS,
         help="latency objective of a batch, for every controller, while no application is linked (else "
         "--slo-fraction of the strictest linked one)",
     )
@@ -110,7 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--slo-fraction",
         type=float,
-        default=0.5,
+        default=SLO_FRACTION,
         help="the batch latency objective as a fraction of the strictest linked application's SLO (registry)",
     )
     p.add_argument(
