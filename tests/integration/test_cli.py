@@ -256,6 +256,21 @@ def test_batching_settings_from_the_command_line(api, capsys):
     assert clipper(api, "batching", "mlp", "--batch-size", "32", "--max-batch-size", "8") == 2  # both asked: refused
 
 
+def test_set_policy_turns_default_when_unsure_on_and_off(api, capsys):
+    def app() -> dict[str, Any]:
+        return json.loads(capsys.readouterr().out)
+
+    on = ["set-policy", "digits", "exp4", "--confidence-threshold", "0.9", "--default-when-unsure"]
+    assert clipper(api, *on) == 0
+    turned_on = app()
+    assert (turned_on["confidence_threshold"], turned_on["default_when_unsure"]) == (0.9, True)
+    assert clipper(api, "set-policy", "digits", "exp4", "--confidence-threshold", "0.75") == 0  # omitted: kept
+    kept = app()
+    assert (kept["confidence_threshold"], kept["default_when_unsure"]) == (0.75, True)
+    assert clipper(api, "set-policy", "digits", "exp4", "--no-default-when-unsure") == 0  # it could not be undone
+    assert app()["default_when_unsure"] is False
+
+
 def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
     import subprocess
     import sys

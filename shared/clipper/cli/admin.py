@@ -68,7 +68,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sp.add_argument("name")
     sp.add_argument("policy", choices=["single", "epsilon_greedy", "exp3", "exp4"])
     sp.add_argument("--confidence-threshold", type=number)
-    sp.add_argument("--default-when-unsure", action="store_true", default=None)
+    sp.add_argument(
+        "--default-when-unsure",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="exp4: answer the default output when the confidence is under the threshold (--no-...: say "
+        "low_confidence instead); omitted: as it is",
+    )
     pp = sub.add_parser("policy-params", help="an application's policy parameters (set them with options)")
     pp.add_argument("name")
     pp.add_argument("--eta", type=number, help="exp3's and exp4's learning rate")
