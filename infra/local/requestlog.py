@@ -2,7 +2,8 @@
 
     2025-05-01T10:00:00.123Z POST /digits/predict 200 3.2ms qid=4648994770124800
 
-(time the request arrived, UTC; method; path without the query string; status; time until the response was sent;
+(time the request arrived, UTC; method; path without the query string, percent-encoded again where it holds a space,
+a control character or a non-ASCII one, so a line is always six fields; status; time until the response was sent;
 the frontend's ``X-Clipper-Query-Id`` response header, or ``-``). ``grep ' 5[0-9][0-9] '``, ``awk '$5+0 > 20'``.
 
 It sits on the query path of the benchmarks, so a request costs one tuple appended to a deque: no body is read,
@@ -19,8 +20,12 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 QUERY_ID_HEADER = b"x-clipper-query-id"
+# what a path keeps as it is in the log (RFC 3986's path characters, and % itself: ASGI's path is decoded, so a
+# literal % stays one); a space, a newline or a non-ASCII letter is percent-encoded
+PATH_SAFE = "/:@!$&'()*+,;=-._~%"
 
 Entry = tuple[float, str, str, int, float, str]
 
@@ -55,7 +60,7 @@ class RequestLog:
             while self._pending:
                 at, method, path, status, ms, qid = self._pending.popleft()
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
-                lines.append(f"{stamp} {method} {path} {status} {ms:.1f}ms qid={qid}\n")
+                lines.append(f"{stamp} {method} {quote(path, safe=PATH_SAFE)} {status} {ms:.1f}ms qid={qid}\n")
             if not lines:
                 return 0
             try:

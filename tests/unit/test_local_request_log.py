@@ -53,6 +53,21 @@ def test_each_request_is_one_line_with_status_latency_and_query_id(tmp_path):
     assert log.flush() == 0 and len((tmp_path / "requests.log").read_text().splitlines()) == 2
 
 
+def test_a_path_with_a_space_or_a_newline_stays_one_line_of_six_fields(tmp_path):
+    log = RequestLog(tmp_path / "requests.log")
+    for path in ("/_x y/predict", "/a\nPOST /forged/predict", "/caf\u00e9/predict", "/100%/predict"):
+        call(logged(app_answering(404, None), log), "POST", path)  # ASGI's path: percent-decoded
+    log.flush()
+    lines = (tmp_path / "requests.log").read_text().splitlines()
+    assert [line.split(" ")[2] for line in lines] == [
+        "/_x%20y/predict",
+        "/a%0APOST%20/forged/predict",
+        "/caf%C3%A9/predict",
+        "/100%/predict",
+    ]
+    assert all(len(line.split(" ")) == 6 and line.split(" ")[3] == "404" for line in lines)
+
+
 def test_a_failing_app_is_logged_as_a_500(tmp_path):
     async def broken(scope, receive, send):
         raise RuntimeError("bug")
