@@ -296,12 +296,15 @@ class LocalStack:
         except OSError as e:
             log(f"sample query not answered: {e}")
         keep = ("CLIPPER_", "AWS_", "REDIS")
+        # `clipper logs` finds a state folder other than the repository's .local-stack by this variable
+        default = self.dir.resolve() == (self.repo / ".local-stack").resolve()
+        where = "" if default else f" CLIPPER_LOCAL_STATE_DIR={self.dir}"
         (self.dir / "env.json").write_text(json.dumps({k: v for k, v in self.env.items() if k.startswith(keep)}))
         print(
             f"\nClipper local stack ready in {took_s:.0f} s: {url}  (state, logs: {self.dir}; Ctrl-C stops it)\n"
             f"  curl -s -X POST {url}/{demo.APP}/predict -H 'Content-Type: application/json' -d '{body}'\n"
             f"  OpenAPI: {url}/docs (queries), {url}/admin/docs (management)\n"
-            f"  admin:   export CLIPPER_URL={url} CLIPPER_ADMIN_TOKEN={self.env['CLIPPER_ADMIN_TOKEN']}\n"
+            f"  admin:   export CLIPPER_URL={url} CLIPPER_ADMIN_TOKEN={self.env['CLIPPER_ADMIN_TOKEN']}{where}\n"
             f"  logs:    tail -f {self.dir}/logs/*.log {self.dir}/requests.log; processes: {self.dir}/processes.json\n",
             flush=True,
         )

@@ -83,6 +83,9 @@ def test_make_run_supervises_its_processes_keeps_its_state_and_stops_cleanly(dem
     try:
         local.wait_ready()
         token = re.search(r"CLIPPER_ADMIN_TOKEN=(\S+)", local.output).group(1)
+        # a state folder other than .local-stack is in the export line, for `clipper logs` from anywhere
+        exported = rf"export CLIPPER_URL=\S+ CLIPPER_ADMIN_TOKEN=\S+ CLIPPER_LOCAL_STATE_DIR={re.escape(str(state))}\n"
+        assert re.search(exported, local.output), local.output[-2000:]
         curl_line_answers(local.output, port)
         background_work_runs_behind_the_queries(state)
         one_feedback_after_an_idle_spell_is_applied(url, state, x[0])

@@ -60,7 +60,11 @@ def run_logs(args: argparse.Namespace) -> int:
     if not args.process:
         listed = processes(folder)
         if listed is None:  # no stack there (as no API at a URL: 1), not a bad argument (2)
-            print(f"clipper: no local stack state in {folder} (is `make run` running from here?)", file=sys.stderr)
+            print(
+                f"clipper: no local stack state in {folder}: run this from where `make run` runs, or name its state "
+                "folder (--state-dir, or CLIPPER_LOCAL_STATE_DIR as make run had it)",
+                file=sys.stderr,
+            )
             return 1
         width = max(len(p["name"]) for p in listed) if listed else 8
         for p in listed:
