@@ -129,6 +129,27 @@ def test_receiver_accepts_feedback_of_an_application_its_copy_holds_while_the_re
         receiver.accept("never-held", {"input": one_hot(2), "label": 2})  # never held: read, and unavailable
 
 
+def test_feedback_on_an_input_no_linked_model_takes_is_refused_as_its_query_is():
+    """A shapeless application takes flat inputs of any length, but predict refuses one that fits none of its
+    linked models' shapes (a 400 naming the shape); update accepted it and the worker dropped it later as having
+    no record (found by a new user). Refused the same way now; an input that fits, or a 64-value one shaped 8x8,
+    is accepted, and an application with no linked model has nothing to check against."""
+    inner = InMemoryRegistry()
+    inner.apps["shapeless"] = digits_app(name="shapeless", input_shape=None)
+    inner.links["shapeless"] = ["mlp"]
+    inner.versions[("mlp", "1")] = model_version(input_shape=(8, 8))
+    inner.active["mlp"] = "1"
+    queue = ListQueue()
+    receiver = FeedbackReceiver(inner, queue, "https://sqs.local/feedback")
+    with pytest.raises(InvalidInput, match=r"input: expected shape \[8, 8\] \(or 64 flat values\).*shape \[60\]"):
+        receiver.accept("shapeless", {"input": [0.5] * 60, "label": 1})
+    assert queue.sent == []
+    assert receiver.accept("shapeless", {"input": one_hot(3), "label": 3})["accepted"]
+    inner.links["shapeless"] = []
+    assert receiver.accept("shapeless", {"input": [0.5] * 60, "label": 1})["accepted"]
+    assert len(queue.sent) == 2
+
+
 def test_feedback_after_a_quiet_while_is_checked_against_the_application_as_it_is_now():
     """The receiver validated against the copy's application however old: 15 s after delete_app a feedback was
     accepted (200) and dropped by the worker as "unknown_app" (found by a review helper). Held past its staleness

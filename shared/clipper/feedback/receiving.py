@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from clipper.core.cache_keys import record_keys
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Payload, encode_rows, sqs_text
 from clipper.core.registry_cache import held_app, reread_app
-from clipper.core.validation import json_kind, validate_query
-from clipper.errors import InvalidInput, MalformedMessage, Unavailable
+from clipper.core.validation import QueryInput, fit_models, json_kind, validate_query
+from clipper.errors import ClipperError, InvalidInput, MalformedMessage, Unavailable
 from clipper.ports import PredictionCache, Registry, RequestQueue
 
 logger = logging.getLogger(__name__)
@@ -195,6 +195,19 @@ class FeedbackReceiver:
             return None
         return record if isinstance(record, dict) else None
 
+    def _check_fits_a_model(self, app: Any, query: QueryInput) -> None:
+        """An application without a shape takes inputs of any length, but a model registered with a shape takes no
+        other: an input that fits none of the linked models' shapes is refused, as a query of it is (``InvalidInput``
+        naming ``input`` and the shapes), not accepted and then skipped for having no record. Every linked model's
+        active version, so nothing a query can be answered for is refused; not checked while the registry cannot
+        be read (the worker reads it again)."""
+        try:
+            linked = [self._registry.active_version(m) for m in self._registry.linked_models(app.name)]
+        except ClipperError:
+            return
+        if linked:
+            fit_models(app, query, linked, linked)
+
     def _read_record(self, key: str) -> Any:
         assert self._cache is not None
         return self._cache.get_many([key], timeout=RECORD_READ_S).get(key)
@@ -222,6 +235,8 @@ class FeedbackReceiver:
         if "input" not in body:
             raise InvalidInput("input", 'the input the label is for (a feedback is {"input": ..., "label": ...})')
         query = validate_query(app, {"input": body["input"]})
+        if app.input_shape is None and isinstance(query.rows, np.ndarray):
+            self._check_fits_a_model(app, query)
         label = validate_label(body)
         payload, blob = encode_rows(query.rows)
         if blob is not None:  # its size as sent: .npy in base64, or the strings' JSON
