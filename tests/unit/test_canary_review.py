@@ -171,3 +171,37 @@ def test_an_unavailable_registry_is_said_once_not_a_traceback_a_round(caplog):
         "canary reviews go on: the registry answers again",
     ]
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_with_the_touched_models_only_a_sweep_scans_for_canaries_and_each_round_reviews_the_running_ones():
+    """The local feedback worker's reviews: the scan for every canary (a registry scan a second made most of moto's
+    idle requests) runs at the first round and each ``sweep_s``; each round reviews the canaries that sweep found
+    and still run (their error and SLO guards need no feedback) and the models whose evidence grew."""
+    reviewer, registry, evidence, _control, metrics = world("mlp", "cnn")
+    del registry.canaries["cnn"]  # started later: found by the next sweep, or by its feedback
+    scans, reviewed, rounds = [], [], []
+    reviewer._model_names = lambda: scans.append(1) or sorted(registry.canaries)
+    review = reviewer.review
+    reviewer.review = lambda model: reviewed.append(model) or review(model)  # type: ignore[method-assign]
+    stop = threading.Event()
+
+    def touched():
+        rounds.append(1)
+        if len(rounds) == 3:  # the mlp's counts cross the rate guard (no feedback): rolled back at the next round
+            counts(evidence, VersionEvidence(queries=900, errors=9), VersionEvidence(queries=100, errors=10))
+        if len(rounds) == 5:  # a canary of cnn starts and its feedback comes: reviewed in that round
+            registry.canaries["cnn"] = CANARY
+            return ["cnn"]
+        if len(rounds) >= 7:
+            stop.set()
+        return []
+
+    reviewer.run(stop, every_s=0.001, touched=touched, sweep_s=3600)
+    assert scans == [1]  # the first round's sweep only
+    assert metrics.counted == [("mlp", "rollback")] and "mlp" not in registry.canaries
+    assert reviewed == ["mlp", "mlp", "mlp", "cnn", "cnn", "cnn"]  # mlp until rolled back; cnn from its feedback on
+    stop.clear()
+    scans.clear()
+    rounds.clear()
+    reviewer.run(stop, every_s=0.001, touched=touched, sweep_s=0)  # a sweep each round
+    assert len(scans) == len(rounds) >= 5

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -104,10 +105,8 @@ class CanaryReviewer:
 
     def review_all(self) -> dict[str, Decision]:
         """Review every model with a canary; one model's failure is logged and the others are reviewed."""
-        if self._model_names is None:
-            raise TypeError("the registry lists no models: give the reviewer model_names")
         decisions = {}
-        for model in self._model_names():
+        for model in self._names():
             try:
                 decision = self.review(model)
             except Unavailable as e:  # the registry or the evidence store: the next round tries again
@@ -128,14 +127,35 @@ class CanaryReviewer:
             except Exception:
                 logger.exception("canary review failed", extra={"model": model})
 
-    def run(self, stop: threading.Event, every_s: float = 1.0) -> None:
-        """Review every model each ``every_s`` until ``stop``; no failure stops the loop. The registry unavailable
-        (a throttle, the local emulator restarting) is one warning when it starts and one line when it ends, not
-        a traceback a second."""
+    def run(
+        self,
+        stop: threading.Event,
+        every_s: float = 1.0,
+        touched: Callable[[], Iterable[str]] | None = None,
+        sweep_s: float = 0.0,
+    ) -> None:
+        """Review every model with a canary each ``every_s`` until ``stop``; no failure stops the loop. The
+        registry unavailable (a throttle, the local emulator restarting) is one warning when it starts and one
+        line when it ends, not a traceback a second.
+
+        With ``touched`` (the models whose evidence grew since it was last called: ``FeedbackProcessor.take_touched``)
+        the models with a canary are found each ``sweep_s`` (a scan of the registry's models), not each round: a
+        round reviews those found at the last sweep and still running, and the touched ones. So an idle registry
+        is scanned each ``sweep_s`` rather than each second, a running canary is still reviewed each round (its
+        error and SLO guards need no feedback), and one started since the last sweep is reviewed once its
+        feedback comes or at the next sweep."""
         down = False
+        running: set[str] = set()
+        swept = time.monotonic() - sweep_s  # the first round sweeps
         while not stop.wait(every_s):
             try:
-                self.review_all()
+                if touched is None:
+                    self.review_all()
+                else:
+                    if time.monotonic() - swept >= sweep_s:
+                        running = set(self._names())  # (unavailable: the touched ones wait for the next round)
+                        swept = time.monotonic()
+                    running = self._review_running(running | set(touched()))
             except Unavailable as e:
                 if not down:
                     logger.warning("canary reviews wait for the registry: %s", e)
@@ -146,3 +166,26 @@ class CanaryReviewer:
             if down:
                 logger.warning("canary reviews go on: the registry answers again")
                 down = False
+
+    def _names(self) -> Iterable[str]:
+        if self._model_names is None:
+            raise TypeError("the registry lists no models: give the reviewer model_names")
+        return self._model_names()
+
+    def _review_running(self, models: set[str]) -> set[str]:
+        """Review these models; those whose canary still runs (or whose review failed) are returned."""
+        still: set[str] = set()
+        for model in sorted(models):
+            try:
+                decision = self.review(model)
+            except Unavailable as e:
+                logger.warning("canary review of %s waits: %s", model, e)
+                still.add(model)
+                continue
+            except Exception:
+                logger.exception("canary review failed", extra={"model": model})
+                still.add(model)
+                continue
+            if decision is not None and decision.kind == "continue":
+                still.add(model)
+        return still

@@ -18,9 +18,11 @@ and the loop goes on):
 - with the prediction cache off (``CLIPPER_CACHE_ENABLED=false``) or no selection table, feedback cannot be
   joined with the predictions it is about: the worker says so once at start and deletes each message it skips.
 
-Beside the loop, a thread reviews every model with a running canary each second (``clipper.canary.review``):
-it promotes or rolls back a canary once the evidence says so (``CanaryDecisions`` sent with PutMetricData);
-no failure stops it.
+Beside the loop, a thread reviews the running canaries each second (``clipper.canary.review``): those found by
+a scan of the registry's models each ``SWEEP_S`` and those whose evidence the feedback applied since grew (a canary
+started since the last scan is reviewed once its feedback comes, as the feedback function does on AWS, or at the
+next scan). It promotes or rolls back a canary once the evidence says so (``CanaryDecisions`` sent with
+PutMetricData); no failure stops it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from clipper.ports import QueueReader, ReceivedMessage
 logger = logging.getLogger("clipper.feedback_worker")
 # Each receive's long poll (SQS's longest): on an idle queue three requests a minute.
 POLL_S = 20
+# How often the registry's models are scanned for running canaries (each found is then reviewed each second, as is
+# one whose evidence grew): the scan each second was most of the idle stack's requests to moto.
+SWEEP_S = 10.0
 
 
 class FeedbackWorker:
@@ -165,13 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     dynamodb = aws_client("dynamodb")
     store, cache = selection_store(settings, dynamodb), prediction_cache(settings, dynamodb)
     apply = None
+    touched = None
     why_not = ""
     if cache is None:
         why_not = "the prediction cache is off (CLIPPER_CACHE_ENABLED=false), so no prediction is recorded to join with"
     elif store is None:
         why_not = "no selection table (CLIPPER_SELECTION_TABLE) holds bandit states"
     else:
-        apply = build_feedback_processor(settings, dynamodb).process
+        processor = build_feedback_processor(settings, dynamodb)
+        apply, touched = processor.process, processor.take_touched
     if why_not:
         logger.warning("feedback is not learned: %s; each message is deleted unapplied", why_not)
     # the client waits longer than a long poll: one that gave up first left moto's poll open, and a message that
@@ -195,9 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     reviewer = build_canary_reviewer(settings, dynamodb, CloudWatchCanaryMetrics(aws_client("cloudwatch")))
-    reviews = threading.Thread(target=reviewer.run, args=(stop,), name="clipper-canary-review", daemon=True)
+    reviews = threading.Thread(
+        target=reviewer.run,
+        args=(stop,),
+        kwargs={"touched": touched, "sweep_s": SWEEP_S},
+        name="clipper-canary-review",
+        daemon=True,
+    )
     reviews.start()
-    logger.info("feedback worker polling %s; reviewing canaries each second", args.queue_url)
+    logger.info(
+        "feedback worker polling %s; reviewing running canaries each second (looked for every %g s)",
+        args.queue_url,
+        SWEEP_S,
+    )
     receiving = threading.Thread(target=worker.run, args=(stop,), name="clipper-feedback", daemon=True)
     receiving.start()
     while not stop.wait(0.5):  # this thread takes the signals; the loop's long poll is not interrupted by them

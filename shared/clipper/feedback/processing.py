@@ -5,6 +5,7 @@ applied to the bandit states and the canary evidence (the package's docstring sa
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -91,10 +92,13 @@ class FeedbackProcessor:
     evidence: CanaryFeedbackEvidence | None = None
     touched: set[str] = field(default_factory=set)
     log: FeedbackRecorder | None = None  # the feedback log of the selection report: never fails the feedback
+    # the local worker's canary reviews take the touched models on a thread of their own
+    _touched_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def take_touched(self) -> set[str]:
         """The models whose canary evidence grew since the last call."""
-        touched, self.touched = self.touched, set()
+        with self._touched_lock:
+            touched, self.touched = self.touched, set()
         return touched
 
     def process(self, message: FeedbackMessage) -> Outcome:
@@ -276,7 +280,8 @@ class FeedbackProcessor:
                 continue  # a version that is in neither side of the trial (switched since the query)
             delta = VersionEvidence.of_feedback(min(1.0, max(0.0, loss(output, msg.label, scale))))
             if self.evidence.add_once(model, canary.trial, version, delta, msg.feedback_id):
-                self.touched.add(model)
+                with self._touched_lock:
+                    self.touched.add(model)
 
     def _serving(
         self, registry: Registry, outputs: dict[str, Any], answered: dict[str, str], active: dict[str, str]
