@@ -107,14 +107,7 @@ class CanaryReviewer:
         """Review every model with a canary; one model's failure is logged and the others are reviewed."""
         decisions = {}
         for model in self._names():
-            try:
-                decision = self.review(model)
-            except Unavailable as e:  # the registry or the evidence store: the next round tries again
-                logger.warning("canary review of %s waits: %s", model, e)
-                continue
-            except Exception:
-                logger.exception("canary review failed", extra={"model": model})
-                continue
+            _, decision = self._review_logged(model)
             if decision is not None:
                 decisions[model] = decision
         return decisions
@@ -122,10 +115,18 @@ class CanaryReviewer:
     def review_many(self, models: Iterable[str]) -> None:
         """Review these models (those whose evidence just grew); failures are logged."""
         for model in sorted(models):
-            try:
-                self.review(model)
-            except Exception:
-                logger.exception("canary review failed", extra={"model": model})
+            self._review_logged(model)
+
+    def _review_logged(self, model: str) -> tuple[bool, Decision | None]:
+        """``review``, its failure logged: (False, None) when it failed (the registry or the evidence store
+        unavailable: the next round tries again; anything else with its traceback)."""
+        try:
+            return True, self.review(model)
+        except Unavailable as e:
+            logger.warning("canary review of %s waits: %s", model, e)
+        except Exception:
+            logger.exception("canary review failed", extra={"model": model})
+        return False, None
 
     def run(
         self,
@@ -176,16 +177,7 @@ class CanaryReviewer:
         """Review these models; those whose canary still runs (or whose review failed) are returned."""
         still: set[str] = set()
         for model in sorted(models):
-            try:
-                decision = self.review(model)
-            except Unavailable as e:
-                logger.warning("canary review of %s waits: %s", model, e)
-                still.add(model)
-                continue
-            except Exception:
-                logger.exception("canary review failed", extra={"model": model})
-                still.add(model)
-                continue
-            if decision is not None and decision.kind == "continue":
+            ok, decision = self._review_logged(model)
+            if not ok or (decision is not None and decision.kind == "continue"):
                 still.add(model)
         return still
