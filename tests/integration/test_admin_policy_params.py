@@ -65,7 +65,12 @@ def test_bad_parameters_are_refused_naming_the_field_and_change_nothing(admin, a
 def test_the_client_and_the_cli_set_them(api, capsys) -> None:  # noqa: F811
     conn = ClipperConnection(api["url"], TOKEN)
     conn.set_app_policy("digits", "exp4")
-    assert conn.set_policy_params("digits", eta=0.3, k=1)["policy_params_in_use"]["k"] == 1
+    one = conn.set_policy_params("digits", eta=0.3, k=1)
+    assert one["policy_params_in_use"]["k"] == 1 and "note" not in one
+    many = conn.set_policy_params("digits", k=9)  # accepted (the links may change), and said to be all of them
+    assert many["policy_params_in_use"]["k"] == 9
+    assert many["note"] == "k 9 is more than the models linked (1): each of them answers"
+    conn.set_policy_params("digits", k=1)
     with pytest.raises(AdminError) as refused:
         conn.set_policy_params("digits", gamma=0.5)
     assert refused.value.status == 400 and refused.value.cause.startswith("gamma: expected a parameter of exp4")

@@ -29,4 +29,8 @@ def set_policy_params(registry: PolicyRegistry, req: schemas.SetPolicyParams) ->
     check_params(app.policy, params, changed=sorted(n for n, v in changes.items() if v is not None))
     updated = replace(app, policy_params=params)
     registry.put_app(updated, overwrite=True)
-    return {**app_info(updated, links), "policy_params_in_use": vars(policy_for(app.policy, params))}
+    answer = {**app_info(updated, links), "policy_params_in_use": vars(policy_for(app.policy, params))}
+    k = params.k if app.policy == "exp4" else None
+    if k is not None and k > len(links):  # accepted: the links may change after it
+        answer["note"] = f"k {k} is more than the models linked ({len(links)}): each of them answers"
+    return answer
