@@ -299,6 +299,11 @@ def _npy_header(descr: str, shape: str) -> bytes:
         (_npy_header("<f4", "(1000000000000000000000000000000, 0)"), NPY, 400, "malformed .npy header: shape"),
         (_npy_header("(64,)<f4", "(1,)") + bytes(256), NPY, 400, "a dtype of plain values is expected"),
         (b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", JSON, 400, "nested too deeply"),
+        # found by a new user: both keys (the inputs' three rows were dropped for the instances' one), and a value
+        # that is finite as sent and infinite as float32 (the cast is not safe)
+        (json.dumps({"inputs": [[0.0] * 64] * 3, "instances": [[0.0] * 64]}).encode(), JSON, 400, "got both"),
+        (json.dumps({"instances": [[1e300] + [0.0] * 63]}).encode(), JSON, 400, "a value out of float32's range"),
+        (_npy(np.full((1, 64), -1e39)), NPY, 400, "a value out of float32's range (+-3.403e+38)"),
     ],
 )
 def test_a_wrong_request_gets_a_4xx_naming_the_expectation(
@@ -312,7 +317,13 @@ def test_a_wrong_request_gets_a_4xx_naming_the_expectation(
 
 def test_other_methods_and_paths(mlp_server: Server) -> None:
     assert mlp_server.request("GET", "/invocations")[0] == 405
-    assert mlp_server.request("GET", "/nowhere")[0] == 404
+    # every error is {"error": ...} (a 404 and a 405 of the router were text/plain)
+    for method, path, status in (("GET", "/nowhere", 404), ("POST", "/ping", 405), ("DELETE", "/metadata", 405)):
+        got, media, body = mlp_server.request(method, path)
+        assert (got, media) == (status, JSON)
+        assert f"{method} {path}: " in _error(body) and "POST /invocations" in _error(body)
+    # a NaN as sent is not a cast's doing: it reaches the model (a tree model may take it as missing)
+    assert mlp_server.post(_npy(np.full((1, 64), np.nan)), NPY)[0] == 200
     # The server still serves after every error above.
     status, _, body = mlp_server.post(_npy(np.zeros((1, 64), np.float32)), NPY)
     assert status == 200
@@ -359,6 +370,25 @@ def test_the_batchers_client_against_the_server(
     with pytest.raises(EndpointError, match="endpoint answered 400"):
         endpoint.predict(np.zeros((2, 3), np.float32))
     assert endpoint.predict(holdout[0][:2]) == expected[:2].tolist()  # the connection survives a 400
+
+
+def test_a_chunked_body_over_the_limit_is_refused_in_one_piece_too(models_dir: Path, tmp_path: Path) -> None:
+    """Found by a new user: a body without Content-Length (chunked) whose whole came in the first read passed the
+    --max-body-bytes check (only the later pieces were counted)."""
+    server = _start(models_dir / "mlp" / "1", tmp_path / "limit.log", "--max-body-bytes", "2000")
+    try:
+        _wait_ready(server)
+        body = json.dumps({"instances": [[0.0] * 64] * 12}).encode()  # ~3 KB
+        assert len(body) > 2000
+        for pieces in ([body], [body[:1000], body[1000:]]):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                head = "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                chunks = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces)
+                sock.sendall(head.encode() + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+                answer = sock.makefile("rb").readline()
+            assert answer.split()[1] == b"413", (pieces, answer)
+    finally:
+        _stop(server)
 
 
 def test_the_client_sends_a_batch_the_server_refuses_as_too_large_in_parts(

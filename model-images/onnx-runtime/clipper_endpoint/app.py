@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -192,6 +193,8 @@ class Invoker:
             raise InputError(f"body is not valid JSON ({e}); expected {expected}") from e
         rows = None
         if isinstance(payload, dict):
+            if "instances" in payload and "inputs" in payload:
+                raise InputError(f'got both "instances" and "inputs"; expected {expected}')
             rows = payload.get("instances", payload.get("inputs"))
         if not isinstance(rows, list):
             raise InputError(f"expected {expected}")
@@ -295,6 +298,8 @@ class EndpointApp:
     async def _read_body(self, receive: Receive) -> bytes | None:
         message = await receive()
         body: bytes = message.get("body", b"")
+        if len(body) > self.max_body_bytes:  # a body without Content-Length (chunked) that came in one piece
+            raise _BodyTooLarge
         if not message.get("more_body", False):
             return body
         chunks = [body]
@@ -379,9 +384,20 @@ def create_app(
             Route("/invocations", _method_not_allowed, methods=["GET"]),
         ],
         lifespan=lifespan,
+        exception_handlers={404: _routing_error, 405: _routing_error},  # errors are JSON, as every other answer
     )
     logger.info("serving batches %s", "on one worker thread" if executor else "on the event loop")
     return EndpointApp(Invoker(model), fallback, max_body_bytes=max_body_bytes, executor=executor, health=health)
+
+
+async def _routing_error(request: Request, exc: Exception) -> Response:
+    """A path the server does not have (404) or a method its path does not take (405), as ``{"error": ...}``."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    what = "no such path" if status == 404 else "method not allowed"
+    routes = "GET /ping, GET /metadata, POST /invocations"
+    headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
+    body = _error_body(f"{request.method} {request.url.path}: {what} ({routes})")
+    return Response(body, status_code=status, media_type=JSON, headers=headers)
 
 
 async def _method_not_allowed(request: Request) -> Response:

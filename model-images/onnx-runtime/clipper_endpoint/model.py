@@ -283,7 +283,13 @@ class OnnxModel:
             elif batch.dtype.kind == "O" and not all(isinstance(v, str) for v in batch.flat):
                 raise InputError(f"{self.expectation}, got values that are not all strings")
             return np.ascontiguousarray(batch, dtype=object)
-        return np.ascontiguousarray(batch, dtype=self.dtype)
+        cast = np.ascontiguousarray(batch, dtype=self.dtype)
+        if self.dtype.kind == "f" and batch.dtype.kind == "f" and batch.dtype.itemsize > self.dtype.itemsize:
+            overflowed = ~np.isfinite(cast)  # finite as sent (1e300), infinite as the model's dtype: not a safe cast
+            if overflowed.any() and np.isfinite(batch[overflowed]).any():
+                limit = float(np.finfo(self.dtype).max)
+                raise InputError(f"{self.expectation}, got a value out of {self.dtype_name}'s range (+-{limit:.4g})")
+        return cast
 
     @staticmethod
     def _dtype_text(batch: np.ndarray) -> str:
