@@ -126,6 +126,15 @@ def test_clipper_cost_prints_the_model_for_the_figures_given(tmp_path, capsys):
     assert "make bench-cost" in capsys.readouterr().err
     assert main(["cost", "--rate", "1", "--figures", str(figures), "--instance-type", "ml.nope"]) == 2
     assert "no price for instance type" in capsys.readouterr().err
+    # the instance type the figures are for is said (the template deploys another by default); an engine given
+    # with the DynamoDB store, which has none, is refused (it was ignored)
+    assert main(["cost", "--rate", "100", "--figures", str(figures)]) == 0
+    assert "model endpoint: ml.c5.large, 2 vCPUs" in capsys.readouterr().out
+    both = ["--store", "dynamodb", "--cache-engine", "redis"]
+    assert main(["cost", "--rate", "1", "--figures", str(figures), *both]) == 2
+    assert "--cache-engine" in capsys.readouterr().err
+    assert main(["cost", "--rate", "1", "--figures", str(figures), "--cache-engine", "redis", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["deployment"]["cache_engine"] == "redis"
 
 
 def test_the_benchmark_table_has_a_row_per_system_and_a_cell_per_rate():

@@ -25,12 +25,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--prices", type=Path, help="a prices file of your own (default: the package's prices.json)")
     p.add_argument("--store", choices=["redis", "dynamodb"], default="redis", help="cache and reply channel")
     p.add_argument(
-        "--cache-engine", choices=["valkey", "redis"], default="valkey", help="ElastiCache Serverless engine"
+        "--cache-engine",
+        choices=["valkey", "redis"],
+        default=None,
+        help="ElastiCache Serverless engine, with --store redis (default: valkey)",
     )
     p.add_argument("--cache-gb", type=float, default=0.0, help="GB the cache holds (default: the engine's minimum)")
     p.add_argument("--memory-mb", type=int, default=1024, help="the frontend Lambda's memory (FrontendMemorySize)")
     p.add_argument("--arch", choices=["x86_64", "arm64"], default="x86_64", help="the frontend Lambda's architecture")
-    p.add_argument("--instance-type", default="ml.c5.large", help="the model endpoint's instance type")
+    p.add_argument(
+        "--instance-type",
+        default="ml.c5.large",
+        help="the model endpoint's instance type (default: ml.c5.large, a CPU instance as the row cost was measured "
+        "on; the template deploys ModelInstanceType, ml.g4dn.xlarge by default)",
+    )
     p.add_argument("--vcpus", type=int, default=2, help="vCPUs of that instance type (one model thread each)")
     p.add_argument("--hit-ratio", type=float, default=0.0, help="share of queries the prediction cache answers")
     p.add_argument("--models", type=int, default=1, help="models per query (an exp4 ensemble's size; an endpoint each)")
@@ -53,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     ):
         if not ok:
             raise SystemExit(f"clipper: {option}: {wanted}, got {value:g}")
+    if args.store == "dynamodb" and args.cache_engine is not None:
+        raise SystemExit("clipper: --cache-engine: an ElastiCache engine, for --store redis (dynamodb has none)")
     prices = Prices.load(args.prices)
     if args.instance_type not in prices["sagemaker_instance_hour"]:
         known = ", ".join(sorted(prices["sagemaker_instance_hour"]))
@@ -62,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         frontend_memory_mb=args.memory_mb,
         architecture=args.arch,
         store=args.store,
-        cache_engine=args.cache_engine,
+        cache_engine=args.cache_engine or "valkey",
         cache_gb=args.cache_gb,
         instance_type=args.instance_type,
         instance_vcpus=args.vcpus,
@@ -78,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"prices": prices.label, "deployment": dataclasses.asdict(deployment), "cost": out}, indent=2))
         return 0
     print(f"{prices.label}; figures: {figures.source}")
+    print(f"model endpoint: {args.instance_type}, {args.vcpus} vCPUs (--instance-type, --vcpus)")
     print(f"{'system':<52} {'USD / million':>14} {'USD / month':>12}")
     for c in costs.values():
         print(f"{c.system:<52} {c.per_million:>14.3f} {c.per_month:>12.2f}")
