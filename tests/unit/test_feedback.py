@@ -145,9 +145,27 @@ def test_feedback_on_an_input_no_linked_model_takes_is_refused_as_its_query_is()
         receiver.accept("shapeless", {"input": [0.5] * 60, "label": 1})
     assert queue.sent == []
     assert receiver.accept("shapeless", {"input": one_hot(3), "label": 3})["accepted"]
+    # a canary of another shape answers that shape's queries: its feedback is accepted (the canary's evidence)
+    from clipper.core.domain import Canary
+
+    inner.versions[("mlp", "2")] = model_version(version="2", input_shape=(60,))
+    inner.canaries["mlp"] = Canary("2", 0.5, 1_700_000_000.0)
+    assert receiver.accept("shapeless", {"input": [0.5] * 60, "label": 1})["accepted"]
+    del inner.canaries["mlp"]
+    # the single policy's queries go to its first linked model only: one that fits the second is refused; a linked
+    # model with no active version leaves the others' check in place
+    inner.versions[("cnn", "1")] = model_version("cnn", input_shape=(60,))
+    inner.active["cnn"] = "1"
+    inner.links["shapeless"] = ["mlp", "cnn", "gone"]
+    with pytest.raises(InvalidInput, match=r"shape \[8, 8\]"):
+        receiver.accept("shapeless", {"input": [0.5] * 60, "label": 1})
+    inner.apps["shapeless"] = digits_app(name="shapeless", input_shape=None, policy="exp3")  # every linked one
+    assert receiver.accept("shapeless", {"input": [0.5] * 60, "label": 1})["accepted"]
+    with pytest.raises(InvalidInput, match=r"the rows of models cnn, mlp, got shape \[59\]"):
+        receiver.accept("shapeless", {"input": [0.5] * 59, "label": 1})
     inner.links["shapeless"] = []
     assert receiver.accept("shapeless", {"input": [0.5] * 60, "label": 1})["accepted"]
-    assert len(queue.sent) == 2
+    assert len(queue.sent) == 4
 
 
 def test_feedback_after_a_quiet_while_is_checked_against_the_application_as_it_is_now():

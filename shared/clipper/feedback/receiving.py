@@ -22,7 +22,7 @@ from clipper.core.cache_keys import record_keys
 from clipper.core.messages import MAX_INLINE_PAYLOAD, Payload, encode_rows, sqs_text
 from clipper.core.registry_cache import held_app, reread_app
 from clipper.core.validation import QueryInput, fit_models, json_kind, validate_query
-from clipper.errors import ClipperError, InvalidInput, MalformedMessage, Unavailable
+from clipper.errors import ClipperError, InvalidInput, MalformedMessage, NotFound, Unavailable
 from clipper.ports import PredictionCache, Registry, RequestQueue
 
 logger = logging.getLogger(__name__)
@@ -197,16 +197,27 @@ class FeedbackReceiver:
 
     def _check_fits_a_model(self, app: Any, query: QueryInput) -> None:
         """An application without a shape takes inputs of any length, but a model registered with a shape takes no
-        other: an input that fits none of the linked models' shapes is refused, as a query of it is (``InvalidInput``
-        naming ``input`` and the shapes), not accepted and then skipped for having no record. Every linked model's
-        active version, so nothing a query can be answered for is refused; not checked while the registry cannot
-        be read (the worker reads it again)."""
+        other: an input that fits none of the versions a query of it could go to is refused, as the query is
+        (``InvalidInput`` naming ``input`` and the shapes), not accepted and then skipped for having no record.
+        Those versions: the first linked model's for the ``single`` policy, every linked model's otherwise; of
+        each, the active version and a running canary's. A model with neither is left out; nothing is checked
+        while the registry cannot be read (the worker reads it again)."""
         try:
-            linked = [self._registry.active_version(m) for m in self._registry.linked_models(app.name)]
+            names = self._registry.linked_models(app.name)
+            if app.policy == "single":
+                names = names[:1]
+            pool = []
+            for name in names:
+                with contextlib.suppress(NotFound):
+                    pool.append(self._registry.active_version(name))
+                canary = self._registry.canary(name)
+                if canary is not None:
+                    with contextlib.suppress(NotFound):
+                        pool.append(self._registry.get_version(name, canary.version))
         except ClipperError:
             return
-        if linked:
-            fit_models(app, query, linked, linked)
+        if pool:
+            fit_models(app, query, pool, pool)
 
     def _read_record(self, key: str) -> Any:
         assert self._cache is not None
