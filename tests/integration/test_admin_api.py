@@ -362,10 +362,13 @@ def test_a_models_batching_settings_are_stored_and_mapped_onto_its_lambda_batche
         "latency_objective_ms": 100.0,
         "objective_of": [],
         "batch_wait_ms": 50.0,
-        "note": "batch_wait_ms 1000 is more than half the latency objective: the long-poll batchers wait 50 ms "
+        "note": "no application is linked: each batcher batches by its own --slo-ms (shown: its default, 100 ms); "
+        "batch_wait_ms 1000 is more than half the latency objective: the long-poll batchers wait 50 ms "
         "(the Lambda batcher takes the setting)",
     }
-    from clipper.core.domain import Application, InputType
+    from dataclasses import replace
+
+    from clipper.core.domain import Application, BatchingSettings, InputType
 
     for name, slo_micros in (("strict", 20_000), ("loose", 200_000)):
         registry.put_app(Application(name, InputType.FLOATS, "0", slo_micros, input_shape=(64,)))
@@ -380,6 +383,13 @@ def test_a_models_batching_settings_are_stored_and_mapped_onto_its_lambda_batche
         "objective_of": ["strict"],
         "batch_wait_ms": 2.0,
     }
+    # the answer is of the settings just set, not of a read that may precede them (DynamoDB's reads are eventual)
+    stale = BatchingSettings("aimd", 0, 256, 2.0)
+    read = registry.model_record
+    registry.model_record = lambda name: replace(read(name), batching=stale)  # type: ignore[method-assign]
+    longer = {"model_name": "mlp", "controller": "aimd", "batch_wait_ms": 8}
+    assert ok(client.post("/admin/set_model_batching", json=longer))["long_poll_batchers"]["batch_wait_ms"] == 5.0
+    registry.model_record = read  # type: ignore[method-assign]
 
     refused = client.post("/admin/set_model_batching", json={"model_name": "mlp", "controller": "fixed"})
     assert refused.status_code == 400 and refused.json()["cause"].startswith("batch_size")

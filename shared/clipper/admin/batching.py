@@ -3,12 +3,13 @@ and mapped onto each version's Lambda batcher (its SQS event source mapping), sa
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol
 
 from clipper.admin import schemas
 from clipper.batching.model_config import FALLBACK_SLO_MS, SLO_FRACTION, RegistryBatcherConfig
 from clipper.core.domain import Application, BatchingSettings, ModelRecord
-from clipper.errors import InvalidInput, NotFound
+from clipper.errors import ClipperError, InvalidInput, NotFound
 from clipper.models.serving import ServingStacks, check_idle, lambda_mapping
 
 
@@ -61,7 +62,7 @@ def set_model_batching(
             "not_applied": not_applied,
         },
         "versions_without_lambda_batcher": without,
-        "long_poll_batchers": long_poll_batchers(registry, req.model_name),
+        **long_poll_batchers(registry, req.model_name, settings),
     }
 
 
@@ -69,12 +70,26 @@ def get_model_batching(registry: BatchingRegistry, model: str) -> dict[str, Any]
     return {
         "model_name": model,
         "batching": registry.model_record(model).batching.to_dict(),  # NotFound
-        "long_poll_batchers": long_poll_batchers(registry, model),
+        **long_poll_batchers(registry, model),
     }
 
 
-def long_poll_batchers(registry: BatchingRegistry, model: str) -> dict[str, Any]:
-    """What the model's long-poll batchers (the local stack's, a GPU host's ``clipper-batcher``) batch by, with
-    their default ``--slo-fraction`` and ``--slo-ms``: read as they read it (``RegistryBatcherConfig``), so the
-    answer says when the batch wait they apply is less than the one set."""
-    return RegistryBatcherConfig(registry, model, SLO_FRACTION, FALLBACK_SLO_MS / 1000).load().applied()
+def long_poll_batchers(
+    registry: BatchingRegistry, model: str, settings: BatchingSettings | None = None
+) -> dict[str, Any]:
+    """``{"long_poll_batchers": ...}``: what the model's long-poll batchers batch by with ``settings`` (default:
+    the stored ones), read as they read their linked applications' SLOs (``RegistryBatcherConfig``), so the answer
+    says when the batch wait they apply is less than the one set. With the batchers' default ``--slo-fraction``;
+    a model no application is linked to batches by each batcher's own ``--slo-ms``, so the figures are then only
+    its default's. Empty when the registry cannot be read now (the settings are stored: the answer stands)."""
+    try:
+        config = RegistryBatcherConfig(registry, model, SLO_FRACTION, FALLBACK_SLO_MS / 1000).load()
+    except ClipperError:
+        return {}
+    view = (config if settings is None else replace(config, batching=settings)).applied()
+    if not config.apps:
+        view["note"] = (
+            f"no application is linked: each batcher batches by its own --slo-ms (shown: its default, "
+            f"{FALLBACK_SLO_MS:g} ms)" + (f"; {view['note']}" if "note" in view else "")
+        )
+    return {"long_poll_batchers": view}
