@@ -205,3 +205,30 @@ def test_with_the_touched_models_only_a_sweep_scans_for_canaries_and_each_round_
     rounds.clear()
     reviewer.run(stop, every_s=0.001, touched=touched, sweep_s=0)  # a sweep each round
     assert len(scans) == len(rounds) >= 5
+
+
+def test_with_the_touched_models_an_unavailable_store_is_said_once_and_the_canary_kept(caplog):
+    """A review failing on an unavailable store between sweeps is the round's failure, said once while it lasts (a
+    line per canary per second before), and the canary stays among the running ones: reviewed again once the
+    store answers, without waiting for the next sweep."""
+    reviewer, registry, evidence, _control, metrics = world("mlp", "cnn")
+    rounds = []
+    stop = threading.Event()
+
+    def touched():
+        rounds.append(1)
+        evidence.fail = 2 <= len(rounds) <= 5
+        if len(rounds) == 6:  # the store is back: the mlp's counts cross the rate guard
+            counts(evidence, VersionEvidence(queries=900, errors=9), VersionEvidence(queries=100, errors=10))
+        if len(rounds) >= 7:
+            stop.set()
+        return []
+
+    with caplog.at_level(logging.WARNING, logger="clipper.canary.review"):
+        reviewer.run(stop, every_s=0.001, touched=touched, sweep_s=3600)
+    lines = [r.getMessage() for r in caplog.records if "canary reviews" in r.getMessage() or "waits" in r.getMessage()]
+    assert lines == [
+        "canary reviews wait for the registry: canary evidence store down",
+        "canary reviews go on: the registry answers again",
+    ], lines
+    assert metrics.counted == [("mlp", "rollback")] and "cnn" in registry.canaries

@@ -6,9 +6,10 @@ ends a trial, the metrics); the decision itself stays pure. Any number of review
 feedback worker, a scheduled function): ``CanaryControl.end_canary`` ends a trial only if it still runs, and
 only the reviewer whose call ended it writes the event and counts the metric, so a decision is recorded once.
 
-Run it where evidence arrives: the local stack's feedback worker reviews every model with a canary each second
-(``run``); on AWS a scheduled function reviews every minute and the feedback function reviews the models whose
-evidence its batch grew.
+Run it where evidence arrives: the local stack's feedback worker reviews the running canaries each second,
+looking for them every 10 s and reviewing at once those whose evidence its feedback grew (``run``); on AWS a
+scheduled function reviews every minute and the feedback function reviews the models whose evidence its batch
+grew.
 """
 
 from __future__ import annotations
@@ -156,7 +157,9 @@ class CanaryReviewer:
                     if time.monotonic() - swept >= sweep_s:
                         running = set(self._names())  # (unavailable: the touched ones wait for the next round)
                         swept = time.monotonic()
-                    running = self._review_running(running | set(touched()))
+                    running, unavailable = self._review_running(running | set(touched()))
+                    if unavailable is not None:
+                        raise unavailable  # said once while it lasts, as a round's scan failing is
             except Unavailable as e:
                 if not down:
                     logger.warning("canary reviews wait for the registry: %s", e)
@@ -173,11 +176,22 @@ class CanaryReviewer:
             raise TypeError("the registry lists no models: give the reviewer model_names")
         return self._model_names()
 
-    def _review_running(self, models: set[str]) -> set[str]:
-        """Review these models; those whose canary still runs (or whose review failed) are returned."""
+    def _review_running(self, models: set[str]) -> tuple[set[str], Unavailable | None]:
+        """Review these models: those whose canary still runs, or whose review failed, and the registry's or the
+        evidence store's unavailability if a review met it (the others are still reviewed)."""
         still: set[str] = set()
+        unavailable = None
         for model in sorted(models):
-            ok, decision = self._review_logged(model)
-            if not ok or (decision is not None and decision.kind == "continue"):
+            try:
+                decision = self.review(model)
+            except Unavailable as e:
                 still.add(model)
-        return still
+                unavailable = unavailable or e
+                continue
+            except Exception:
+                logger.exception("canary review failed", extra={"model": model})
+                still.add(model)
+                continue
+            if decision is not None and decision.kind == "continue":
+                still.add(model)
+        return still, unavailable

@@ -32,7 +32,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from clipper.errors import ClipperError, MalformedMessage, Unavailable
 from clipper.feedback import FeedbackMessage, Outcome
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     dynamodb = aws_client("dynamodb")
     store, cache = selection_store(settings, dynamodb), prediction_cache(settings, dynamodb)
     apply = None
-    touched = None
+    touched: Callable[[], Iterable[str]] = tuple  # no feedback applied: no evidence grows (the sweeps find canaries)
     why_not = ""
     if cache is None:
         why_not = "the prediction cache is off (CLIPPER_CACHE_ENABLED=false), so no prediction is recorded to join with"
