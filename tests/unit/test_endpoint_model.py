@@ -245,6 +245,20 @@ def test_an_integer_model_refuses_floats_and_takes_narrower_integers(tmp_path: P
         model.predict(np.array([[1.0, 2.0, 3.0]]))
 
 
+def test_a_cast_that_makes_a_finite_value_infinite_is_refused(tmp_path: Path) -> None:
+    """float64 to float32 (1e300), and integers to float16 (70000, past its 65504): not a safe cast, a 400; what
+    fits is cast, and NaN or infinity as sent reach the model."""
+    half = OnnxModel.load(identity_model(tmp_path / "half", TensorProto.FLOAT16, ["batch", 2]))
+    with pytest.raises(InputError, match=r"got a value out of float16's range \(\+-6\.55e\+04\)"):
+        half.predict(np.array([[70000, 1]], dtype=np.int64))
+    np.testing.assert_array_equal(half.predict(np.array([[60000, 1]], dtype=np.int64)), [[60000, 1]])
+    single = OnnxModel.load(identity_model(tmp_path / "single", TensorProto.FLOAT, ["batch", 2]))
+    with pytest.raises(InputError, match=r"got a value out of float32's range"):
+        single.predict(np.array([[1e300, 0.0]]))
+    out = single.predict(np.array([[np.nan, np.inf]]))
+    assert np.isnan(out[0, 0]) and np.isinf(out[0, 1])
+
+
 def test_a_string_model_takes_object_or_unicode_arrays(tmp_path: Path) -> None:
     model = OnnxModel.load(identity_model(tmp_path / "text", TensorProto.STRING, [None, 1]))
     assert model.dtype == object

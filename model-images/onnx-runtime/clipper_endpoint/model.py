@@ -283,12 +283,14 @@ class OnnxModel:
             elif batch.dtype.kind == "O" and not all(isinstance(v, str) for v in batch.flat):
                 raise InputError(f"{self.expectation}, got values that are not all strings")
             return np.ascontiguousarray(batch, dtype=object)
-        cast = np.ascontiguousarray(batch, dtype=self.dtype)
-        if self.dtype.kind == "f" and batch.dtype.kind == "f" and batch.dtype.itemsize > self.dtype.itemsize:
-            overflowed = ~np.isfinite(cast)  # finite as sent (1e300), infinite as the model's dtype: not a safe cast
-            if overflowed.any() and np.isfinite(batch[overflowed]).any():
-                limit = float(np.finfo(self.dtype).max)
-                raise InputError(f"{self.expectation}, got a value out of {self.dtype_name}'s range (+-{limit:.4g})")
+        if self.dtype.kind != "f" or np.can_cast(batch.dtype, self.dtype):
+            return np.ascontiguousarray(batch, dtype=self.dtype)
+        with np.errstate(over="ignore"):  # float64 or int64 to float32, ...: an overflow is looked for below
+            cast = np.ascontiguousarray(batch, dtype=self.dtype)
+        overflowed = ~np.isfinite(cast)  # finite as sent (1e300; 70000 for float16), infinite once cast
+        if overflowed.any() and np.isfinite(batch[overflowed]).any():
+            limit = float(np.finfo(self.dtype).max)
+            raise InputError(f"{self.expectation}, got a value out of {self.dtype_name}'s range (+-{limit:.4g})")
         return cast
 
     @staticmethod
