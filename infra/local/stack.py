@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import sys
 import threading
@@ -298,7 +299,7 @@ class LocalStack:
         keep = ("CLIPPER_", "AWS_", "REDIS")
         # `clipper logs` finds a state folder other than the repository's .local-stack by this variable
         default = self.dir.resolve() == (self.repo / ".local-stack").resolve()
-        where = "" if default else f" CLIPPER_LOCAL_STATE_DIR={self.dir}"
+        where = "" if default else f" CLIPPER_LOCAL_STATE_DIR={shlex.quote(str(self.dir))}"
         (self.dir / "env.json").write_text(json.dumps({k: v for k, v in self.env.items() if k.startswith(keep)}))
         print(
             f"\nClipper local stack ready in {took_s:.0f} s: {url}  (state, logs: {self.dir}; Ctrl-C stops it)\n"
