@@ -69,6 +69,12 @@ class EndpointError(ClipperError):
     """The model endpoint failed a batch; every member of the batch fails with it."""
 
 
+class BatchRefused(EndpointError):
+    """The endpoint ran and refused the batch (it answered 400, its input checks, or 500, the model failing on it):
+    an input of one query may be the cause, so the batcher sends each query of the batch alone to answer the others.
+    Not for an endpoint that cannot be reached, is busy or timed out (those fail every query alike)."""
+
+
 class RowTooLarge(EndpointError):
     """Row ``index`` of a batch is larger than the endpoint takes in one request (SageMaker's 6 MB): the query
     holding it fails, the rest of the batch is sent without it."""

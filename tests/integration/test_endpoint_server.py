@@ -361,15 +361,19 @@ def test_the_batchers_client_against_the_server(
     import urllib3
 
     from clipper.adapters.endpoints import HttpModelEndpoint
-    from clipper.errors import EndpointError
+    from clipper.errors import BatchRefused, EndpointError
 
     endpoint = HttpModelEndpoint(f"http://127.0.0.1:{mlp_server.port}", urllib3.PoolManager(), timeout_s=10)
     expected = _direct(models_dir / "mlp" / "1" / "model.onnx", holdout[0][:64])
     for rows in (1, 7, 64, 1):
         assert endpoint.predict(holdout[0][:rows]) == expected[:rows].tolist()
-    with pytest.raises(EndpointError, match="endpoint answered 400"):
+    with pytest.raises(BatchRefused, match="endpoint answered 400"):  # the batcher then sends each query alone
         endpoint.predict(np.zeros((2, 3), np.float32))
     assert endpoint.predict(holdout[0][:2]) == expected[:2].tolist()  # the connection survives a 400
+    gone = HttpModelEndpoint(f"http://127.0.0.1:{_free_port()}", urllib3.PoolManager(), timeout_s=2)
+    with pytest.raises(EndpointError) as unreachable:  # nothing listens: not a refusal of the batch's inputs
+        gone.predict(holdout[0][:2])
+    assert not isinstance(unreachable.value, BatchRefused)
 
 
 def test_a_chunked_body_over_the_limit_is_refused_in_one_piece_too(models_dir: Path, tmp_path: Path) -> None:

@@ -513,3 +513,33 @@ def test_a_row_too_large_for_the_endpoint_fails_its_query_alone():
     (too_large,) = replies.lists["2"]
     assert too_large.outputs is None and "over InvokeEndpoint" in (too_large.error or "")
     assert runtime.bodies and max(runtime.bodies) <= 200
+
+
+def test_a_batch_the_endpoint_refuses_is_sent_a_query_at_a_time_so_one_bad_input_fails_alone():
+    """Found by a new user: a model failing on one query's input (ONNX Runtime's index out of bounds, a 500; or the
+    model server's input checks, a 400) failed every query of its batch. A refused batch of several queries is
+    sent again one query at a time: the others are answered, the bad one gets the error. An endpoint that cannot
+    be reached fails the batch once, as before (no call per query against a dead endpoint)."""
+    from clipper.errors import BatchRefused
+
+    class Picky(FakeEndpoint):
+        def predict(self, rows):
+            if (np.asarray(rows)[:, 9] > 0).any():
+                self.calls.append(len(rows))
+                raise BatchRefused("endpoint answered 500: model failed on a batch: idx=9 out of bounds")
+            return super().predict(rows)
+
+    clock, replies = FakeClock(), InMemoryReplies()
+    picky = Picky()
+    batcher = Batcher(FakeResolver(picky), replies, clock)
+    msgs = [message(i, one_hot(i, n=2 if i == 3 else 1), clock) for i in (1, 9, 3)]
+    report = batcher.process(msgs)
+    assert picky.calls == [4, 1, 1, 2]  # the batch, then each query alone
+    assert replies.lists["1"][0].outputs == [1] and replies.lists["3"][0].outputs == [3, 3]
+    (bad,) = replies.lists["9"]
+    assert bad.outputs is None and "idx=9" in bad.error and report.endpoint_errors == 1
+    assert report.failed == ["m9"]  # its message comes back (as any endpoint error's), the others' are done
+    down = FakeEndpoint(fail_with="endpoint unreachable at http://127.0.0.1:1/invocations: ConnectionRefused")
+    batcher = Batcher(FakeResolver(down), replies, clock)
+    report = batcher.process([message(i, one_hot(i), clock) for i in (11, 12, 13)])
+    assert down.calls == [3] and report.endpoint_errors == 3

@@ -30,7 +30,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.core.tensors import decode_npy, encode_npy
 from clipper.core.validation import Rows
-from clipper.errors import EndpointError, MalformedMessage, RowTooLarge, Unavailable
+from clipper.errors import BatchRefused, EndpointError, MalformedMessage, RowTooLarge, Unavailable
 from clipper.ports import ModelEndpoint, Registry
 
 if TYPE_CHECKING:
@@ -276,6 +276,8 @@ class HttpModelEndpoint:
             if len(rows) == 1:
                 raise RowTooLarge(first, f"endpoint {self._url}: an input of {len(body)} bytes: {_error_text(data)}")
             return _in_halves(self._predict, rows, first)
+        if status in (400, 500):  # the model server's input checks, or the model failing on the batch
+            raise BatchRefused(f"endpoint answered {status}: {_error_text(data)}")
         if status != 200:
             raise EndpointError(f"endpoint answered {status}: {_error_text(data)}")
         return decode_outputs(data, response_type, len(rows))
@@ -312,6 +314,9 @@ class SageMakerModelEndpoint:
             )
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
+            if code == "ModelError" and e.response.get("OriginalStatusCode") in (400, 500):  # the container's answer
+                said = e.response.get("OriginalMessage", "")
+                raise BatchRefused(f"sagemaker endpoint {self._name}: {code}: {said}") from e
             raise EndpointError(f"sagemaker endpoint {self._name}: {code}") from e
         except BotoCoreError as e:
             raise EndpointError(f"sagemaker endpoint {self._name}: {type(e).__name__}") from e

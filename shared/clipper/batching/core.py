@@ -27,7 +27,7 @@ from clipper.batching.latency import LatencyModel
 from clipper.core.cache_keys import row_keys
 from clipper.core.messages import QueryMessage, Reply, decode_rows, no_answer
 from clipper.core.validation import Rows
-from clipper.errors import ClipperError, EndpointError, MalformedMessage, NotFound, RowTooLarge
+from clipper.errors import BatchRefused, ClipperError, EndpointError, MalformedMessage, NotFound, RowTooLarge
 from clipper.ports import ClaimStore, Clock, EndpointResolver, PredictionCache, PublishAndFill, ReplyPublisher
 
 logger = logging.getLogger(__name__)
@@ -249,15 +249,16 @@ class Batcher:
         except RowTooLarge as e:  # one query's row the endpoint cannot take: it fails alone, the rest go on
             self._fail_oversized(model, version, members, e, report)
             return
+        except BatchRefused as e:
+            if len(members) > 1:  # one query's input may be the cause: each query alone, so the others are answered
+                logger.warning("batch refused, each query sent alone", extra={"model": model, "error": str(e)})
+                for w in members:
+                    self._run_group(model, version, [w], report)
+                return
+            self._fail_group(model, version, members, e, report)
+            return
         except ClipperError as e:
-            logger.warning("batch failed", extra={"model": model, "version": version, "error": str(e)})
-            report.endpoint_errors += len(members)
-            error = str(e)
-            replies = [
-                Reply(query_id=w.message.query_id, model=model, version=version, error=error, error_kind="endpoint")
-                for w in members
-            ]
-            self._deliver(members, replies, report, failed=True)
+            self._fail_group(model, version, members, e, report)
             return
         end = self._clock.now()
         self._recent_latency.append(end - start)
@@ -288,6 +289,16 @@ class Batcher:
             offset += n
         entries = _cache_entries(model, version, members, outputs) if self._cache is not None else None
         self._deliver(members, replies, report, failed=False, entries=entries)
+
+    def _fail_group(self, model: str, version: str, members: list[_Work], e: ClipperError, report: BatchReport) -> None:
+        logger.warning("batch failed", extra={"model": model, "version": version, "error": str(e)})
+        report.endpoint_errors += len(members)
+        error = str(e)
+        replies = [
+            Reply(query_id=w.message.query_id, model=model, version=version, error=error, error_kind="endpoint")
+            for w in members
+        ]
+        self._deliver(members, replies, report, failed=True)
 
     def _call(self, model: str, version: str, rows: Rows) -> list[Any]:
         """The endpoint's outputs, one a row. Anything else it raises is an endpoint error too: a client that let
