@@ -108,7 +108,7 @@ def test_a_model_linked_to_no_application_only_needs_to_load_and_answer_one_row_
         (InputType.INTEGERS, TensorProto.INT64),
         (InputType.FLOATS, TensorProto.FLOAT),
         (InputType.DOUBLES, TensorProto.DOUBLE),
-        (InputType.BYTES, TensorProto.UINT8),
+        (InputType.BYTES, TensorProto.STRING),
         (InputType.STRINGS, TensorProto.STRING),
     ],
 )
@@ -117,6 +117,18 @@ def test_each_input_type_accepts_its_tensor_types(input_type: InputType, elem_ty
 
     assert result.ok, result.reasons
     assert result.signature is not None and result.signature.input_type([input_type]) is input_type
+
+
+def test_a_new_models_input_type_is_the_first_that_takes_it_and_bytes_are_not_a_uint8_tensor() -> None:
+    """Found by a new user: an int64 model (what the deployers make of a scikit-learn model for an integers
+    application) linked to no application yet was rejected ("no input type suits"); a uint8 model was accepted for
+    a bytes application whose every query then defaulted (a row's bytes reach the endpoint as one value)."""
+    result = validate_model(identity(TensorProto.INT64, ["N", 64]))
+    assert result.signature is not None and result.signature.input_type() is InputType.INTEGERS
+    refused = validate_model(
+        identity(TensorProto.UINT8, ["N", 4]), [digits_app(input_type=InputType.BYTES, input_shape=None)]
+    )
+    assert not refused.ok and any("bytes" in r for r in refused.reasons), refused.reasons
 
 
 def test_free_row_dimensions_fit_any_application_shape_and_the_sample_takes_the_apps_sizes() -> None:

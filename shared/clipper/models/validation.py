@@ -10,7 +10,8 @@ The checks, in the order they run:
 2. the model has exactly one input (the endpoint feeds one), a tensor of a type the endpoint can feed, with a
    free first (batch) dimension: the batcher sends any number of rows;
 3. for each linked application, the input's element type suits its input type (``integers``: int32 or
-   int64; ``floats``: float32; ``doubles``: float64; ``strings``: string; ``bytes``: uint8 or string) and its
+   int64; ``floats``: float32; ``doubles``: float64; ``strings``: string; ``bytes``: string, as the endpoint gets
+   a bytes input: one value a row, not a uint8 tensor) and its
    ``input_shape``, when set, has the rank of the model's rows and equals every fixed dimension of them;
 4. ``SAMPLE_ROWS`` rows of zeros run through the model, and its first output (the one the endpoint serves)
    has exactly one row per input row.
@@ -52,7 +53,7 @@ ACCEPTED_ELEMENT_TYPES: dict[InputType, tuple[str, ...]] = {
     InputType.FLOATS: ("float32",),
     InputType.DOUBLES: ("float64",),
     InputType.STRINGS: ("string",),
-    InputType.BYTES: ("uint8", "string"),
+    InputType.BYTES: ("string",),  # a row's bytes reach the model as one value, not a uint8 tensor of a fixed width
 }
 
 Dim = int | str | None  # a fixed size, a symbolic dimension's name, or unknown
@@ -95,7 +96,9 @@ class Signature:
         for t in preferred:
             if self.input.element_type in ACCEPTED_ELEMENT_TYPES[t]:
                 return t
-        return next((t for t, types in ACCEPTED_ELEMENT_TYPES.items() if self.input.element_type == types[0]), None)
+        # none preferred (a new model, linked to no application yet): the first type that takes it (int64:
+        # integers, as the deployers convert a scikit-learn model for an integers application; string: strings)
+        return next((t for t, types in ACCEPTED_ELEMENT_TYPES.items() if self.input.element_type in types), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"input": self.input.to_dict(), "outputs": [o.to_dict() for o in self.outputs]}
