@@ -525,6 +525,13 @@ def test_bad_option_values_are_named_in_one_line(api, tmp_path, capsys):
     assert clipper(api, "predict", "digits", "--input", f"@{missing}") == 2
     err = capsys.readouterr().err
     assert err.startswith(f"clipper: --input @{missing}: No such file") and len(err.splitlines()) == 1, err
+    # text rows for a string model (the deployers convert numeric models): a traceback before, now one line, 2
+    texts, model = tmp_path / "texts.npy", tmp_path / "text.onnx"
+    np.save(texts, np.array([["good movie"], ["bad"]]))
+    model.write_bytes(b"not read: the sample is checked first")
+    assert clipper(api, "deploy", "txt", "1", str(model), "--sample-npy", str(texts)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("clipper: --sample-npy: the sample input is not floats rows") and len(err.splitlines()) == 1
 
 
 def test_the_client_takes_versions_as_clippers_examples_give_them(api):

@@ -241,6 +241,13 @@ def deploy(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         print(f"clipper: {message}", file=sys.stderr, flush=True)
 
     sample = load_npy(args.sample_npy, "--sample-npy") if args.sample_npy else None
+    if sample is not None:
+        from clipper.models.convert import DeployError, as_sample
+
+        try:  # rows that are not of --input-type (text for a string model) are the option's fault, before any upload
+            as_sample(sample, args.input_type)
+        except DeployError as e:
+            raise SystemExit(f"clipper: --sample-npy: {e}") from e
     options: dict[str, Any] = {"promote": not args.no_promote, "timeout_s": args.timeout, "progress": progress}
     if args.canary is not None:
         options |= {"canary": args.canary, "canary_params": _canary_params(args)}

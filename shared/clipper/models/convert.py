@@ -41,7 +41,10 @@ def as_sample(sample_input: Any, input_type: str) -> np.ndarray:
     dtype = InputType(input_type).numpy_dtype
     if dtype == "object":
         raise DeployError(f"input type {input_type}: the deployers convert numeric models only")
-    sample = np.asarray(sample_input, dtype=dtype)
+    try:
+        sample = np.asarray(sample_input, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as e:  # text, ragged rows, None: a CLI traceback before
+        raise DeployError(f"the sample input is not {input_type} rows ({e})") from e
     return sample[None, ...] if sample.ndim == 1 else sample
 
 
@@ -69,6 +72,8 @@ def sklearn_to_onnx(model: Any, sample: np.ndarray, name: str) -> bytes:
                 target_opset=TARGET_OPSET,
                 name=f"clipper_{name}",
             )
+            if not is_classifier(model):
+                _flatten_single_output(onx)
             return bytes(onx.SerializeToString())
         except Exception as e:  # skl2onnx raises many types for what it cannot convert
             failures.append(e)
@@ -76,6 +81,27 @@ def sklearn_to_onnx(model: Any, sample: np.ndarray, name: str) -> bytes:
     raise DeployError(
         f"scikit-learn model not convertible to ONNX ({type(first).__name__})", [str(e) for e in failures]
     ) from first
+
+
+def _flatten_single_output(onx: Any) -> None:
+    """A regressor of one target answers ``[N, 1]`` from skl2onnx: reshaped to ``[N]``, so each query's output
+    is its number (a score the combiners average and a number label's feedback is judged against), not a list of
+    one. Other shapes (several targets) are left as they are."""
+    from onnx import TensorProto, helper
+
+    graph = onx.graph
+    out = graph.output[0]
+    dims = out.type.tensor_type.shape.dim
+    if len(dims) != 2 or not dims[1].HasField("dim_value") or dims[1].dim_value != 1:
+        return
+    inner = f"{out.name}_column"
+    for node in graph.node:
+        node.output[:] = [inner if o == out.name else o for o in node.output]
+    shape = f"{out.name}_flat_shape"
+    graph.initializer.append(helper.make_tensor(shape, TensorProto.INT64, [1], [-1]))
+    graph.node.append(helper.make_node("Reshape", [inner, shape], [out.name], name=f"{out.name}_flatten"))
+    batch = dims[0].dim_param if dims[0].HasField("dim_param") else None
+    graph.output[0].CopyFrom(helper.make_tensor_value_info(out.name, out.type.tensor_type.elem_type, [batch]))
 
 
 def pytorch_to_onnx(model: Any, sample: np.ndarray) -> bytes:
