@@ -216,6 +216,12 @@ def test_a_rejected_upload_is_visible_in_get_model_and_get_state(world):
         assert refused.status_code == 404 and "mlp:3' does not exist (its upload was rejected: the file is not" in cause
     never = admin.post("/admin/set_model_version", json={"model_name": "mlp", "model_version": "9"})
     assert never.status_code == 404 and never.json()["cause"] == "model version 'mlp:9' does not exist"
+    # a new model's first upload rejected: no model item, yet get_model says why (found by a new user: a 404, and
+    # a deploy waited its whole timeout to say "not registered (is the model updater running?)")
+    assert upload(world, "fresh", "1", b"not an onnx file").status == "rejected"
+    first = ok(admin.post("/admin/get_model", json={"model_name": "fresh", "model_version": "1"}))
+    assert first["status"] == "rejected" and "not a loadable ONNX model" in first["reasons"][0]
+    assert admin.post("/admin/get_model", json={"model_name": "fresh", "model_version": "2"}).status_code == 404
 
 
 def test_an_upload_url_puts_the_model_where_the_updater_reads_it(world):

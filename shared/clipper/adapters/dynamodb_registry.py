@@ -211,6 +211,15 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
             batching=batching_of(head.get("batching")),
         )
 
+    def rejected_uploads(self, name: str) -> dict[str, dict[str, Any]]:
+        """The model's rejected uploads by version, kept whether or not any version of it was ever registered (a
+        new model's first upload rejected has no model item: ``model_record`` is NotFound)."""
+        return {
+            i["sk"]["S"].removeprefix("REJECTED#"): {a: _plain(i[a]) for a in _REJECTED_ATTRS if a in i}
+            for i in self._query(f"MODEL#{name}")
+            if i["sk"]["S"].startswith("REJECTED#")
+        }
+
     def apps_linked_to(self, model: str) -> list[str]:
         """The applications a model is linked to (its reverse link items; no scan)."""
         items: list[dict[str, Any]] = []

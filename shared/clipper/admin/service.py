@@ -177,7 +177,11 @@ class AdminService:
             record = self._registry.model_record(model)
         except NotFound:
             record = None
-        rejected = record.rejected.get(version) if record else None
+        if record is not None:
+            rejected = record.rejected.get(version)
+        else:  # no version of it registered yet: its first uploads may have been rejected
+            unregistered = getattr(self._registry, "rejected_uploads", None)
+            rejected = unregistered(model).get(version) if unregistered is not None else None
         if record is None or version not in record.versions:
             if rejected is not None:
                 return {"model_name": model, "model_version": version, "status": "rejected", **rejection(rejected)}
