@@ -515,31 +515,55 @@ def test_a_row_too_large_for_the_endpoint_fails_its_query_alone():
     assert runtime.bodies and max(runtime.bodies) <= 200
 
 
-def test_a_batch_the_endpoint_refuses_is_sent_a_query_at_a_time_so_one_bad_input_fails_alone():
+def test_a_batch_the_endpoint_refuses_is_sent_again_in_halves_so_one_bad_input_fails_alone():
     """Found by a new user: a model failing on one query's input (ONNX Runtime's index out of bounds, a 500; or the
-    model server's input checks, a 400) failed every query of its batch. A refused batch of several queries is
-    sent again one query at a time: the others are answered, the bad one gets the error. An endpoint that cannot
-    be reached fails the batch once, as before (no call per query against a dead endpoint)."""
+    model server's input checks, a 400) failed every query of its batch. A refused batch is sent again in halves:
+    a half answered is done, a refused half is halved again, a query refused alone fails alone. Bounded (from a
+    review): both halves refused fail with no further call (a model that refuses everything costs 3 calls, not one
+    a query), a half past its deadlines fails without a call, and an endpoint that cannot be reached fails the
+    batch once."""
     from clipper.errors import BatchRefused
 
     class Picky(FakeEndpoint):
+        bad = 9
+
         def predict(self, rows):
-            if (np.asarray(rows)[:, 9] > 0).any():
+            if (np.asarray(rows)[:, self.bad] > 0).any():
                 self.calls.append(len(rows))
-                raise BatchRefused("endpoint answered 500: model failed on a batch: idx=9 out of bounds")
+                raise BatchRefused(f"endpoint answered 500: model failed on a batch: idx={self.bad} out of bounds")
             return super().predict(rows)
 
     clock, replies = FakeClock(), InMemoryReplies()
     picky = Picky()
     batcher = Batcher(FakeResolver(picky), replies, clock)
-    msgs = [message(i, one_hot(i, n=2 if i == 3 else 1), clock) for i in (1, 9, 3)]
+    msgs = [message(i, one_hot(i, n=2 if i == 3 else 1), clock) for i in (1, 2, 9, 3)]
     report = batcher.process(msgs)
-    assert picky.calls == [4, 1, 1, 2]  # the batch, then each query alone
-    assert replies.lists["1"][0].outputs == [1] and replies.lists["3"][0].outputs == [3, 3]
+    assert picky.calls == [5, 2, 3, 1, 2]  # the batch; [1, 2] answered; [9, 3] refused: [9] fails, [3] answered
+    for q, out in (("1", [1]), ("2", [2]), ("3", [3, 3])):
+        assert replies.lists[q][0].outputs == out
     (bad,) = replies.lists["9"]
     assert bad.outputs is None and "idx=9" in bad.error and report.endpoint_errors == 1
     assert report.failed == ["m9"]  # its message comes back (as any endpoint error's), the others' are done
+
+    picky.calls.clear()
+    picky.bad = 0  # every input refused: the batch and its two halves, then all fail
+    every = [message(i, one_hot(i) + one_hot(0), clock) for i in range(20, 28)]
+    report = batcher.process(every)
+    assert picky.calls == [8, 4, 4] and report.endpoint_errors == 8 and report.answered == 0
+
+    picky.calls.clear()
+    late = [message(i, one_hot(0) + one_hot(i), clock, ttl_s=0.001) for i in (30, 31)]
+
+    class Slow(Picky):
+        def predict(self, rows):
+            clock.advance(0.01)  # the call outlasts the queries' deadlines: no call for the halves
+            return super().predict(rows)
+
+    slow = Slow()
+    slow.bad = 0
+    report = Batcher(FakeResolver(slow), replies, clock).process(late)
+    assert slow.calls == [2] and report.endpoint_errors == 2
+
     down = FakeEndpoint(fail_with="endpoint unreachable at http://127.0.0.1:1/invocations: ConnectionRefused")
-    batcher = Batcher(FakeResolver(down), replies, clock)
-    report = batcher.process([message(i, one_hot(i), clock) for i in (11, 12, 13)])
+    report = Batcher(FakeResolver(down), replies, clock).process([message(i, one_hot(i), clock) for i in (41, 42, 43)])
     assert down.calls == [3] and report.endpoint_errors == 3

@@ -69,6 +69,40 @@ def test_sagemaker_errors_and_wrong_counts_fail_the_batch(runtime):
         SageMakerModelEndpoint(client, "e").predict(np.zeros((2, 64), np.float32))
 
 
+def test_a_sagemaker_model_error_of_the_containers_400_or_500_is_a_refusal_of_the_batch(runtime):
+    """The batcher sends a refused batch again in halves (``BatchRefused``); a container that cannot be reached
+    or is busy (another status) fails the batch once, as any endpoint error."""
+    from clipper.errors import BatchRefused
+
+    client, stub = runtime
+    for status, refusal in ((400, True), (500, True), (503, False)):
+        stub.add_client_error(
+            "invoke_endpoint",
+            service_error_code="ModelError",
+            http_status_code=424,
+            modeled_fields={"OriginalStatusCode": status, "OriginalMessage": '{"error": "idx=9 out of bounds"}'},
+        )
+        with pytest.raises(EndpointError) as failed:
+            SageMakerModelEndpoint(client, "e").predict(np.zeros((2, 64), np.float32))
+        assert isinstance(failed.value, BatchRefused) is refusal, (status, failed.value)
+        assert ("idx=9 out of bounds" in str(failed.value)) is refusal
+
+
+def test_an_http_endpoints_400_or_500_is_a_refusal_and_a_503_is_not():
+    import urllib3
+
+    from clipper.adapters.endpoints import HttpModelEndpoint
+    from clipper.errors import BatchRefused
+
+    endpoint = HttpModelEndpoint("http://127.0.0.1:1", urllib3.PoolManager())
+    for status, refusal in ((400, True), (500, True), (503, False), (429, False)):
+        answer = (status, {"content-type": "application/json"}, b'{"error": "model failed on a batch"}')
+        endpoint._direct.post = lambda *_, answer=answer: answer  # type: ignore[union-attr,method-assign]
+        with pytest.raises(EndpointError, match=f"endpoint answered {status}: model failed") as failed:
+            endpoint.predict(np.zeros((2, 64), np.float32))
+        assert isinstance(failed.value, BatchRefused) is refusal, status
+
+
 def test_factory_picks_the_client_by_address(runtime):
     import urllib3
 

@@ -315,7 +315,7 @@ class SageMakerModelEndpoint:
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             if code == "ModelError" and e.response.get("OriginalStatusCode") in (400, 500):  # the container's answer
-                said = e.response.get("OriginalMessage", "")
+                said = _error_text(str(e.response.get("OriginalMessage", "")).encode())
                 raise BatchRefused(f"sagemaker endpoint {self._name}: {code}: {said}") from e
             raise EndpointError(f"sagemaker endpoint {self._name}: {code}") from e
         except BotoCoreError as e:

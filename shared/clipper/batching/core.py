@@ -8,9 +8,10 @@ apart, for the driver to hold and offer again with its next batch. The Lambda dr
 so it processes everything it gets.
 
 Invariant (Ray Serve's): a batched call yields exactly one output per input row, or fails every message
-of the batch with the same error. A message that fails is reported to the driver, which leaves it for
-retry (and, after the queue's ``maxReceiveCount``, the dead-letter queue); one bad message never fails the
-others.
+of the batch with the same error; a batch the endpoint refuses (its input checks, or the model failing on it:
+``BatchRefused``) is sent again in halves, so one query's bad input fails that query alone (``_halve``, bounded).
+A message that fails is reported to the driver, which leaves it for retry (and, after the queue's
+``maxReceiveCount``, the dead-letter queue); one bad message never fails the others.
 """
 
 from __future__ import annotations
@@ -242,24 +243,60 @@ class Batcher:
         return out
 
     def _run_group(self, model: str, version: str, members: list[_Work], report: BatchReport) -> None:
+        refused = self._attempt(model, version, members, report)
+        if refused is None:
+            return
+        if len(members) == 1:
+            self._fail_group(model, version, members, refused, report)
+            return
+        logger.warning("batch refused, sent again in halves", extra={"model": model, "error": str(refused)})
+        self._halve(model, version, members, refused, report)
+
+    def _halve(
+        self, model: str, version: str, members: list[_Work], refused: BatchRefused, report: BatchReport
+    ) -> None:
+        """A batch of several queries the endpoint refused (``BatchRefused``: one query's input may be the cause):
+        each half is sent again; a half answered is done, a refused half is halved again, and a query refused alone
+        fails alone, so one bad input costs about 2 log2(n) calls and its batch's other queries are answered.
+        Bounded: when both halves are refused (a model that refuses every input, or bad inputs in both) both fail
+        with no further call, and a half whose queries are all past their deadlines (their frontends answered the
+        default) fails without a call."""
+        cut = len(members) // 2
+        halves = (members[:cut], members[cut:])
+        outcomes: list[BatchRefused | None] = []
+        for half in halves:
+            now_ms = self._clock.now() * 1000
+            if all(w.message.deadline_ms <= now_ms for w in half):
+                outcomes.append(refused)
+                continue
+            outcomes.append(self._attempt(model, version, half, report))
+        if all(o is not None for o in outcomes):
+            for half, o in zip(halves, outcomes, strict=True):
+                self._fail_group(model, version, half, o or refused, report)
+            return
+        for half, o in zip(halves, outcomes, strict=True):
+            if o is None:
+                continue
+            if len(half) == 1:
+                self._fail_group(model, version, half, o, report)
+            else:
+                self._halve(model, version, half, o, report)
+
+    def _attempt(self, model: str, version: str, members: list[_Work], report: BatchReport) -> BatchRefused | None:
+        """Call the endpoint with the members' rows and deliver their replies, or their failure; a refusal of the
+        batch is returned, undelivered, for the caller to split (``_halve``)."""
         rows = _concat([w.rows for w in members])
         start = self._clock.now()
         try:
             outputs = self._call(model, version, rows)
         except RowTooLarge as e:  # one query's row the endpoint cannot take: it fails alone, the rest go on
             self._fail_oversized(model, version, members, e, report)
-            return
+            return None
         except BatchRefused as e:
-            if len(members) > 1:  # one query's input may be the cause: each query alone, so the others are answered
-                logger.warning("batch refused, each query sent alone", extra={"model": model, "error": str(e)})
-                for w in members:
-                    self._run_group(model, version, [w], report)
-                return
-            self._fail_group(model, version, members, e, report)
-            return
+            return e
         except ClipperError as e:
             self._fail_group(model, version, members, e, report)
-            return
+            return None
         end = self._clock.now()
         self._recent_latency.append(end - start)
         self.latency_model(model, version).observe(len(rows), end - start)
@@ -289,6 +326,7 @@ class Batcher:
             offset += n
         entries = _cache_entries(model, version, members, outputs) if self._cache is not None else None
         self._deliver(members, replies, report, failed=False, entries=entries)
+        return None
 
     def _fail_group(self, model: str, version: str, members: list[_Work], e: ClipperError, report: BatchReport) -> None:
         logger.warning("batch failed", extra={"model": model, "version": version, "error": str(e)})
