@@ -180,8 +180,7 @@ class AdminService:
         if record is not None:
             rejected = record.rejected.get(version)
         else:  # no version of it registered yet: its first uploads may have been rejected
-            unregistered = getattr(self._registry, "rejected_uploads", None)
-            rejected = unregistered(model).get(version) if unregistered is not None else None
+            rejected = self._registry.rejected_uploads(model).get(version)
         if record is None or version not in record.versions:
             if rejected is not None:
                 return {"model_name": model, "model_version": version, "status": "rejected", **rejection(rejected)}

@@ -94,14 +94,12 @@ def _flatten_single_output(onx: Any) -> None:
     dims = out.type.tensor_type.shape.dim
     if len(dims) != 2 or not dims[1].HasField("dim_value") or dims[1].dim_value != 1:
         return
-    inner = f"{out.name}_column"
-    for node in graph.node:
-        node.output[:] = [inner if o == out.name else o for o in node.output]
-    shape = f"{out.name}_flat_shape"
+    # a new output fed by a Reshape of the old one (whatever else reads or makes it stays as it was)
+    flat, shape = f"{out.name}_flat", f"{out.name}_flat_shape"
     graph.initializer.append(helper.make_tensor(shape, TensorProto.INT64, [1], [-1]))
-    graph.node.append(helper.make_node("Reshape", [inner, shape], [out.name], name=f"{out.name}_flatten"))
+    graph.node.append(helper.make_node("Reshape", [out.name, shape], [flat], name=f"{out.name}_flatten"))
     batch = dims[0].dim_param if dims[0].HasField("dim_param") else None
-    graph.output[0].CopyFrom(helper.make_tensor_value_info(out.name, out.type.tensor_type.elem_type, [batch]))
+    graph.output[0].CopyFrom(helper.make_tensor_value_info(flat, out.type.tensor_type.elem_type, [batch]))
 
 
 def pytorch_to_onnx(model: Any, sample: np.ndarray) -> bytes:
