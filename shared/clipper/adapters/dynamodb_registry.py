@@ -84,6 +84,15 @@ _ARTIFACT_ATTRS = ("status", "artifact", "artifact_version_id", "sha256", "etag"
 _REJECTED_ATTRS = ("status", "reasons", "rejected_at", "artifact", "artifact_version_id", "sha256", "etag", "size")
 
 
+def _rejections(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A model partition's rejected uploads by version (its ``REJECTED#<version>`` items)."""
+    return {
+        i["sk"]["S"].removeprefix("REJECTED#"): {a: _plain(i[a]) for a in _REJECTED_ATTRS if a in i}
+        for i in items
+        if i["sk"]["S"].startswith("REJECTED#")
+    }
+
+
 def _describe(item: dict[str, Any]) -> str:
     """What an item is, in the API's words (never its internal key)."""
     pk, sk = item["pk"]["S"], item["sk"]["S"]
@@ -179,12 +188,12 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
         head = next((i for i in items if i["sk"]["S"] == "MODEL"), None)
         if head is None:
             raise NotFound("model", name)
-        versions, artifacts, rejected = {}, {}, {}
+        versions, artifacts = {}, {}
+        rejected = _rejections(items)
         apps = sorted(i["sk"]["S"].removeprefix("APP#") for i in items if i["sk"]["S"].startswith("APP#"))
         for i in items:
             sk = i["sk"]["S"]
             if sk.startswith("REJECTED#"):
-                rejected[sk.removeprefix("REJECTED#")] = {a: _plain(i[a]) for a in _REJECTED_ATTRS if a in i}
                 continue
             if not sk.startswith("VERSION#"):
                 continue
@@ -214,11 +223,7 @@ class DynamoDBRegistry(DynamoDBCanaryControl):
     def rejected_uploads(self, name: str) -> dict[str, dict[str, Any]]:
         """The model's rejected uploads by version, kept whether or not any version of it was ever registered (a
         new model's first upload rejected has no model item: ``model_record`` is NotFound)."""
-        return {
-            i["sk"]["S"].removeprefix("REJECTED#"): {a: _plain(i[a]) for a in _REJECTED_ATTRS if a in i}
-            for i in self._query(f"MODEL#{name}")
-            if i["sk"]["S"].startswith("REJECTED#")
-        }
+        return _rejections(self._query(f"MODEL#{name}"))
 
     def apps_linked_to(self, model: str) -> list[str]:
         """The applications a model is linked to (its reverse link items; no scan)."""

@@ -39,6 +39,8 @@ else:
     SageMakerRuntimeClient = Any
 
 NPY = "application/x-npy"
+# what an endpoint answers when it ran and refused the batch: its input checks (400), the model failing on it (500)
+REFUSING_STATUSES = (400, 500)
 JSON = "application/json"
 
 
@@ -276,7 +278,7 @@ class HttpModelEndpoint:
             if len(rows) == 1:
                 raise RowTooLarge(first, f"endpoint {self._url}: an input of {len(body)} bytes: {_error_text(data)}")
             return _in_halves(self._predict, rows, first)
-        if status in (400, 500):  # the model server's input checks, or the model failing on the batch
+        if status in REFUSING_STATUSES:
             raise BatchRefused(f"endpoint answered {status}: {_error_text(data)}")
         if status != 200:
             raise EndpointError(f"endpoint answered {status}: {_error_text(data)}")
@@ -314,7 +316,7 @@ class SageMakerModelEndpoint:
             )
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
-            if code == "ModelError" and e.response.get("OriginalStatusCode") in (400, 500):  # the container's answer
+            if code == "ModelError" and e.response.get("OriginalStatusCode") in REFUSING_STATUSES:
                 said = _error_text(str(e.response.get("OriginalMessage", "")).encode())
                 raise BatchRefused(f"sagemaker endpoint {self._name}: {code}: {said}") from e
             raise EndpointError(f"sagemaker endpoint {self._name}: {code}") from e

@@ -61,12 +61,17 @@ class BatcherConfig:
         otherwise hold the first query of a batch past a linked application's deadline at light load."""
         return min(self.batching.batch_wait_ms / 1000, WAIT_SHARE * self.slo_s)
 
+    @property
+    def wait_capped(self) -> bool:
+        """Whether ``batch_wait_s`` is less than the model's setting (capped at ``WAIT_SHARE`` of the objective)."""
+        return self.batch_wait_s < self.batching.batch_wait_ms / 1000
+
     def describe(self) -> str:
         b = self.batching
         size = f"size {b.batch_size}" if b.controller == "fixed" else f"at most {b.max_batch_size}"
         source = f"strictest of {', '.join(self.apps)}" if self.apps else "no linked application"
         wait = f"batch wait {b.batch_wait_ms:g} ms"
-        if self.batch_wait_s < b.batch_wait_ms / 1000:
+        if self.wait_capped:
             wait += f" (waits {self.batch_wait_s * 1000:g} ms: half the latency objective)"
         return f"{b.controller} ({size}), {wait}, latency objective {self.slo_s * 1000:g} ms ({source})"
 
@@ -80,7 +85,7 @@ class BatcherConfig:
             "objective_of": list(self.apps),  # the strictest linked applications; none: the batchers' --slo-ms
             "batch_wait_ms": round(self.batch_wait_s * 1000, 3),
         }
-        if self.batch_wait_s < b.batch_wait_ms / 1000:
+        if self.wait_capped:
             view["note"] = (
                 f"batch_wait_ms {b.batch_wait_ms:g} is more than half the latency objective: the long-poll "
                 f"batchers wait {self.batch_wait_s * 1000:g} ms (the Lambda batcher takes the setting)"

@@ -121,13 +121,21 @@ class CanaryReviewer:
     def _review_logged(self, model: str) -> tuple[bool, Decision | None]:
         """``review``, its failure logged: (False, None) when it failed (the registry or the evidence store
         unavailable: the next round tries again; anything else with its traceback)."""
+        ok, decision, unavailable = self._review_caught(model)
+        if unavailable is not None:
+            logger.warning("canary review of %s waits: %s", model, unavailable)
+        return ok, decision
+
+    def _review_caught(self, model: str) -> tuple[bool, Decision | None, Unavailable | None]:
+        """``review``: (whether it ran, its decision, the store's unavailability it met, not logged: the caller
+        says it); any other failure is logged with its traceback."""
         try:
-            return True, self.review(model)
+            return True, self.review(model), None
         except Unavailable as e:
-            logger.warning("canary review of %s waits: %s", model, e)
+            return False, None, e
         except Exception:
             logger.exception("canary review failed", extra={"model": model})
-        return False, None
+            return False, None, None
 
     def run(
         self,
@@ -182,16 +190,8 @@ class CanaryReviewer:
         still: set[str] = set()
         unavailable = None
         for model in sorted(models):
-            try:
-                decision = self.review(model)
-            except Unavailable as e:
-                still.add(model)
-                unavailable = unavailable or e
-                continue
-            except Exception:
-                logger.exception("canary review failed", extra={"model": model})
-                still.add(model)
-                continue
-            if decision is not None and decision.kind == "continue":
+            ok, decision, down = self._review_caught(model)
+            unavailable = unavailable or down
+            if not ok or (decision is not None and decision.kind == "continue"):
                 still.add(model)
         return still, unavailable
