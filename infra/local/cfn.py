@@ -111,9 +111,14 @@ def translate_sam(template_path: str | os.PathLike[str]) -> dict[str, Any]:
     Local code paths (CodeUri/ContentUri, relative to the template's folder) come out as
     `{"S3Bucket": LOCAL_CODE_BUCKET, "S3Key": "<relative path>"}`; `package_code` uploads them.
     """
+    return translate_template(load_template(template_path))
+
+
+def translate_template(template: dict[str, Any]) -> dict[str, Any]:
+    """``translate_sam`` of a template already parsed (``load_template``); ``template`` is not changed."""
     from samtranslator.translator.transform import transform
 
-    template = _mark_local_code(load_template(template_path))
+    template = _mark_local_code(template)
     with _default_region():
         translated: dict[str, Any] = transform(template, {}, OfflinePolicyLoader())
     return translated

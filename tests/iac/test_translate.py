@@ -403,3 +403,28 @@ def test_the_local_stack_drops_scheduled_rules_and_keeps_the_upload_rule(transla
     )
     assert "CanaryReviewFunctionEveryMinutePermission" not in local and "CanaryReviewFunction" in local
     assert "ModelUpdaterFunctionModelUploadPermission" in local
+
+
+def frontend_version_ids(shared_content: str, frontend_code: str = "functions/frontend/") -> list[str]:
+    """The logical ids of the frontend's published versions when the shared layer's content (and the frontend's
+    own code) is packaged at these locations, as ``sam package`` gives each content its own S3 key."""
+    template = cfn.load_template(SERVICE_TEMPLATE)
+    template["Resources"]["SharedLayer"]["Properties"]["ContentUri"] = shared_content
+    template["Resources"]["FrontendFunction"]["Properties"]["CodeUri"] = frontend_code
+    translated = cfn.translate_template(template)
+    return sorted(k for k in of_type(translated, "AWS::Lambda::Version") if k.startswith("FrontendFunctionVersion"))
+
+
+def test_a_new_shared_layer_publishes_a_new_frontend_version() -> None:
+    """The API calls the frontend's ``live`` alias, and SAM publishes a version only when what it hashes changes:
+    without the layer in that hash, a release that changed only shared/ (nearly all of the frontend's code) left
+    the alias on the old version with the old layer while every other function ran the new code."""
+    one = frontend_version_ids("s3://artifacts/shared-aaaa")
+    same = frontend_version_ids("s3://artifacts/shared-aaaa")
+    other_layer = frontend_version_ids("s3://artifacts/shared-bbbb")
+    other_code = frontend_version_ids("s3://artifacts/shared-aaaa", "s3://artifacts/frontend-cccc")
+
+    assert len(one) == 1
+    assert one == same  # an unchanged deploy publishes nothing
+    assert other_layer != one
+    assert other_code != one
