@@ -269,7 +269,8 @@ def build_feedback_processor(settings: CommonSettings, dynamodb: Any) -> Feedbac
         )
     from clipper.adapters.dynamodb_canary import DynamoDBCanaryEvidence
 
-    evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table)
+    # the per-feedback markers in the selection table: the registry's scans would read them all
+    evidence = DynamoDBCanaryEvidence(dynamodb, settings.registry_table, marker_table=settings.selection_table)
     log = feedback_recorder(settings, dynamodb)
     registry = _registry(settings, dynamodb, SystemClock(), 2.0)
     return FeedbackProcessor(registry, store, cache, evidence=evidence, log=log)

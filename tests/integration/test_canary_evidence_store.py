@@ -143,3 +143,41 @@ def test_a_missing_table_is_a_clipper_error(aws):
         store.load("mlp", TRIAL)
     with pytest.raises(ClipperError):
         store.add_once("mlp", TRIAL, "v1", VersionEvidence.of_feedback(1.0), "fb-1")
+
+
+def _create_pk_sk_table(dynamodb, name):
+    keys = [{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}]
+    attributes = [{"AttributeName": "pk", "AttributeType": "S"}, {"AttributeName": "sk", "AttributeType": "S"}]
+    dynamodb.create_table(
+        TableName=name, KeySchema=keys, AttributeDefinitions=attributes, BillingMode="PAY_PER_REQUEST"
+    )
+
+
+def _pks(dynamodb, table):
+    return sorted(i["pk"]["S"] for i in dynamodb.scan(TableName=table)["Items"])
+
+
+def test_the_feedback_functions_keep_the_markers_out_of_the_registry(aws, monkeypatch):
+    """Each feedback to a model with a canary leaves a marker for 15 days. In the registry, the canary reviewer's
+    scan each minute (and get_all_models, get_state) read every one of them; the feedback processor the functions
+    build puts them in the selection table, and the counters stay in the registry, where the reviewer reads them."""
+    from clipper.settings import CommonSettings
+    from clipper.wiring import build_feedback_processor
+
+    for name in ("selection", "cache"):
+        _create_pk_sk_table(aws.dynamodb, name)
+    monkeypatch.setenv("CLIPPER_REGISTRY_TABLE", aws.registry_table)
+    monkeypatch.setenv("CLIPPER_REPLIES_TABLE", aws.replies_table)
+    monkeypatch.setenv("CLIPPER_SELECTION_TABLE", "selection")
+    monkeypatch.setenv("CLIPPER_CACHE_TABLE", "cache")
+    evidence = build_feedback_processor(CommonSettings(), aws.dynamodb).evidence  # type: ignore[call-arg]
+    assert evidence is not None
+
+    assert evidence.add_once("mlp", TRIAL, "v2", VersionEvidence.of_feedback(1.0), "fb-1") is True
+    assert evidence.add_once("mlp", TRIAL, "v2", VersionEvidence.of_feedback(1.0), "fb-1") is False  # redelivered
+
+    assert _pks(aws.dynamodb, aws.registry_table) == ["MODEL#mlp"]  # the counters only
+    assert _pks(aws.dynamodb, "selection") == [f"CANARY#mlp#{TRIAL}"]
+    assert DynamoDBCanaryEvidence(aws.dynamodb, aws.registry_table).load("mlp", TRIAL) == {
+        "v2": VersionEvidence(feedback=1, loss_sum=1.0)
+    }

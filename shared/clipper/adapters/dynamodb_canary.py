@@ -5,7 +5,13 @@ Items (``pk``, ``sk``):
                                                         loss_sum, queries, errors, slo_misses (N, added with
                                                         ``ADD``), version (S)
     CANARY#<model>#<trial> FEEDBACK#<token>             marks a feedback counted in the trial (``add_once``);
-                                                        ``expires_at`` a day later (the table's TTL attribute)
+                                                        ``expires_at`` 15 days later (the table's TTL attribute);
+                                                        in ``marker_table`` when given (the feedback functions
+                                                        give the selection table)
+
+The markers, one per feedback to a model with a canary, go to the selection table beside the bandit states'
+own markers: in the registry, every scan of it (the canary reviewer's each minute, ``get_all_models``,
+``get_state``) read and was billed for all of them, over a million at one feedback a second.
 
 Every writer adds with one ``UpdateItem ... ADD``: many frontends and feedback workers add at once and no count
 is lost, in any order. ``add_once`` adds a feedback's loss and its marker in one transaction, the marker
@@ -73,6 +79,7 @@ class DynamoDBCanaryEvidence:
         client: DynamoDBClient,
         table: str,
         marker_ttl_s: int = MARKER_TTL_S,
+        marker_table: str | None = None,
         conflict_retries: int = 8,
         backoff_s: float = 0.01,
         max_backoff_s: float = 0.25,
@@ -81,6 +88,7 @@ class DynamoDBCanaryEvidence:
     ) -> None:
         self._client = client
         self._table = table
+        self._marker_table = marker_table or table
         self._marker_ttl_s = marker_ttl_s
         self._conflict_retries = conflict_retries
         self._backoff_s = backoff_s
@@ -109,7 +117,7 @@ class DynamoDBCanaryEvidence:
         """Add ``delta`` unless ``token`` (a feedback id) was counted in this trial of this model before: True
         when this call added it. The counters and the marker are one transaction."""
         marker = {
-            "TableName": self._table,
+            "TableName": self._marker_table,
             "Item": {
                 "pk": {"S": f"CANARY#{model}#{trial}"},
                 "sk": {"S": f"FEEDBACK#{token}"},
