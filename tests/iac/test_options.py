@@ -184,6 +184,15 @@ def test_with_model_servers_over_http_the_functions_reach_their_port(translated:
     assert https["FromPort"] == 443 and (model["FromPort"], model["ToPort"]) == (port, port)
 
 
+def test_a_model_server_on_443_gets_no_second_rule(translated: dict[str, Any]) -> None:
+    """443 is always open (the AWS APIs): a second, identical egress rule for a model server on 443 is refused by
+    EC2 (a duplicate permission), which failed the stack."""
+    http = {**VPC, "ModelStacks": "on", "ModelServing": "http", "ModelEndpointAddress": "https://m.internal/x"}
+    resources = resolve(translated, **http, ModelEndpointPort="443")["Resources"]
+    (https,) = resources["FunctionSecurityGroup"]["Properties"]["SecurityGroupEgress"]
+    assert (https["FromPort"], https["ToPort"], https["CidrIp"]) == (443, 443, "0.0.0.0/0")
+
+
 def test_an_engine_without_a_vpc_creates_nothing_and_a_rule_refuses_it(translated: dict[str, Any]) -> None:
     resolved = resolve(translated, ElastiCacheEngine="valkey")
 
