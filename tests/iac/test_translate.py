@@ -329,6 +329,7 @@ def test_alarms_watch_dead_letters_latency_default_rate_and_errors(translated: d
     assert alarms["ApiLatencyAlarm"]["Properties"]["ExtendedStatistic"] == "p99"
     rate = alarms["DefaultOutputRateAlarm"]["Properties"]["Metrics"]
     assert {m["MetricStat"]["Metric"]["MetricName"] for m in rate if "MetricStat" in m} == {"DefaultOutputs", "Queries"}
+    assert [m["Expression"] for m in rate if "Expression" in m] == ["IF(queries > 0, defaults / queries, 0)"]
     (dashboard,) = of_type(translated, "AWS::CloudWatch::Dashboard").values()
     assert "CacheHits" in dashboard["Properties"]["DashboardBody"]["Fn::Sub"]
     upload = alarms["UploadFailureAlarm"]["Properties"]  # an upload the updater failed on every try is kept
