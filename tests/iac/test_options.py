@@ -262,6 +262,21 @@ def test_model_endpoint_joins_the_cache_vpc_only_when_given_one() -> None:
     }
 
 
+def test_a_lambda_batcher_is_the_only_consumer_of_its_queue() -> None:
+    """With the Lambda batcher and a SageMaker endpoint (the Lambda driver calling InvokeEndpoint), the container
+    is not given the queue: its own long-poll batcher would take the same messages as the Lambda mapping."""
+    model = cfn.load_template(MODEL_TEMPLATE)
+    endpoint = {"ServiceStackName": "clipper", "ModelName": "m", "SageMakerEndpoint": "true", "ImageUri": "i"}
+    endpoint["ExecutionRoleArn"] = "arn:aws:iam::123456789012:role/r"
+
+    alone = resolve(model, **endpoint)["Resources"]
+    with_lambda = resolve(model, **endpoint, LambdaBatcher="true", BatcherFunctionArn="arn")["Resources"]
+    environment = alone["SageMakerModel"]["Properties"]["PrimaryContainer"]["Environment"]
+    assert environment["CLIPPER_QUEUE_URL"] == {"Ref": "RequestQueue"}
+    assert "BatcherEventSourceMapping" in with_lambda
+    assert "CLIPPER_QUEUE_URL" not in with_lambda["SageMakerModel"]["Properties"]["PrimaryContainer"]["Environment"]
+
+
 def test_model_stack_alarms_on_dead_letters_and_endpoint_errors_when_there_is_an_endpoint() -> None:
     model = cfn.load_template(MODEL_TEMPLATE)
     endpoint = {"SageMakerEndpoint": "true", "ImageUri": "i", "ExecutionRoleArn": "arn:aws:iam::123456789012:role/r"}
