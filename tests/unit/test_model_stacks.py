@@ -203,3 +203,33 @@ def test_stack_names_are_unique_per_model_version_and_fit_cloudformation(a, b):
 def test_names_built_to_collide_do_not(model, version, suffix):
     """A version with a hyphen could be read back into a different (model, version) pair: it gets a hash."""
     assert stack_model_name(model, f"{version}-v{suffix}") != stack_model_name(f"{model}-v{version}", suffix)
+
+
+class SlowStackCloudFormation(DeadStackCloudFormation):
+    """A stack that is CREATE_IN_PROGRESS for ``looks`` DescribeStacks calls, then CREATE_COMPLETE."""
+
+    def __init__(self, looks: int) -> None:
+        super().__init__("CREATE_IN_PROGRESS")
+        self.looks = looks
+
+    def create_stack(self, **request: Any) -> None:
+        pass
+
+    def describe_stacks(self, StackName: str) -> dict[str, Any]:
+        self.looks -= 1
+        if self.looks < 0:
+            self.status = "CREATE_COMPLETE"
+        return super().describe_stacks(StackName)
+
+
+def test_a_stack_in_progress_is_looked_at_less_and_less_often():
+    """An endpoint's stack takes up to ten minutes: at a steady 0.5 s that was 1,200 DescribeStacks calls a version,
+    against CloudFormation's per-account API rate."""
+    cfn = SlowStackCloudFormation(looks=8)
+    pauses: list[float] = []
+    stacks = CloudFormationModelStacks(cfn, "svc", "{}", endpoint="e", sleep=pauses.append)  # type: ignore[arg-type]
+
+    serving = stacks.create("mlp", "2", ModelArtifact("s3://b/models/mlp/2/model.onnx"), replicas=1)
+
+    assert serving.queue_url == "https://queue"
+    assert pauses == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -42,19 +42,25 @@ class CloudFormationModelStacks:
         wait_s: float = 900.0,
         poll_s: float = 0.5,
         role_arn: str = "",
+        max_poll_s: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """``template``: the template's body, or an https URL of it (``TemplateURL``). ``parameters``: the
         stack parameters every version shares (SageMakerEndpoint, ImageUri, InstanceType, LambdaBatcher...).
         ``endpoint``: the address of a version without a SageMaker endpoint (``{model}``, ``{version}``
         replaced), e.g. an HTTP model server. ``role_arn``: the CloudFormation service role that creates the
-        stacks' resources (then the caller needs only ``iam:PassRole`` on it and the stack operations)."""
+        stacks' resources (then the caller needs only ``iam:PassRole`` on it and the stack operations).
+        A stack in progress is looked at after ``poll_s``, then at doubling intervals up to ``max_poll_s``: a
+        queue's stack is up in seconds, an endpoint's in up to ten minutes, which at a steady 0.5 s made 1,200
+        DescribeStacks calls a version (CloudFormation throttles its API per account)."""
         self._client = client
         self._service = service_stack
         source = "TemplateURL" if template.startswith("https://") else "TemplateBody"
         self._template: dict[str, Any] = {source: template}
         self._parameters = dict(parameters or {})
         self._endpoint = endpoint
-        self._wait_s, self._poll_s = wait_s, poll_s
+        self._wait_s, self._poll_s, self._max_poll_s = wait_s, poll_s, max(poll_s, max_poll_s)
+        self._sleep = sleep
         self._role: dict[str, Any] = {"RoleARN": role_arn} if role_arn else {}
 
     def stack_name(self, model: str, version: str) -> str:
@@ -146,6 +152,7 @@ class CloudFormationModelStacks:
 
     def _wait(self, name: str) -> dict[str, str]:
         deadline = time.monotonic() + self._wait_s
+        pause = self._poll_s
         while True:
             stack = self._describe(name)
             status = stack["StackStatus"]
@@ -153,7 +160,8 @@ class CloudFormationModelStacks:
                 break
             if time.monotonic() > deadline:
                 raise Unavailable(f"stack {name} still {status} after {self._wait_s:.0f} s")
-            time.sleep(self._poll_s)
+            self._sleep(pause)
+            pause = min(pause * 2, self._max_poll_s)
         if status not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
             raise Unavailable(f"stack {name} is {status}: {stack.get('StackStatusReason', 'no reason given')}")
         return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
