@@ -84,8 +84,12 @@ class LocalStack:
         self.snapshot: Snapshot | None = None
         self.ready = threading.Event()  # started: a signal now stops it instead of abandoning the start
         self.stopping = threading.Event()
+        # set by the signal handler (``stopping`` is then set by ``watch``): a handler that set the event itself ran
+        # wherever this thread was, possibly inside the event's own lock, and a second signal there waited forever
+        self.stop_requested = False
         self.state_ready = threading.Event()  # moto holds the restored state: the snapshot may be taken
         self._moto_generation = 0
+        self._snapshot_failing = False  # the state copy could not be written (said once while it lasts)
 
     # -- ProcessHost (LocalModelServing's processes) ---------------------------------------------------
     def spawn(self, name: str, cmd: list[str], stage: Stage, env: dict[str, str] | None = None, **hooks: Any) -> Child:
@@ -179,7 +183,7 @@ class LocalStack:
         options = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", ""]
         options += ["--appendonly", "yes", "--appendfsync", "everysec", *aof.REDIS_OPTIONS]  # rewrites: infra.local.aof
         options += ["--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru"]
-        redis = self.spawn("redis", [binary, *options], Stage.REDIS)
+        redis = self.spawn("redis", [binary, *options], Stage.REDIS, folders=(folder,))
         self._wait_port(port, redis, "redis-server")
         self.env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
         what = "reply channel, cache" + (", request queues" if self.args.queue == "redis" else "")
@@ -318,8 +322,9 @@ class LocalStack:
         this thread waits for the signal."""
         follower = threading.Thread(target=self._follow, name="stack-follow", daemon=True)
         follower.start()
-        while not self.stopping.wait(0.5):
-            pass
+        while not (self.stop_requested or self.stopping.is_set()):
+            time.sleep(0.1)
+        self.stopping.set()
         follower.join(timeout=10)
 
     def _follow(self) -> None:
@@ -330,14 +335,17 @@ class LocalStack:
         while not self.stopping.wait(0.5):
             if not self.state_ready.is_set():
                 continue
-            if time.monotonic() >= reconcile_at:
-                if self.serving is not None:
-                    self.serving.reconcile()  # replica counts and deleted versions, as the admin API set them
-                compactor.tick()  # Redis's append-only file, rewritten when it is quiet
-                reconcile_at = time.monotonic() + RECONCILE_S
-            if time.monotonic() >= snapshot_at:
-                self.take_snapshot()
-                snapshot_at = time.monotonic() + self.args.snapshot_s
+            try:
+                if time.monotonic() >= reconcile_at:
+                    reconcile_at = time.monotonic() + RECONCILE_S
+                    if self.serving is not None:
+                        self.serving.reconcile()  # replica counts and deleted versions, as the admin API set them
+                    compactor.tick()  # Redis's append-only file, rewritten when it is quiet
+                if time.monotonic() >= snapshot_at:
+                    snapshot_at = time.monotonic() + self.args.snapshot_s
+                    self.take_snapshot()
+            except Exception:  # this thread copies the state out and applies replica changes: it goes on
+                logger.exception("stack-follow pass failed; going on")
 
     def take_snapshot(self) -> None:
         if self.snapshot is None or not self.state_ready.is_set():
@@ -345,8 +353,17 @@ class LocalStack:
         generation = self._moto_generation
         try:
             self.snapshot.take(lambda: self.state_ready.is_set() and generation == self._moto_generation)
+        except OSError as e:  # the state folder: a full disk, or removed under the stack
+            if not self._snapshot_failing:
+                logger.warning("the state copy could not be written (%s): the last copy stays; tried again", e)
+            self._snapshot_failing = True
+            return
         except Exception as e:  # moto went away meanwhile: the last copy stays
             logger.debug("snapshot not taken: %s", e)
+            return
+        if self._snapshot_failing:
+            self._snapshot_failing = False
+            logger.info("the state copy is written again")
 
     def _moto_exited(self, code: int) -> None:
         self.state_ready.clear()

@@ -123,8 +123,9 @@ class Snapshot:
                 return []
             written = []
             for logical, body in tables.items():
-                if self._written.get(logical) != body:
-                    write_atomically(self._dir / "tables" / f"{logical}.json", body)
+                path = self._dir / "tables" / f"{logical}.json"
+                if self._written.get(logical) != body or not path.is_file():  # changed, or removed under the stack
+                    write_atomically(path, body)
                     self._written[logical] = body
                     written.append(logical)
             if self._sync_bucket(listing):

@@ -25,6 +25,7 @@ short-lived one: ``start`` called from another thread hands the launch to the su
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import functools
@@ -83,6 +84,7 @@ class ChildSpec:
     on_exit: Callable[[int], None] | None = None  # in the supervisor's thread, as soon as it exited unasked
     on_restart: Callable[[], None] | None = None  # in a thread of its own, once it was started again
     nice: int = 0  # added to the child's CPU niceness when it starts (19: it runs when nothing else wants the CPU)
+    folders: tuple[Path, ...] = ()  # made before each start, if missing (the state folder removed under the stack)
 
 
 @dataclass
@@ -138,6 +140,7 @@ class Supervisor:
         self._halt = threading.Event()
         self._dirty = True
         self._written_at = -1e9
+        self._faults: set[str] = set()  # file failures said already (``_fault``)
         logs_dir.mkdir(parents=True, exist_ok=True)
 
     # -- starting --------------------------------------------------------------------------------------
@@ -165,23 +168,44 @@ class Supervisor:
         with self._lock:
             if child.stopping:
                 return
+            for folder in child.spec.folders:
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                except OSError as e:  # started anyway: it says what it misses in its log
+                    self._fault(str(folder), e)
             child.proc = self._launch_fn(child.spec, child.log_path)
             child.status = "running"
             child.started_at = self._clock()
             self._dirty = True
 
     def _popen(self, spec: ChildSpec, log_path: Path) -> Process:
-        with open(log_path, "ab") as log:  # the child keeps its own descriptor
+        def popen(stdout: Any) -> Process:
             return subprocess.Popen(
                 spec.cmd,
                 env=spec.env,
                 cwd=self._cwd,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=stdout,
                 stderr=subprocess.STDOUT,
                 process_group=0,
                 preexec_fn=functools.partial(_start_child, spec.nice),
             )
+
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)  # the state folder removed under the stack
+            log = open(log_path, "ab")  # noqa: SIM115  (the child keeps its own descriptor)
+        except OSError as e:  # a full disk: the process without its log, rather than no process
+            self._fault(f"log {log_path}", e)
+            return popen(subprocess.DEVNULL)
+        with log:
+            return popen(log)
+
+    def _fault(self, what: str, error: BaseException) -> None:
+        """A failure of the supervisor's own files (a full disk, the state folder removed): logged once while it
+        lasts; the children are supervised meanwhile, and the file is written again once it can be."""
+        if what not in self._faults:
+            self._faults.add(what)
+            logger.warning("%s could not be written (%s); supervising on, writing it again later", what, error)
 
     # -- supervising -----------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -230,26 +254,40 @@ class Supervisor:
 
     def _note_restart(self, child: Child, code: int | None) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open(child.log_path, "ab") as log:
-            log.write(f"\n[local-stack] {stamp} restarted after it {describe_exit(code or 0)}\n".encode())
+        try:
+            child.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(child.log_path, "ab") as log:
+                log.write(f"\n[local-stack] {stamp} restarted after it {describe_exit(code or 0)}\n".encode())
+        except OSError as e:
+            self._fault(f"log {child.log_path}", e)
 
     def run(self) -> None:
-        """The supervisor's thread: launches handed over by other threads, and a poll every 0.1 s."""
+        """The supervisor's thread: launches handed over by other threads, and a poll every 0.1 s. It never ends
+        before ``halt``: the children it started get SIGTERM when it ends (``PR_SET_PDEATHSIG`` follows the
+        thread that forked them), and nothing would restart the others."""
         while not self._halt.is_set():
             try:
-                child, done = self._launches.get(timeout=0.1)
-            except queue.Empty:
-                pass
-            else:
-                try:
-                    self._launch(child)
-                    done.set_result(None)
-                except BaseException as e:  # handed back to the thread that asked
-                    done.set_exception(e)
-            self.poll()
+                self._run_once()
+            except Exception:  # logged, and supervising goes on
+                logger.exception("supervisor pass failed; supervising on")
+                time.sleep(0.1)
         while not self._launches.empty():
             _, done = self._launches.get_nowait()
             done.set_exception(RuntimeError("the stack is stopping"))
+
+    def _run_once(self) -> None:
+        """A launch handed over (if one comes within 0.1 s), then a poll."""
+        try:
+            child, done = self._launches.get(timeout=0.1)
+        except queue.Empty:
+            pass
+        else:
+            try:
+                self._launch(child)
+                done.set_result(None)
+            except BaseException as e:  # handed back to the thread that asked
+                done.set_exception(e)
+        self.poll()
 
     def start_thread(self) -> None:
         self._thread = threading.Thread(target=self.run, name="supervisor", daemon=True)
@@ -323,17 +361,35 @@ class Supervisor:
             }
 
     def write_status(self) -> None:
+        """Write the status file; one that cannot be written (``_fault``) is written again at the next poll."""
         with self._lock:
             body = json.dumps(self.status(), indent=1)
             self._dirty, self._written_at = False, self._clock()
-        write_atomically(self._status_file, body.encode())
+        what = str(self._status_file)
+        try:
+            write_atomically(self._status_file, body.encode())
+        except OSError as e:
+            with self._lock:
+                self._dirty = True
+            self._fault(what, e)
+            return
+        if what in self._faults:
+            self._faults.discard(what)
+            logger.info("%s written again", what)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` whole or is unchanged; its folder is made if missing (removed under the stack)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:  # a full disk: no half-written file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 _PR_SET_PDEATHSIG = 1

@@ -251,3 +251,66 @@ def test_a_child_starts_with_its_niceness_and_keeps_it_when_restarted(tmp_path):
         assert background.proc.pid != first and _niceness(background.proc.pid) == min(19, own + 7)
     finally:
         sup.stop(["background", "query-path"])
+
+
+def test_a_status_file_that_cannot_be_written_stops_no_restart(tmp_path, caplog):
+    """A full disk or the state folder removed under the stack made writing processes.json raise in the supervisor's
+    thread, which ended it: nothing was restarted after, and the children it had started died with it."""
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the folder should be")  # every write under it fails, as on a full disk
+    w = World(tmp_path)
+    w.sup._status_file = w.status_file = blocked / "processes.json"
+    w.start("endpoint-mlp")
+    w.current("endpoint-mlp").code = -9
+
+    w.advance(1.0)  # raised before
+
+    assert w.launches("endpoint-mlp") == 2
+    warnings = [r.getMessage() for r in caplog.records if "could not be written" in r.getMessage()]
+    assert len(warnings) == 1, "said once while it lasts"
+    blocked.unlink()
+    w.advance(0.2)
+    assert w.status("endpoint-mlp")["restarts"] == 1  # written again once it can be
+
+
+def test_the_supervisor_thread_outlives_a_failed_pass(tmp_path):
+    """Its children die with the thread that started them (PR_SET_PDEATHSIG), so the thread must not end on an
+    error: a restart that fails once is tried again, and the thread goes on."""
+    w = World(tmp_path)
+    w.start("batcher-mlp")
+    failures = [OSError(28, "No space left on device")]
+    launch = w.sup._launch_fn
+
+    def flaky(spec, log_path):
+        if failures:
+            raise failures.pop()
+        return launch(spec, log_path)
+
+    w.sup._launch_fn = flaky
+    w.sup.start_thread()
+    try:
+        w.current("batcher-mlp").code = -9
+        deadline = time.monotonic() + 10
+        while w.launches("batcher-mlp") < 2 and time.monotonic() < deadline:
+            w.now += 0.25
+            time.sleep(0.05)
+        assert w.launches("batcher-mlp") == 2 and not failures
+        assert w.sup._thread is not None and w.sup._thread.is_alive()
+    finally:
+        w.sup.halt()
+
+
+def test_a_childs_folders_are_made_again_before_it_restarts(tmp_path):
+    """redis-server refuses to start when its --dir is missing: with the state folder removed under the stack, it
+    was restarted and exited again, again and again, and every query defaulted."""
+    import shutil
+
+    w = World(tmp_path)
+    data = tmp_path / "state" / "redis"
+    w.sup.start(ChildSpec("redis", ["redis-server"], {}, Stage.REDIS, folders=(data,)))
+    shutil.rmtree(tmp_path / "state")
+    w.current("redis").code = -9
+
+    w.advance(1.0)
+
+    assert w.launches("redis") == 2 and data.is_dir()

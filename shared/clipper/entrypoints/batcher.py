@@ -12,9 +12,7 @@ import argparse
 import gc
 import logging
 import os
-import signal
 import sys
-import threading
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -30,6 +28,7 @@ from clipper.batching.model_config import (
     RegistryBatcherConfig,
 )
 from clipper.core.domain import BatchingSettings
+from clipper.entrypoints.signals import StopSignals
 from clipper.errors import ClipperError, NotFound
 
 if TYPE_CHECKING:
@@ -261,6 +260,8 @@ def follow_interval(settings: BatcherSettings) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signals = StopSignals()
+    signals.listen()  # first, on the main thread: until the driver runs, a signal ends the process at once
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from clipper.settings import BatcherSettings
 
@@ -289,15 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     if source is not None:
         follower = ConfigFollower(source, driver, follow_interval(settings), current=config)
         follower.start()
-    stop = threading.Event()
-
-    def stopping(*_: object) -> None:
-        stop.set()
-        # woken from a thread: the handler may have interrupted this thread while it held the buffer's lock
-        threading.Thread(target=driver.wake, name="clipper-stop-wake", daemon=True).start()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stopping)
+    signals.ready(on_stop=driver.wake)
+    stop = signals.stop
     gc.freeze()  # start-up objects never need collecting: keeps full collections (tens of ms) off batches
     mode = "received ahead" if driver.receivers else "received by the batching thread"
     transport = {"redis": "Redis Streams", "sqs": "SQS"}.get(settings.queue_transport, settings.queue_transport)

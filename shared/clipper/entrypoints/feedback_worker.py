@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable
 
+from clipper.entrypoints.signals import StopSignals
 from clipper.errors import ClipperError, MalformedMessage, Unavailable
 from clipper.feedback import FeedbackMessage, Outcome
 from clipper.ports import QueueReader, ReceivedMessage
@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-url", required=True, help="the feedback queue")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
+    signals = StopSignals()
+    signals.listen()  # first, on the main thread: until the worker runs, a signal ends the process at once
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     from clipper.adapters.canary_metrics import CloudWatchCanaryMetrics
@@ -198,9 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         if dlq is None:
             logger.warning("no dead-letter queue known: a message that cannot be decoded waits for the redrive policy")
     worker = FeedbackWorker(reader, apply, why_not, dlq.send if dlq else None)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signals.ready()
+    stop = signals.stop
     reviewer = build_canary_reviewer(settings, dynamodb, CloudWatchCanaryMetrics(aws_client("cloudwatch")))
     reviews = threading.Thread(
         target=reviewer.run,
