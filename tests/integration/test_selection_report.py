@@ -20,6 +20,7 @@ from clipper.admin.api import create_admin_app
 from clipper.admin.report import ReportService
 from clipper.admin.service import AdminService
 from clipper.core.cache_keys import record_keys
+from clipper.core.domain import new_incarnation
 from clipper.core.messages import encode_rows
 from clipper.entrypoints.feedback_worker import FeedbackWorker
 from clipper.feedback import FeedbackMessage
@@ -58,7 +59,8 @@ def logged(tables, monkeypatch):
     times b (always wrong) answered."""
     aws = tables
     registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
-    registry.put_app(digits_app(name="digits", policy="exp3"))
+    incarnation = new_incarnation()  # as add_app gives one
+    registry.put_app(digits_app(name="digits", policy="exp3", incarnation=incarnation))
     for model in ("a", "b"):
         registry.put_version(model_version(model, "1"), activate=True)  # the version that answers
         registry.link("digits", model)
@@ -74,6 +76,7 @@ def logged(tables, monkeypatch):
         (key,) = record_keys("digits", None, rows(i))
         selection = Selection("exp3", (chosen,), {"a": 0.5, "b": 0.5}, 0)
         record = {"selection": selection.to_dict(), "outputs": {chosen: output}, "versions": {chosen: "1"}}
+        record["incarnation"] = incarnation  # what the frontend records with a prediction
         cache.put_many({key: record | {"answer": {"output": output, "default": False, "confidence": None}}})
 
     for k, v in {"REGISTRY_TABLE": aws.registry_table, "REPLIES_TABLE": aws.replies_table}.items():
@@ -207,3 +210,21 @@ def test_clipper_report_prints_a_table_and_writes_the_json_and_the_png(tables, l
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_an_application_added_again_reports_its_own_feedback_only(tables, logged):
+    """Deleted and added again under its name, an application is a new one (its states start afresh): its report
+    counted the old one's feedback too, as its losses, regret and counts."""
+    aws = tables
+    registry, _ = logged
+    log = DynamoDBFeedbackLog(aws.dynamodb, "selection")
+    report = ReportService(registry, log, FakeClock(_now()))
+    assert report.report("digits")["feedbacks"] == N  # the feedback the worker learned carried the incarnation
+
+    registry.delete_app("digits")
+    registry.put_app(digits_app(name="digits", policy="exp3", incarnation=new_incarnation()))
+    again = registry.get_app("digits")
+    assert report.report("digits")["feedbacks"] == 0
+    newer = entry(_now() - 5, "new-1")  # before the report's clock
+    log.append(FeedbackEntry(**{**newer.__dict__, "incarnation": again.incarnation}))
+    assert report.report("digits")["feedbacks"] == 1

@@ -127,7 +127,7 @@ def test_the_logged_losses_of_scores_are_judged_on_the_apps_loss_scale(learning)
     entry = entry_for(0.0, "f2", "ens", None, 8.0, record, scale=4.0)
     assert entry.losses == {"a": 0.25, "b": 1.0} and entry.answer_loss == pytest.approx(0.5625)
     calls = []
-    feedback.log.record = lambda message, rec, scale=1.0: calls.append(scale)  # type: ignore[union-attr,method-assign]
+    feedback.log.record = lambda message, rec, scale=1.0, incarnation=0: calls.append(scale)  # type: ignore[union-attr,method-assign]
     p.predict("ens", {"input": one_hot(5)})
     assert (
         feedback.process(FeedbackMessage(feedback_id="f3", app="ens", payload=_payload(one_hot(5)), label=5))

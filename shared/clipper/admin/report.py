@@ -94,6 +94,10 @@ class ReportService:
         if self._log is None:
             raise Unavailable(f"the selection report: {self._why_no_log}")
         entries, truncated = self._log.entries(app, start, end, self._max_entries)
+        # an application deleted and added again under the name is a new one: the old one's feedback is left out
+        # (an entry logged before entries carried the incarnation, 0, is kept)
+        incarnation = getattr(application, "incarnation", 0)
+        entries = [e for e in entries if not e.incarnation or not incarnation or e.incarnation == incarnation]
         figures = selection_report(entries, window=window, canary_events=self._canary_events(links, start, end))
         skipped = getattr(self._log, "skipped", None)
         figures["skipped"] = skipped(app, start, end) if skipped is not None else {}

@@ -248,7 +248,7 @@ class FeedbackProcessor:
         # message race (a redelivery while the first still runs), one may apply the user's state and the other
         # the app's; both answer "applied", and one logs
         if applied[-1] and self.log is not None:
-            self.log.record(message, record, app.policy_params.scale)
+            self.log.record(message, record, app.policy_params.scale, app.incarnation)
         return "applied" if any(applied) else "duplicate"
 
     def _canaries(self, registry: Registry, linked: list[str]) -> dict[str, Canary]:

@@ -33,6 +33,9 @@ class FeedbackEntry:
     default: bool = False  # the answer was the application's default output
     confidence: float | None = None  # the ensemble's confidence (several models asked), else None
     answer_loss: float | None = None  # the loss of the answer; None when it was the default or not recorded
+    # the application's incarnation the feedback was learned for (``Application.incarnation``; 0: not recorded):
+    # an application deleted and added again under its name is another one, and its report leaves the old one's out
+    incarnation: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -51,6 +54,7 @@ class FeedbackEntry:
             "default": self.default,
             "confidence": self.confidence,
             "answer_loss": self.answer_loss,
+            "incarnation": self.incarnation,
         }
 
     @classmethod
@@ -72,6 +76,7 @@ class FeedbackEntry:
                 default=bool(d.get("default", False)),
                 confidence=None if d.get("confidence") is None else float(d["confidence"]),
                 answer_loss=None if d.get("answer_loss") is None else float(d["answer_loss"]),
+                incarnation=int(d.get("incarnation") or 0),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"corrupt feedback log entry: {e!r}") from e
@@ -85,9 +90,10 @@ def entry_for(
     label: Any,
     record: Mapping[str, Any],
     scale: float = 1.0,
+    incarnation: int = 0,
 ) -> FeedbackEntry:
     """The entry of a feedback applied at ``time``, from the prediction ``record`` it was joined with; scores are
-    judged with the application's loss ``scale``."""
+    judged with the application's loss ``scale``; ``incarnation``: the application's it was learned for."""
     selection = record["selection"]
     outputs: dict[str, Any] = dict(record.get("outputs") or {})
     answer = record.get("answer") or {}
@@ -111,4 +117,5 @@ def entry_for(
         default=default,
         confidence=None if answer.get("confidence") is None else float(answer["confidence"]),
         answer_loss=loss(answer["output"], label, scale) if answered and not default else None,
+        incarnation=incarnation,
     )

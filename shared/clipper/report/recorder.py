@@ -24,12 +24,21 @@ class FeedbackRecorder:
         self.appended = 0
         self.failures = 0
 
-    def record(self, message: FeedbackMessage, record: Mapping[str, Any], scale: float = 1.0) -> None:
+    def record(
+        self, message: FeedbackMessage, record: Mapping[str, Any], scale: float = 1.0, incarnation: int = 0
+    ) -> None:
         """Append the entry of ``message``, applied now, joined with its prediction ``record`` (``scale``: the
-        application's loss scale, as the bandit judged the outputs with it)."""
+        application's loss scale, as the bandit judged the outputs with it; ``incarnation``: the application's)."""
         try:
             entry = entry_for(
-                self._clock.now(), message.feedback_id, message.app, message.user, message.label, record, scale
+                self._clock.now(),
+                message.feedback_id,
+                message.app,
+                message.user,
+                message.label,
+                record,
+                scale,
+                incarnation,
             )
             self._log.append(entry)
         except Exception as e:  # a failing log never fails the feedback (the state is updated already)
