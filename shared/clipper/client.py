@@ -367,6 +367,15 @@ class ClipperConnection:
         path = f"/admin/apps/{urllib.parse.quote(app, safe='')}/report" + (f"?{params}" if params else "")
         return self._answer(self._request(path))
 
+    def get_selection_state(self, app: str, uid: int | str | None = None) -> Any:
+        """The bandit state the application's next query is drawn with, or a user's (``uid``): each linked model's
+        weight, its probability of being drawn (Exp3), how often it was judged and its mean loss, and
+        ``learned_from`` (``user``, ``application`` or ``initial``) (``GET /admin/apps/{app}/selection``)."""
+        path = f"/admin/apps/{urllib.parse.quote(app, safe='')}/selection"
+        if uid is not None:
+            path += "?" + urllib.parse.urlencode({"uid": str(uid)})
+        return self._answer(self._request(path))
+
     def predict(self, app: str, input: Any, uid: int | str | None = None, debug: bool = False) -> Any:
         """One query (``input``: a list, a numpy array, a string, or bytes for a bytes app), or a batch of them
         (``batch([...])``). A numpy array of more than one dimension is read by the app's declared shape, asked

@@ -308,11 +308,13 @@ def build_report_service(settings: CommonSettings, dynamodb: Any) -> ReportServi
     from clipper.adapters.clock import SystemClock
     from clipper.adapters.dynamodb_feedback_log import DynamoDBFeedbackLog
     from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+    from clipper.adapters.dynamodb_selection import DynamoDBSelectionStore
     from clipper.admin.report import ReportService
 
     table = settings.selection_table
     log = DynamoDBFeedbackLog(dynamodb, table) if table else None
-    return ReportService(DynamoDBRegistry(dynamodb, settings.registry_table), log, SystemClock())
+    states = DynamoDBSelectionStore(dynamodb, table) if table else None
+    return ReportService(DynamoDBRegistry(dynamodb, settings.registry_table), log, SystemClock(), states=states)
 
 
 def build_feedback_receiver(

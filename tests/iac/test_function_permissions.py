@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from infra.local import cfn
 from tests.iac.conftest import IGNORE_MOTO_SKIPS, REPO_ROOT, SERVICE_TEMPLATE
+from tests.iac.test_translate import role_statements
 
 pytestmark = [pytest.mark.iac, IGNORE_MOTO_SKIPS]
 
@@ -175,6 +176,46 @@ def test_the_admin_functions_role_allows_every_dynamodb_call_of_the_model_lifecy
     assert ("RegistryTable", "dynamodb:ConditionCheckItem") in used
     assert {("FeedbackQueue", "sqs:GetQueueAttributes"), ("FeedbackDeadLetterQueue", "sqs:GetQueueAttributes")} <= used
     assert missing(recorded, tables, translated, "AdminFunctionRole") == []
+
+
+def test_the_admin_reads_of_the_selection_table_keep_to_its_leading_keys(
+    admin: TestClient, tables: dict[str, str], translated: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admin role reads the selection table only under the partition keys its condition names (the feedback
+    log's, the bandit states'): a read of another key is AccessDenied on AWS, which moto does not check."""
+    import fnmatch
+
+    selection = next(physical for physical, logical in tables.items() if logical == "SelectionTable")
+    keys: list[str] = []
+    real = botocore.client.BaseClient._make_api_call
+
+    def recording(self: Any, operation: str, params: dict[str, Any]) -> Any:
+        if params.get("TableName") == selection:
+            if "Key" in params:
+                keys.append(params["Key"]["pk"]["S"])
+            for value in params.get("ExpressionAttributeValues", {}).values():  # a Query's partition key
+                if "S" in value and ("#" in value["S"] or value["S"].startswith("app/")):
+                    keys.append(value["S"])
+        return real(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recording)
+    app = {"name": "sel", "input_type": "floats", "default_output": "0", "latency_slo_micros": 100_000}
+    assert admin.post("/admin/add_app", json=app).status_code == 200
+    assert admin.post("/admin/set_app_policy", json={"name": "sel", "policy": "exp3"}).status_code == 200
+    for uid in (None, "7"):
+        got = admin.get("/admin/apps/sel/selection", params={} if uid is None else {"uid": uid})
+        assert got.status_code == 200, got.text
+    assert admin.get("/admin/apps/sel/report").status_code == 200
+    admin.post("/admin/delete_app", json={"name": "sel"})
+
+    statement = next(
+        st
+        for st in role_statements(translated, "AdminFunction")
+        if st.get("Resource") == {"Fn::GetAtt": ["SelectionTable", "Arn"]}
+    )
+    patterns = statement["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+    assert {"app/sel", "app/sel/user/7"} <= set(keys)
+    assert [k for k in keys if not any(fnmatch.fnmatchcase(k, p) for p in patterns)] == []
 
 
 def test_a_missing_grant_is_found(tables: dict[str, str], translated: dict[str, Any]) -> None:

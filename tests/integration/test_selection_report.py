@@ -181,11 +181,14 @@ def test_clipper_report_prints_a_table_and_writes_the_json_and_the_png(tables, l
 
     import uvicorn
 
+    from clipper.adapters.dynamodb_selection import DynamoDBSelectionStore
     from clipper.cli import main
     from tests.services import free_port, wait_for_port
 
     registry, b_answers = logged
-    report = ReportService(registry, DynamoDBFeedbackLog(tables.dynamodb, "selection"), FakeClock(_now()))
+    states = DynamoDBSelectionStore(tables.dynamodb, "selection")
+    log = DynamoDBFeedbackLog(tables.dynamodb, "selection")
+    report = ReportService(registry, log, FakeClock(_now()), states=states)
     admin = create_admin_app(AdminService(registry), "token", TOKEN, report)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(admin, port=port, log_level="warning", lifespan="off"))
@@ -207,6 +210,13 @@ def test_clipper_report_prints_a_table_and_writes_the_json_and_the_png(tables, l
         ] == b"\x89PNG\r\n\x1a\n" and f"wrote {out / 'report.png'}" in printed
         assert main(["--url", url, "--token", TOKEN, "report", "nope", "--out", str(out)]) == 2  # unknown app
         assert "nope" in capsys.readouterr().err
+        # the bandit state, through the client: the table, and the JSON
+        assert main(["--url", url, "--token", TOKEN, "selection", "digits", "--uid", "7"]) == 0
+        printed = capsys.readouterr().out
+        assert "digits (exp3), user 7: the application's state (the user has none of its own yet)" in printed
+        assert printed.splitlines()[3].split()[0] == "a"
+        assert main(["--url", url, "--token", TOKEN, "selection", "digits", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["updates"] == N
     finally:
         server.should_exit = True
         thread.join(10)
@@ -228,3 +238,45 @@ def test_an_application_added_again_reports_its_own_feedback_only(tables, logged
     newer = entry(_now() - 5, "new-1")  # before the report's clock
     log.append(FeedbackEntry(**{**newer.__dict__, "incarnation": again.incarnation}))
     assert report.report("digits")["feedbacks"] == 1
+
+
+def test_the_selection_state_shows_what_feedback_taught(tables, logged, capsys):
+    """``GET /admin/apps/{app}/selection`` and ``clipper selection``: the weights the next query is drawn with. A
+    user could only count ``?debug=true`` choices to see that the better model gained weight."""
+    from clipper.adapters.dynamodb_selection import DynamoDBSelectionStore
+    from clipper.cli.report import selection_table
+    from clipper.selection.state import initial_state, state_key
+
+    aws = tables
+    registry, _ = logged
+    states = DynamoDBSelectionStore(aws.dynamodb, "selection")
+    report = ReportService(registry, DynamoDBFeedbackLog(aws.dynamodb, "selection"), FakeClock(_now()), states=states)
+    client = TestClient(create_admin_app(AdminService(registry), "token", TOKEN, report))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    body = client.get("/admin/apps/digits/selection", headers=auth).json()
+    assert body["learned_from"] == "application" and body["updates"] == N and body["policy"] == "exp3"
+    models = {m["model"]: m for m in body["models"]}
+    assert models["a"]["weight"] > 0.9 > 0.1 > models["b"]["weight"]  # a always right, b always wrong
+    assert models["a"]["mean_loss"] == 0.0 and models["b"]["mean_loss"] == 1.0
+    assert models["a"]["judged"] + models["b"]["judged"] == N
+    assert sum(m["probability"] for m in body["models"]) == pytest.approx(1.0)
+    assert models["b"]["probability"] > models["b"]["weight"]  # exp3's exploration floor
+
+    new_user = client.get("/admin/apps/digits/selection", params={"uid": "7"}, headers=auth).json()
+    assert new_user["learned_from"] == "application" and new_user["user_id"] == "7"
+    assert [m["weight"] for m in new_user["models"]] == [m["weight"] for m in body["models"]]  # where it starts
+    incarnation = registry.get_app("digits").incarnation
+    own = initial_state("exp3", ["a", "b"], incarnation)
+    assert states.save(state_key("digits", "7"), own, expected_version=0)
+    user = client.get("/admin/apps/digits/selection", params={"uid": 7}, headers=auth).json()
+    assert user["learned_from"] == "user" and [m["weight"] for m in user["models"]] == [0.5, 0.5]
+
+    printed = selection_table(body)
+    assert f"digits (exp3), the application: the application's state; {N} updates" in printed
+    assert client.get("/admin/apps/nope/selection", headers=auth).status_code == 404
+    assert client.get("/admin/apps/digits/selection", params={"uid": ""}, headers=auth).status_code == 400
+    assert client.get("/admin/apps/digits/selection").status_code == 401
+    registry.put_app(digits_app(name="fresh", policy="exp3", incarnation=new_incarnation()))
+    fresh = client.get("/admin/apps/fresh/selection", headers=auth).json()
+    assert fresh["learned_from"] == "initial" and fresh["models"] == [] and fresh["updates"] == 0

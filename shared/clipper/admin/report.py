@@ -22,6 +22,8 @@ from clipper.errors import ClipperError, InvalidInput, Unavailable
 from clipper.ports import Clock
 from clipper.report.entry import FeedbackEntry
 from clipper.report.figures import selection_report
+from clipper.selection.policies import policy_for
+from clipper.selection.state import SelectionState, ensure_state, state_for_user, state_key, user_is_current
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,10 @@ def parse_time(text: str | None, now: float, field: str, default: float) -> floa
     return value
 
 
+class StateReader(Protocol):
+    def load(self, key: str) -> SelectionState | None: ...
+
+
 class ReportService:
     def __init__(
         self,
@@ -75,8 +81,10 @@ class ReportService:
         clock: Clock,
         max_entries: int = 50_000,
         why_no_log: str = "no feedback log is configured (CLIPPER_SELECTION_TABLE)",
+        states: StateReader | None = None,
     ) -> None:
         self._registry = registry
+        self._states = states
         self._log = log
         self._clock = clock
         self._max_entries = max_entries
@@ -112,6 +120,48 @@ class ReportService:
             "truncated": truncated,
         }
         return head | figures
+
+    def selection(self, app: str, user_id: str | None = None) -> dict[str, Any]:
+        """The bandit state an application's next query is drawn with (``user_id``: that user's), as the frontend
+        reads it: each linked model's weight, its probability of being drawn (Exp3), how often it was judged and
+        its mean loss. ``learned_from`` says whose state it is: ``user`` (the user's own), ``application`` (the
+        application's, which a user without a state of its own starts from) or ``initial`` (nothing learned yet,
+        or learned for another policy or an application deleted since)."""
+        application, links = self._registry.app_and_links(app)  # NotFound: 404
+        if self._states is None:
+            raise Unavailable(f"the selection state: {self._why_no_log}")
+        incarnation = getattr(application, "incarnation", 0)
+        stored = self._states.load(state_key(app))
+        state = ensure_state(stored, application.policy, links, incarnation)
+        learned_from = "application" if stored is not None and user_is_current(state, stored) else "initial"
+        if user_id is not None:
+            own = self._states.load(state_key(app, user_id))
+            if user_is_current(state, own):
+                assert own is not None
+                state, learned_from = ensure_state(own, application.policy, links, incarnation), "user"
+            else:
+                state = state_for_user(state, None)
+        policy = policy_for(application.policy, application.policy_params)
+        drawn = getattr(policy, "probabilities", None)
+        probabilities = drawn(state) if drawn is not None and state.arms else {}
+        return {
+            "app": app,
+            "user_id": user_id,
+            "policy": application.policy,
+            "learned_from": learned_from,
+            "updates": state.updates if learned_from != "initial" else 0,
+            "models": [
+                {
+                    "model": a.model,
+                    "weight": a.weight,
+                    **({"probability": probabilities[a.model]} if a.model in probabilities else {}),
+                    "judged": a.pulls,
+                    "mean_loss": a.mean_loss,
+                    "version": a.version,
+                }
+                for a in state.arms
+            ],
+        }
 
     def _canary_events(self, models: list[str], start: float, end: float) -> dict[str, list[dict[str, Any]]]:
         """Each model's last canary events (newest first) within the report's range (an event without a time: kept)."""
@@ -154,3 +204,16 @@ def add_report_route(
         window: int | None = Query(None, ge=1, le=1_000_000, description="feedbacks per loss-over-time point"),
     ) -> dict[str, Any]:
         return report.report(app_name, since, until, window)
+
+    @app.get(
+        "/admin/apps/{app_name}/selection",
+        dependencies=dependencies,
+        tags=["admin"],
+        summary="The bandit state an application's (or a user's) next query is drawn with",
+        responses=responses,
+    )
+    def get_selection(
+        app_name: str,
+        uid: str | None = Query(None, min_length=1, max_length=512, description="a user's state (the query's uid)"),
+    ) -> dict[str, Any]:
+        return report.selection(app_name, uid)

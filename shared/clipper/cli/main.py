@@ -40,6 +40,7 @@ def parser() -> argparse.ArgumentParser:
     query.add_parsers(sub)
     local.add_parsers(sub)
     report.add_parser(sub)
+    report.add_selection_parser(sub)
     cost_cli.add_parser(sub)
     return p
 
@@ -76,6 +77,8 @@ def _main(argv: list[str] | None) -> int:
             return query.run(args, conn)
         if args.command == "report":
             return report.run(args, conn)
+        if args.command == "selection":
+            return report.run_selection(args, conn)
         if args.command == "inspect":
             state = conn.inspect_instance()
             processes = _local_processes(conn)

@@ -1,5 +1,6 @@
 """``clipper report APP``: an application's live selection quality (``GET /admin/apps/{app}/report``) as a short
-table, with every figure in ``report.json`` and the curves in ``report.png`` under ``--out``."""
+table, with every figure in ``report.json`` and the curves in ``report.png`` under ``--out``. ``clipper selection
+APP [--uid U]``: the bandit state its next query is drawn with (``GET /admin/apps/{app}/selection``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,40 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r.add_argument("--until", help="as --since (default now)")
     r.add_argument("--window", type=int, help="feedbacks per point of the loss over time (default: ~20 points)")
     r.add_argument("--out", default=".", help="folder of report.json and report.png (default: here)")
+
+
+def add_selection_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    r = sub.add_parser("selection", help="the bandit state an application's (or a user's) next query is drawn with")
+    r.add_argument("app")
+    r.add_argument("--uid", help="a user's state (the uid its queries and feedback carry)")
+    r.add_argument("--json", action="store_true", help="the whole answer as JSON")
+
+
+def run_selection(args: argparse.Namespace, conn: ClipperConnection) -> int:
+    state = conn.get_selection_state(args.app, uid=args.uid)
+    print(json.dumps(state, indent=2) if args.json else selection_table(state))
+    return 0
+
+
+def selection_table(state: dict[str, Any]) -> str:
+    who = f"user {state['user_id']}" if state.get("user_id") is not None else "the application"
+    source = {
+        "user": "the user's own state",
+        "application": "the application's state" + (" (the user has none of its own yet)" if state["user_id"] else ""),
+        "initial": "nothing learned yet: every model weighs the same",
+    }[state["learned_from"]]
+    lines = [
+        f"{state['app']} ({state['policy']}), {who}: {source}; {state['updates']} updates",
+        "",
+        f"{'model':<20} {'weight':>8} {'drawn':>8} {'judged':>7} {'mean loss':>10}  version",
+    ]
+    for m in state["models"]:
+        drawn = _f(m.get("probability")) if "probability" in m else "-"
+        lines.append(
+            f"{m['model']:<20} {m['weight']:>8.3f} {drawn:>8} {m['judged']:>7} {_f(m['mean_loss']):>10}  "
+            f"{m.get('version') or '-'}"
+        )
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace, conn: ClipperConnection) -> int:
