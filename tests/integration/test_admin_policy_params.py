@@ -29,7 +29,11 @@ def test_parameters_are_stored_with_the_app_and_used_by_its_policy(admin, aws) -
     assert info["policy_params_in_use"]["gamma"] == 0.02 and info["policy_params_in_use"]["eta"] == 0.5
     # a later change of policy keeps them (exp4 takes eta too) and the app's answer shows them
     ok(admin.post("/admin/set_app_policy", json={"name": "digits", "policy": "exp4"}))
-    assert ok(admin.post("/admin/get_application", json={"name": "digits"}))["policy_params"]["eta"] == 0.5
+    shown = ok(admin.post("/admin/get_application", json={"name": "digits"}))
+    assert shown["policy_params"]["eta"] == 0.5
+    # and what the policy runs with, defaults included (it was in set_policy_params' answer only)
+    in_use = {"eta": 0.5, "k": None, "min_ratio": 1e-4, "tolerance": 0.1, "loss_scale": 1.0}
+    assert shown["policy_params_in_use"] == in_use
     assert registry.get_app("digits").policy_params == PolicyParams(eta=0.5)
 
 

@@ -171,5 +171,9 @@ def test_an_upload_url_is_refused_for_a_registered_version(api, demo_models, cap
     assert clipper("deploy", "mlp", "2", model, "--timeout", "60") == 0
     capsys.readouterr()
     assert clipper("upload-url", "mlp", "2") == 2
-    assert "409 conflict: mlp:2 is registered already and versions are immutable" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "409 conflict: mlp:2 is registered already and versions are immutable" in err
+    assert "it is the active version" in err and "--start 2" not in err  # a canary of the active one is refused
+    assert clipper("upload-url", "mlp", "1") == 2
+    assert "start this one as the canary" in capsys.readouterr().err  # an inactive one can be
     assert clipper("deploy", "mlp", "2", model, "--timeout", "10") == 2

@@ -37,6 +37,7 @@ from clipper.errors import ChangedMeanwhile, ClipperError, Conflict, InvalidInpu
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks, check_idle, unserved_reason
 from clipper.models.updater import validated_prefix
 from clipper.ports import CanaryEvidenceStore, Clock
+from clipper.selection import policy_for
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,10 @@ class AdminService:
         return app_info(app, [])
 
     def get_application(self, name: str) -> dict[str, Any]:
-        return app_info(*self._registry.app_and_links(name))
+        """The application, its links, and the parameters its policy runs with (``policy_params_in_use``: the set
+        ones and the policy's defaults for the rest)."""
+        app, links = self._registry.app_and_links(name)
+        return {**app_info(app, links), "policy_params_in_use": vars(policy_for(app.policy, app.policy_params))}
 
     def get_all_applications(self, verbose: bool = False) -> list[Any]:
         names = self._registry.app_names()
@@ -280,9 +284,14 @@ class AdminService:
         except NotFound:
             head, versions = None, {}
         if version in versions:
+            other = (
+                "; it is the active version"
+                if head is not None and version == head.active_version
+                else f" (or start this one as the canary: POST /admin/start_canary, `clipper canary {model} --start "
+                f"{version}`)"
+            )
             raise Conflict(
-                f"{model}:{version} is registered already and versions are immutable: upload a new version (or start "
-                f"this one as the canary: POST /admin/start_canary, `clipper canary {model} --start {version}`)"
+                f"{model}:{version} is registered already and versions are immutable: upload a new version{other}"
             )
         if head is not None and self._stacks is None:
             raise Conflict(unserved_reason(model, version, head.active_version))

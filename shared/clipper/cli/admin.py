@@ -122,7 +122,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     act.add_argument("--promote", action="store_true", help="make the canary the active version now")
     act.add_argument("--abort", action="store_true", help="end the canary now; the active version keeps every query")
     act.add_argument("--start", metavar="VERSION", help="start a registered version as the canary")
-    cn.add_argument("--share", type=number, default=10.0, metavar="PERCENT", help="--start's share (default 10)")
+    cn.add_argument("--share", type=number, metavar="PERCENT", help="--start's share (default 10)")
     cn.add_argument("--events", type=int, default=10, help="how many of the last events to show (default 10)")
     cn.add_argument("--json", action="store_true", help="the API's answer, as JSON")
     _canary_options(cn)
@@ -224,7 +224,11 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
         if args.abort:
             return conn.abort_canary(args.name)
         if args.start:
-            return conn.start_canary(args.name, args.start, args.share, **_canary_params(args))
+            share = 10.0 if args.share is None else args.share
+            return conn.start_canary(args.name, args.start, share, **_canary_params(args))
+        ignored = ["--share"] * (args.share is not None) + [f"--{n.replace('_', '-')}" for n in _canary_params(args)]
+        if ignored:  # they were ignored: the command looked like it changed the canary
+            raise SystemExit(f"clipper: {', '.join(ignored)} go with --start VERSION (a running canary keeps its own)")
         return conn.get_canary(args.name, args.events)
     if c == "batching":
         changes = {k: getattr(args, k) for k in ("controller", "batch_size", "max_batch_size", "batch_wait_ms")}
