@@ -429,31 +429,3 @@ def test_a_new_shared_layer_publishes_a_new_frontend_version() -> None:
     assert one == same  # an unchanged deploy publishes nothing
     assert other_layer != one
     assert other_code != one
-
-
-def test_sagemaker_names_and_grants_keep_stacks_apart(translated: dict[str, Any]) -> None:
-    """A model stack names SageMaker's model and endpoint ``<service>-model-<ModelName>``, like its queues, and the
-    roles that create and log them are granted ``<stack>-model-*``: with ``<service>-<ModelName>`` and ``<stack>-*``,
-    the stack ``clipper``'s roles covered ``clipper-staging``'s endpoints, and its model ``staging-mlp`` v1 would
-    have taken the name of ``clipper-staging``'s ``mlp`` v1."""
-    model = cfn.load_template(MODEL_TEMPLATE)
-    resources = model["Resources"]
-    names = [
-        resources["SageMakerModel"]["Properties"]["ModelName"],
-        resources["Endpoint"]["Properties"]["EndpointName"],
-    ]
-    assert names == [{"Fn::Sub": "${ServiceStackName}-model-${ModelName}"}] * 2
-    params = model["Parameters"]
-    # SageMaker's names: 63 characters at most
-    assert params["ServiceStackName"]["MaxLength"] + len("-model-") + params["ModelName"]["MaxLength"] <= 63
-
-    def sagemaker_grants(role: str) -> list[str]:
-        props = translated["Resources"][role]["Properties"]
-        statements = [s for p in props["Policies"] for s in p["PolicyDocument"]["Statement"]]
-        resources = [r for s in statements for r in _as_list(s["Resource"])]
-        texts = [r["Fn::Sub"] for r in resources if isinstance(r, dict) and "Fn::Sub" in r]
-        return [t for t in texts if (":sagemaker:" in t and ("model/" in t or "endpoint/" in t)) or "Endpoints/" in t]
-
-    grants = sagemaker_grants("ModelStackRole") + sagemaker_grants("SageMakerExecutionRole")
-    assert len(grants) == 3
-    assert all(g.endswith("${AWS::StackName}-model-*") for g in grants), grants

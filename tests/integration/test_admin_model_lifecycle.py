@@ -76,7 +76,7 @@ def test_stack_model_names_fit_the_template_and_keep_versions_apart():
     assert stack_model_name("mlp", "2") == "mlp-v2"
     assert stack_model_name("mlp", "1.0") != stack_model_name("mlp", "1_0")
     long = stack_model_name("a-very-long-model-name-for-this", "2024-01-01.rc1")
-    assert len(long) <= 24 and long[0].isalnum() and long[-1].isalnum() and "--" not in long
+    assert len(long) <= 30 and long[0].isalnum() and long[-1].isalnum() and "--" not in long
 
 
 def test_a_version_stack_is_created_once_scaled_and_deleted(aws, stacks):

@@ -192,7 +192,7 @@ def test_models_and_versions_that_read_alike_get_stacks_of_their_own():
 def test_stack_names_are_unique_per_model_version_and_fit_cloudformation(a, b):
     first, second = stack_model_name(*a), stack_model_name(*b)
     for name in (first, second):
-        assert len(name) <= 24 and re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*", name), name  # the template's rule
+        assert len(name) <= 30 and re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*", name), name  # the template's rule
         assert STACK_NAME.fullmatch(f"clipper-model-{name}")
     if a != b:
         assert first.lower() != second.lower(), (a, b)

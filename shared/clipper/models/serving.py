@@ -19,9 +19,8 @@ from typing import Protocol
 from clipper.core.domain import BatchingSettings
 from clipper.errors import Conflict, NotFound
 
-# infra/model-stack.yaml's ModelName: letters, digits and hyphens (not first or last), at most 24 characters
-# (<stack>-model-<ModelName> names SageMaker's model and endpoint: 63 characters at most, the stack's 32).
-_MAX_STACK_MODEL_NAME = 24
+# infra/model-stack.yaml's ModelName: letters, digits and hyphens (not first or last), at most 30 characters.
+_MAX_STACK_MODEL_NAME = 30
 _PARAMETER = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")  # the parameter's AllowedPattern
 _PLAIN_VERSION = re.compile(r"[a-z0-9]+")
 
