@@ -50,6 +50,10 @@ logger = logging.getLogger("clipper.local")
 Status = Literal["running", "restarting", "stopped"]
 
 
+# The exit code a child that could not be started again counts as (a shell's "command not found")
+FAILED_START = 127
+
+
 class Stage(enum.IntEnum):
     """The order children stop in (lowest first); they start in the launcher's own order."""
 
@@ -197,12 +201,13 @@ class Supervisor:
         except OSError as e:  # a full disk: the process without its log, rather than no process
             self._fault(f"log {log_path}", e)
             return popen(subprocess.DEVNULL)
+        self._faults.discard(f"log {log_path}")  # said again if it fails again
         with log:
             return popen(log)
 
     def _fault(self, what: str, error: BaseException) -> None:
-        """A failure of the supervisor's own files (a full disk, the state folder removed): logged once while it
-        lasts; the children are supervised meanwhile, and the file is written again once it can be."""
+        """A failure of the supervisor's own files (a full disk, the state folder removed) or of a child's start:
+        logged once while it lasts (until the same succeeds again); the children are supervised meanwhile."""
         if what not in self._faults:
             self._faults.add(what)
             logger.warning("%s could not be written (%s); supervising on, writing it again later", what, error)
@@ -223,7 +228,14 @@ class Supervisor:
                         self._exited(child, code, now)
                 elif child.status == "restarting" and now >= child.due_at:
                     self._note_restart(child, child.record.last_exit)
-                    self._launch(child)
+                    try:
+                        self._launch(child)
+                    except Exception as e:  # fork failed, its binary gone...: an exit, under the back-off
+                        self._fault(f"start of {child.name}", e)
+                        child.started_at = now
+                        self._exited(child, FAILED_START, now)
+                        continue
+                    self._faults.discard(f"start of {child.name}")
                     child.record.restarted(self._wall())
                     logger.info("%s restarted (restart %d, pid %s)", child.name, child.record.restarts, child.pid)
                     restarted.append(child)
@@ -258,6 +270,7 @@ class Supervisor:
             child.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(child.log_path, "ab") as log:
                 log.write(f"\n[local-stack] {stamp} restarted after it {describe_exit(code or 0)}\n".encode())
+            self._faults.discard(f"log {child.log_path}")
         except OSError as e:
             self._fault(f"log {child.log_path}", e)
 

@@ -314,3 +314,29 @@ def test_a_childs_folders_are_made_again_before_it_restarts(tmp_path):
     w.advance(1.0)
 
     assert w.launches("redis") == 2 and data.is_dir()
+
+
+def test_a_child_that_cannot_be_started_again_backs_off_and_holds_up_no_other(tmp_path):
+    """A restart that raised (fork failed, its binary gone) left the poll before the children after it, again each
+    0.1 s: their exits went unnoticed, none was restarted, and no back-off applied (found by a review)."""
+    w = World(tmp_path)
+    w.start("redis", Stage.REDIS)
+    w.start("batcher-mlp", Stage.BATCHERS)
+    launch = w.sup._launch_fn
+
+    def failing_for_redis(spec, log_path):
+        if spec.name == "redis" and w.launches("redis") >= 1:
+            w.launched.append(("redis-failed", FakeProcess(0)))
+            raise FileNotFoundError("redis-server")
+        return launch(spec, log_path)
+
+    w.sup._launch_fn = failing_for_redis
+    w.current("redis").code = -9
+    w.current("batcher-mlp").code = -9
+
+    w.advance(4.0)
+
+    assert w.launches("batcher-mlp") == 2  # restarted after its back-off
+    tries = w.launches("redis-failed")
+    assert 2 <= tries <= 4, tries  # 0.5 s, then 1 s, 2 s apart: not every poll
+    assert w.status("redis")["status"] == "restarting"
