@@ -68,6 +68,8 @@ def test_deploy_as_a_canary_then_look_promote_and_roll_back(api, demo_models, ca
     # a share or a canary parameter without --start is refused, not ignored (it exited 0 as if it changed something)
     assert clipper("canary", "mlp", "--share", "20", "--min-feedback", "40") == 2
     assert "--share, --min-feedback go with --start VERSION" in capsys.readouterr().err
+    assert clipper("canary", "mlp", "--abort", "--share", "20") == 2  # nor with --promote or --abort
+    assert "--share go with --start VERSION" in capsys.readouterr().err
     # a registered version started as the canary by hand, then aborted
     assert clipper("canary", "mlp", "--start", "2", "--share", "20", "--max-feedback", "900") == 0
     started = json.loads(capsys.readouterr().out)["canary"]

@@ -272,6 +272,13 @@ def test_the_selection_state_shows_what_feedback_taught(tables, logged, capsys):
     user = client.get("/admin/apps/digits/selection", params={"uid": 7}, headers=auth).json()
     assert user["learned_from"] == "user" and [m["weight"] for m in user["models"]] == [0.5, 0.5]
 
+    # a model's active version changes: its arm starts again, as the frontend draws it (found by a review)
+    registry.put_version(model_version("a", "2"), activate=True)
+    moved = client.get("/admin/apps/digits/selection", headers=auth).json()
+    a2 = next(m for m in moved["models"] if m["model"] == "a")
+    assert a2["version"] == "2" and a2["judged"] == 0 and a2["weight"] < models["a"]["weight"]
+    registry.set_active_version("a", "1")  # back
+
     printed = selection_table(body)
     assert f"digits (exp3), the application: the application's state; {N} updates" in printed
     assert client.get("/admin/apps/nope/selection", headers=auth).status_code == 404

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from clipper.adapters.aws_errors import aws_call, cancellation_codes, translate
+from clipper.adapters.dynamodb_selection import MARKER_TTL_S as SELECTION_MARKER_TTL_S
 from clipper.canary.evidence import VersionEvidence
 from clipper.errors import Conflict
 
@@ -41,7 +42,7 @@ else:
 # A marker (this feedback id was counted) outlives the feedback message: a message lives at most 14 days (the
 # dead-letter queue keeps it that long from its first enqueue; template.yaml), so a message redriven from there
 # is still recognised (with 24 h it was applied again)
-MARKER_TTL_S = 15 * 24 * 3600
+MARKER_TTL_S = SELECTION_MARKER_TTL_S  # the bandit states' markers', beside which these live (15 days)
 _FIELDS = ("feedback", "loss_sum", "queries", "errors", "slo_misses")
 
 

@@ -24,6 +24,7 @@ from clipper.report.entry import FeedbackEntry
 from clipper.report.figures import selection_report
 from clipper.selection.policies import policy_for
 from clipper.selection.state import SelectionState, ensure_state, state_for_user, state_key, user_is_current
+from clipper.selection.versions import active_versions
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class FeedbackLogReader(Protocol):
 
 class ReportRegistry(Protocol):
     def app_and_links(self, name: str) -> tuple[Any, list[str]]: ...
+
+    def active_version(self, name: str) -> Any: ...
 
 
 def parse_time(text: str | None, now: float, field: str, default: float) -> float:
@@ -131,16 +134,15 @@ class ReportService:
         if self._states is None:
             raise Unavailable(f"the selection state: {self._why_no_log}")
         incarnation = getattr(application, "incarnation", 0)
+        # as the frontend's Selector.state_for: an arm whose model's active version changed since starts again
+        versions = active_versions(self._registry, links)
         stored = self._states.load(state_key(app))
-        state = ensure_state(stored, application.policy, links, incarnation)
+        state = ensure_state(stored, application.policy, links, incarnation, versions)
         learned_from = "application" if stored is not None and user_is_current(state, stored) else "initial"
         if user_id is not None:
             own = self._states.load(state_key(app, user_id))
-            if user_is_current(state, own):
-                assert own is not None
-                state, learned_from = ensure_state(own, application.policy, links, incarnation), "user"
-            else:
-                state = state_for_user(state, None)
+            learned_from = "user" if user_is_current(state, own) else learned_from
+            state = ensure_state(state_for_user(state, own), application.policy, links, incarnation, versions)
         policy = policy_for(application.policy, application.policy_params)
         drawn = getattr(policy, "probabilities", None)
         probabilities = drawn(state) if drawn is not None and state.arms else {}

@@ -219,16 +219,16 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
     if c == "metrics":
         return conn.get_metrics()
     if c == "canary":
-        if args.promote:
-            return conn.promote_canary(args.name)
-        if args.abort:
-            return conn.abort_canary(args.name)
         if args.start:
             share = 10.0 if args.share is None else args.share
             return conn.start_canary(args.name, args.start, share, **_canary_params(args))
         ignored = ["--share"] * (args.share is not None) + [f"--{n.replace('_', '-')}" for n in _canary_params(args)]
-        if ignored:  # they were ignored: the command looked like it changed the canary
+        if ignored:  # they would be ignored: the command would look as if it changed the canary
             raise SystemExit(f"clipper: {', '.join(ignored)} go with --start VERSION (a running canary keeps its own)")
+        if args.promote:
+            return conn.promote_canary(args.name)
+        if args.abort:
+            return conn.abort_canary(args.name)
         return conn.get_canary(args.name, args.events)
     if c == "batching":
         changes = {k: getattr(args, k) for k in ("controller", "batch_size", "max_batch_size", "batch_wait_ms")}

@@ -12,6 +12,10 @@ reads; the Python-level handlers do nothing. A handler that set the stop event i
 was, possibly inside that event's own lock (``Event.wait`` holds it around its checks), and the next signal could
 enter it again there: it then waited for the lock forever. A batcher orphaned by a launcher killed with -9 kept
 running that way, ignoring SIGTERM.
+
+The wakeup fd is the process's only one: a process using this must not also take signals through asyncio
+(``loop.add_signal_handler`` sets its own), or the stop signals would reach no one. ``listen`` refuses when a
+wakeup fd is set already. After ``ready``, the first stop signal counts; later ones change nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ class StopSignals:
         ends the process at once, with 128 + its number, as a shell reports it."""
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)  # what set_wakeup_fd needs
-        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        if previous != -1:
+            signal.set_wakeup_fd(previous)
+            raise RuntimeError("a signal wakeup fd is set already (asyncio's?): the stop signals would be lost")
         for sig in STOP_SIGNALS:
             signal.signal(sig, _noted)
         threading.Thread(target=self._take, args=(read_end,), name="clipper-signals", daemon=True).start()
