@@ -32,12 +32,17 @@ import boto3
 
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.adapters.resp import RespClient
+from clipper.entrypoints.feedback_worker import LOCAL_DURABLE_KEY_ENV
 from infra.local import aof, demo, gate
 from infra.local.serving import LocalModelServing, Replica
 from infra.local.state import SNAPSHOT_TABLES, Ports, Snapshot, repoint_endpoints
 from infra.local.supervisor import Child, ChildSpec, Stage, Supervisor, lower_thread_priority
 
 logger = logging.getLogger("clipper.local")
+# The time up to which moto's state is copied to disk (set after each copy): the feedback worker acknowledges a
+# message once its effects are older (``clipper.entrypoints.feedback_worker``), so a kill -9 of the stack, which takes
+# moto's memory with it, loses no accepted feedback: the message comes back and is applied to the restored state.
+DURABLE_KEY = "clipper:local:durable-at"
 
 # The processes behind the frontend on a query's path: they start at --backend-nice (replicas, deployed versions and
 # restarts too)
@@ -142,6 +147,8 @@ class LocalStack:
                 self.outputs["FeedbackQueueUrl"],
             ],
             Stage.WORKERS,
+            # with the feedback queue on Redis, a message is acknowledged once moto's state copy holds what it did
+            env={**self.env, LOCAL_DURABLE_KEY_ENV: DURABLE_KEY} if self.args.queue == "redis" else None,
             nice=self.args.background_nice,
         )
         registry = DynamoDBRegistry(boto3.client("dynamodb"), self.env["CLIPPER_REGISTRY_TABLE"])
@@ -348,9 +355,12 @@ class LocalStack:
                 logger.exception("stack-follow pass failed; going on")
 
     def take_snapshot(self) -> None:
+        """Copy moto's state out (what changed), then tell the feedback worker up to when its work is on disk
+        (``DURABLE_KEY``: the time the copy began reading)."""
         if self.snapshot is None or not self.state_ready.is_set():
             return
         generation = self._moto_generation
+        began = time.time()
         try:
             self.snapshot.take(lambda: self.state_ready.is_set() and generation == self._moto_generation)
         except OSError as e:  # the state folder: a full disk, or removed under the stack
@@ -364,6 +374,18 @@ class LocalStack:
         if self._snapshot_failing:
             self._snapshot_failing = False
             logger.info("the state copy is written again")
+        if self.args.queue == "redis" and self.state_ready.is_set() and generation == self._moto_generation:
+            self._mark_durable(began)  # (a copy that moto's restart cut short wrote nothing: no mark)
+
+    def _mark_durable(self, at: float) -> None:
+        try:
+            client = RespClient.from_url(self.env["REDIS_URL"])
+            try:
+                client.execute([("SET", DURABLE_KEY, repr(at))])
+            finally:
+                client.close()
+        except Exception as e:  # redis down: the worker holds its acknowledgements until the next copy
+            logger.debug("durable time not set: %s", e)
 
     def _moto_exited(self, code: int) -> None:
         self.state_ready.clear()
@@ -435,8 +457,10 @@ class LocalStack:
         if self.dispatcher is not None:
             self.dispatcher.halt.set()  # no new upload starts processes from here on
         sup = self.supervisor
-        for stage in (Stage.FRONTEND, Stage.BATCHERS, Stage.SERVERS, Stage.WORKERS):
+        for stage in (Stage.FRONTEND, Stage.BATCHERS, Stage.SERVERS):
             sup.stop_stage(stage)
+        self.take_snapshot()  # the feedback worker acknowledges at its stop what this copy holds
+        sup.stop_stage(Stage.WORKERS)
         if self.dispatcher is not None and not self.dispatcher.finish(timeout_s=10):
             logger.warning("an upload was still being handled after 10 s when the stack stopped")
         self.take_snapshot()

@@ -302,7 +302,7 @@ def test_state_shows_the_feedback_waiting_and_dead_lettered(aws):
     state = AdminService(registry, AwsServingProbe(aws.sqs), feedback_queues=queues).get_state()
     assert state["feedback"] == {"queue": {"waiting": 1, "in_flight": 1}, "dead_letter": {"waiting": 1, "in_flight": 0}}
     table = inspect_table(state)
-    assert "feedback (accepted, not yet applied" in table
+    assert "feedback (accepted, not yet acknowledged" in table
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[-2:]}
     assert rows == {"feedback": ["1", "1"], "dead-lettered": ["1", "0"]}, table
     gone = {"queue": queue + "-gone"}

@@ -183,7 +183,11 @@ def inspect_table(state: dict[str, Any], processes: list[dict[str, Any]] | None 
         out += _table(["version", "input", "serving", "artifact", "sha256 / why rejected"], rows)
     feedback = state.get("feedback")
     if feedback:
-        out += ["", "feedback (accepted, not yet applied; dead-lettered: failed for good)"]
+        out += [
+            "",
+            "feedback (accepted, not yet acknowledged: being applied, or applied and not yet on the local "
+            "stack's disk; dead-lettered: failed for good)",
+        ]
         rows = [_depth_row(k, v) for k, v in sorted(feedback.items())]
         queue = feedback.get("queue")
         if "dead_letter" not in feedback and isinstance(queue, dict) and "dead_lettered" in queue:

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from clipper.entrypoints.signals import StopSignals
@@ -41,6 +43,9 @@ from clipper.ports import QueueReader, ReceivedMessage
 logger = logging.getLogger("clipper.feedback_worker")
 # Each receive's long poll (SQS's longest): on an idle queue three requests a minute.
 POLL_S = 20
+# The local stack names a Redis key here (``infra.local.stack``): the time up to which moto's state is on disk.
+LOCAL_DURABLE_KEY_ENV = "CLIPPER_LOCAL_DURABLE_KEY"
+HELD_POLL_S = 2  # a receive's long poll while applied messages wait for the state copy
 # How often the registry's models are scanned for running canaries (each found is then reviewed each second, as is
 # one whose evidence grew): the scan each second was most of the idle stack's requests to moto.
 SWEEP_S = 10.0
@@ -53,24 +58,39 @@ class FeedbackWorker:
         apply: Callable[[FeedbackMessage], Outcome] | None,
         why_not: str = "",
         dead_letter: Callable[[str, str], None] | None = None,
+        durable_at: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         """``apply``: the processor's ``process``; None when feedback cannot be learned (``why_not`` says why).
-        ``dead_letter(body, reason)``: moves a message that can never be processed to the dead-letter queue."""
+        ``dead_letter(body, reason)``: moves a message that can never be processed to the dead-letter queue.
+        ``durable_at``: the local stack's (``LOCAL_DURABLE_KEY``): the time (``clock``'s) up to which what the
+        worker applied is on disk; a message handled later is acknowledged only once that time passes it."""
         self._reader = reader
         self._apply = apply
         self._why_not = why_not
         self._dead_letter = dead_letter
+        self._durable_at = durable_at
+        self._clock = clock
+        self._held: list[tuple[float, list[str]]] = []  # (handled at, receipts) not acknowledged yet
+        self._held_lock = threading.Lock()
         self._handling = threading.Lock()  # held while received messages are handled
         self.counts: dict[str, int] = {}
 
     def handle(self, messages: list[ReceivedMessage]) -> list[str]:
-        """Process one batch; returns the receipt handles it deleted (the others stay for a retry)."""
+        """Process one batch; returns the receipt handles it deleted (the others stay for a retry, or, with
+        ``durable_at``, until what they did is on disk: ``release``)."""
         done = []
+        handled_at = self._clock()
         for m in messages:
             outcome = self._one(m)
             if outcome is not None:
                 self.counts[outcome] = self.counts.get(outcome, 0) + 1
                 done.append(m.receipt_handle)
+        if self._durable_at is not None:
+            if done:
+                with self._held_lock:
+                    self._held.append((handled_at, done))
+            return self.release(self._reader)
         if done:
             try:
                 self._reader.delete(done)
@@ -78,6 +98,36 @@ class FeedbackWorker:
                 logger.warning("processed feedback not deleted (it will come back): %s", e)
                 return []
         return done
+
+    def release(self, reader: QueueReader) -> list[str]:
+        """With ``durable_at``: acknowledge (through ``reader``) the messages handled before it; the rest stay held.
+        On the local stack moto keeps the bandit states in memory and its state is copied to disk every few
+        seconds: a message acknowledged as soon as it was applied was lost with moto (a ``kill -9`` of the stack)
+        though the client had been answered 200. Held, it comes back after its visibility timeout and is applied
+        to the state the copy restored."""
+        if self._durable_at is None:
+            return []
+        try:
+            durable = self._durable_at()
+        except Exception as e:  # no acknowledgement now: tried again at the next batch
+            logger.debug("durable time not read: %s", e)
+            return []
+        with self._held_lock:
+            ready = [r for at, receipts in self._held if at < durable for r in receipts]
+            self._held = [(at, receipts) for at, receipts in self._held if at >= durable]
+        if ready:
+            try:
+                reader.delete(ready)
+            except ClipperError as e:  # they come back after their visibility timeout, and are found applied
+                logger.warning("applied feedback not acknowledged (it will come back): %s", e)
+                return []
+        return ready
+
+    @property
+    def held(self) -> int:
+        """Messages handled and not acknowledged yet (``durable_at``)."""
+        with self._held_lock:
+            return sum(len(receipts) for _, receipts in self._held)
 
     def _one(self, m: ReceivedMessage) -> str | None:
         if self._apply is None:
@@ -122,11 +172,16 @@ class FeedbackWorker:
         """Receive and handle until ``stop``; each receive long-polls up to ``wait_s`` (20 s, SQS's longest: on an
         idle queue three requests a minute). A stop does not wait for a receive: see ``finish``."""
         while not stop.is_set():
+            # with messages held, back sooner to acknowledge them once the queue goes quiet
+            wait = min(wait_s, HELD_POLL_S) if self._durable_at is not None and self.held else wait_s
             try:
-                messages = self._reader.receive(10, wait_s)
+                messages = self._reader.receive(10, wait)
             except Exception as e:  # the queue unreachable (moto restarting...): try again in a second
                 logger.warning("feedback not received: %s", e)
                 stop.wait(retry_s)
+                continue
+            if not messages:
+                self.release(self._reader)  # held ones whose effects reached the disk since
                 continue
             with self._handling:
                 try:
@@ -199,7 +254,12 @@ def main(argv: list[str] | None = None) -> int:
             logger.warning("the feedback queue's dead-letter queue not found: %s", e)
         if dlq is None:
             logger.warning("no dead-letter queue known: a message that cannot be decoded waits for the redrive policy")
-    worker = FeedbackWorker(reader, apply, why_not, dlq.send if dlq else None)
+    durable_at = None
+    durable_key = os.environ.get(LOCAL_DURABLE_KEY_ENV, "")
+    if durable_key and settings.queue_transport == "redis":  # the local stack's: moto's state reaches the disk late
+        durable_at = _durable_reader(settings.redis_url, durable_key)
+        logger.info("feedback acknowledged once moto's state copy holds what it did (%s)", durable_key)
+    worker = FeedbackWorker(reader, apply, why_not, dlq.send if dlq else None, durable_at=durable_at)
     signals.ready()
     stop = signals.stop
     reviewer = build_canary_reviewer(settings, dynamodb, CloudWatchCanaryMetrics(aws_client("cloudwatch")))
@@ -224,9 +284,37 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     if not worker.finish(timeout_s=5):
         logger.warning("feedback still being handled at exit: it comes back after the visibility timeout")
+    if durable_at is not None and worker.held:
+        # the launcher copied moto's state before it stopped this worker: what was applied before that copy is
+        # acknowledged now, through a connection of its own (the receiving thread may be in a blocking read)
+        released = worker.release(queue_reader(settings, sqs, args.queue_url, visibility_timeout_s=180.0))
+        if worker.held:
+            logger.info(
+                "%d applied feedback message(s) not acknowledged at exit (after the last state copy): they come "
+                "back after the visibility timeout and are found applied, or applied again to the state restored",
+                worker.held,
+            )
+        logger.debug("%d acknowledged at exit", len(released))
     reviews.join(timeout=5)
     logger.info("feedback worker stopped: %s", worker.counts)
     return 0
+
+
+def _durable_reader(redis_url: str, key: str) -> Callable[[], float]:
+    """Reads the time in ``key`` (0 when unset), on a connection of its own, from any thread."""
+    from clipper.adapters.resp import RespClient
+
+    client = RespClient.from_url(redis_url)
+    lock = threading.Lock()
+
+    def read() -> float:
+        with lock:
+            (value,) = client.execute([("GET", key)])
+        if isinstance(value, Exception):
+            raise Unavailable(f"redis GET {key}: {value}")
+        return float(value) if value else 0.0
+
+    return read
 
 
 if __name__ == "__main__":
