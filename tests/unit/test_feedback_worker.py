@@ -243,3 +243,16 @@ def test_held_feedback_is_released_while_the_queue_is_quiet():
     queue.receive = receiving  # type: ignore[method-assign]
     worker.run(stop, wait_s=20)
     assert queue.deleted == ["r0"] and waits == [20, 2, 20]  # held: back within 2 s; released: long polls again
+
+
+def test_a_copy_that_began_while_the_feedback_was_applied_does_not_release_it():
+    """The copy may have read the state before the feedback's write: only one begun after the writes holds it."""
+    now = [100.0]
+
+    def apply(m: FeedbackMessage) -> str:
+        now[0] = 102.0  # the write lands at 102; a copy began at 101
+        return "applied"
+
+    queue = FakeQueue([message()])
+    worker = FeedbackWorker(queue, apply, durable_at=lambda: 101.0, clock=lambda: now[0])
+    assert worker.handle(queue.receive(1, 0)) == [] and worker.held == 1

@@ -80,7 +80,6 @@ class FeedbackWorker:
         """Process one batch; returns the receipt handles it deleted (the others stay for a retry, or, with
         ``durable_at``, until what they did is on disk: ``release``)."""
         done = []
-        handled_at = self._clock()
         for m in messages:
             outcome = self._one(m)
             if outcome is not None:
@@ -88,6 +87,7 @@ class FeedbackWorker:
                 done.append(m.receipt_handle)
         if self._durable_at is not None:
             if done:
+                handled_at = self._clock()  # after their writes: a copy that began later holds them
                 with self._held_lock:
                     self._held.append((handled_at, done))
             return self.release(self._reader)
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     receiving = threading.Thread(target=worker.run, args=(stop,), name="clipper-feedback", daemon=True)
     receiving.start()
-    while not stop.wait(0.5):  # this thread takes the signals; the loop's long poll is not interrupted by them
+    while not stop.wait(0.5):  # the signals' thread sets stop; the loop's long poll is not interrupted by them
         if not receiving.is_alive():
             logger.error("the feedback loop ended unexpectedly")
             return 1
