@@ -176,7 +176,7 @@ class Supervisor:
                 try:
                     folder.mkdir(parents=True, exist_ok=True)
                 except OSError as e:  # started anyway: it says what it misses in its log
-                    self._fault(str(folder), e)
+                    self._fault(str(folder), e, failed="made")
             child.proc = self._launch_fn(child.spec, child.log_path)
             child.status = "running"
             child.started_at = self._clock()
@@ -205,12 +205,13 @@ class Supervisor:
         with log:
             return popen(log)
 
-    def _fault(self, what: str, error: BaseException) -> None:
-        """A failure of the supervisor's own files (a full disk, the state folder removed) or of a child's start:
-        logged once while it lasts (until the same succeeds again); the children are supervised meanwhile."""
+    def _fault(self, what: str, error: BaseException, failed: str = "written") -> None:
+        """A failure of the supervisor's own files (a full disk, the state folder removed) or of a child's start
+        (``failed="started"``): logged once while it lasts (until the same succeeds again); the children are
+        supervised meanwhile."""
         if what not in self._faults:
             self._faults.add(what)
-            logger.warning("%s could not be written (%s); supervising on, writing it again later", what, error)
+            logger.warning("%s could not be %s (%s); supervising on, trying again later", what, failed, error)
 
     # -- supervising -----------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -231,11 +232,11 @@ class Supervisor:
                     try:
                         self._launch(child)
                     except Exception as e:  # fork failed, its binary gone...: an exit, under the back-off
-                        self._fault(f"start of {child.name}", e)
+                        self._fault(child.name, e, failed="started")
                         child.started_at = now
                         self._exited(child, FAILED_START, now)
                         continue
-                    self._faults.discard(f"start of {child.name}")
+                    self._faults.discard(child.name)
                     child.record.restarted(self._wall())
                     logger.info("%s restarted (restart %d, pid %s)", child.name, child.record.restarts, child.pid)
                     restarted.append(child)
