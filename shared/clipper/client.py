@@ -401,9 +401,12 @@ class ClipperConnection:
     ) -> Any:
         """Feedback for the bandit: the true ``label`` of an ``input`` this app (and ``uid``) was queried with.
         ``feedback_id``, a key of the caller's: the same feedback sent again with it (a retry after a timeout)
-        is applied once."""
-        from clipper.client_query import update
+        is applied once. A numpy array is read by the app's declared shape, as ``predict`` reads it (an 8x8
+        array is the one input of an app of shape [8, 8])."""
+        from clipper.client_query import shaped, update
 
+        if getattr(input, "ndim", 0) >= 2:
+            input = shaped(input, self._input_shape(app))
         return update(self.url, app, input, label, uid, self._timeout, feedback_id)
 
     def get_upload_url(self, name: str, version: str, promote: bool | None = None) -> Any:

@@ -95,7 +95,7 @@ def shaped(value: Any, input_shape: Sequence[int] | None) -> Any:
         return one
     if arr.shape[1:] == shape or (arr.ndim == 2 and arr.shape[1] == size):
         return batch(rows)
-    return value
+    return one  # one input, as a list: the API names its shape (an array of 2-D was sent as input_batch)
 
 
 def json_value(value: Any) -> Any:

@@ -23,6 +23,7 @@ from clipper.batching.core import Batcher
 from clipper.cli import main
 from clipper.cli.files import load_estimator
 from clipper.client import ClipperConnection
+from clipper.client_query import QueryError
 from clipper.core.domain import InputType
 from clipper.core.registry_cache import CachedRegistry
 from clipper.feedback import FeedbackReceiver
@@ -312,6 +313,11 @@ def test_predict_reads_numbers_by_the_apps_declared_shape(api, tmp_path, capsys)
     conn = ClipperConnection(api["url"], TOKEN)
     assert conn.predict("grid", grids[1])["output"] == 2
     assert [p["output"] for p in conn.predict("grid", grids)["batch_predictions"]] == [1, 2, 3]
+    # and so does update: an array of the app's 2-D shape is its one input (it was refused as a batch)
+    assert conn.update("grid", grids[1], 2)["accepted"] is True
+    # an array of another 2-D shape is one input the API refuses naming input (it was sent as input_batch)
+    with pytest.raises(QueryError, match=r"input: expected shape \[2, 3\].*got shape \[3, 2\]"):
+        conn.predict("grid", np.zeros((3, 2), dtype=np.float32))
     # a bytes app: --input is base64 text as the query API takes it, --file a file's bytes
     assert clipper(api, "register-app", "blobs", "bytes", "-1", "2000000") == 0
     api["registry"].put_version(
