@@ -125,6 +125,11 @@ class LocalModelServing:
         with self._lock:
             serving = self._stacks.create(model, version, artifact, replicas, batching)
             served = self._served.get((model, version))
+            if served is not None and not served.adopted and served.artifact.sha256 != artifact.sha256:
+                # a version deleted and uploaded again with another file while its processes' grace ran: they
+                # serve the old file, and its queue may be another stack's now
+                self._stop(model, version)
+                served = None
             if served is None:
                 served = Served(serving.queue_url, self._download(model, version, artifact), artifact)
                 self._served[(model, version)] = served

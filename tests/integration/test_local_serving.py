@@ -222,3 +222,36 @@ def test_a_demo_versions_processes_stop_after_its_delete_and_follow_its_replica_
     clock.advance(STOP_GRACE_S)
     local.reconcile()
     assert not any("tree" in name for name in host.commands), host.commands
+
+
+def test_a_version_deleted_and_uploaded_again_within_the_grace_serves_the_new_file(aws, demo_models, tmp_path):
+    """Deleted, then uploaded again with another file before its processes' grace ran out, a version was
+    registered for the new file while the old processes (and the old file) answered its queries (a fault hunt)."""
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app())
+    registry.put_version(model_version("mlp", "1", queue_url=aws.queue_url), activate=True)
+    registry.link("digits", "mlp")
+    demo = Path(demo_models["out_dir"])
+    first, second = ((demo / m / "1" / "model.onnx").read_bytes() for m in ("mlp", "logreg"))
+    host, clock = RecordingHost(), FakeClock(0.0)
+    local = serving(aws, tmp_path, host, clock.now)
+    updater = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8, local
+    )
+    put = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=first)
+    assert updater.handle_object(aws.bucket, KEY, len(first), put["ETag"], None).status == "registered"
+    local.reconcile()
+    registry.delete_version("mlp", "2")  # the admin's delete, in the frontend's process: its stack too
+    CloudFormationModelStacks(boto3.client("cloudformation"), "clipper", TEMPLATE, poll_s=0.05).delete("mlp", "2")
+    local.reconcile()  # within the grace: the processes still answer
+    put = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=second)
+
+    assert updater.handle_object(aws.bucket, KEY, len(second), put["ETag"], None).status == "registered"
+
+    (endpoint,) = [cmd for name, cmd in host.commands.items() if name.startswith("endpoint-mlp-2")]
+    assert endpoint[endpoint.index("--sha256") + 1] == hashlib.sha256(second).hexdigest()
+    assert (tmp_path / "mlp" / "2" / "model.onnx").read_bytes() == second
+    local.reconcile()
+    clock.advance(STOP_GRACE_S + 1)
+    local.reconcile()  # registered again: served on
+    assert any(name.startswith("endpoint-mlp-2") for name in host.commands)
