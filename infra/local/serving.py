@@ -14,6 +14,7 @@ after a restart of moto, ``recreate_stacks`` creates their stacks again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import sys
@@ -29,7 +30,7 @@ from botocore.exceptions import ClientError
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.errors import ClipperError, NotFound, Unavailable
-from clipper.models.serving import ModelArtifact, Serving
+from clipper.models.serving import ModelArtifact, ServerDidNotStart, Serving
 from clipper.models.updater import validated_key
 from infra.local.supervisor import Child, Stage
 
@@ -133,7 +134,15 @@ class LocalModelServing:
             if served is None:
                 served = Served(serving.queue_url, self._download(model, version, artifact), artifact)
                 self._served[(model, version)] = served
-            self._scale_processes(model, version, served, replicas)
+                try:
+                    self._scale_processes(model, version, served, replicas)
+                except (RuntimeError, TimeoutError) as e:  # nothing of it stays: the upload is rejected with why
+                    self._stop(model, version)
+                    with contextlib.suppress(ClipperError):
+                        self._stacks.delete(model, version)
+                    raise ServerDidNotStart(f"{model}:{version}'s model server did not start: {e}") from e
+            else:
+                self._scale_processes(model, version, served, replicas)
             return Serving(serving.queue_url, served.replicas[0].url)
 
     def busy(self, model: str, version: str) -> str | None:

@@ -15,6 +15,7 @@ import pytest
 from clipper.adapters.clock import SystemClock
 from clipper.adapters.cloudformation_stacks import CloudFormationModelStacks
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
+from clipper.errors import NotFound
 from clipper.models.updater import ServingDefaults, build_model_updater
 from infra.local.serving import STOP_GRACE_S, LocalModelServing
 from infra.local.supervisor import Child, ChildSpec, Stage
@@ -255,3 +256,43 @@ def test_a_version_deleted_and_uploaded_again_within_the_grace_serves_the_new_fi
     clock.advance(STOP_GRACE_S + 1)
     local.reconcile()  # registered again: served on
     assert any(name.startswith("endpoint-mlp-2") for name in host.commands)
+
+
+class SlowHost(RecordingHost):
+    """A host whose model servers never answer their health check (a model slow to load)."""
+
+    def wait_ready(self, url: str, child: Child, what: str) -> None:
+        raise TimeoutError(f"{what} did not answer {url} within 60 s")
+
+
+def test_a_version_whose_server_does_not_start_is_rejected_and_leaves_nothing(aws, demo_models, tmp_path):
+    """A model server that did not answer in time failed the upload with nothing recorded and its stack left
+    behind; the event was retried forever and every later upload of the version waited on that stack (a fault
+    hunt: 'the registry kept changing', every 2 s). Now the upload is rejected with the reason, its processes and
+    stack are gone, and another file can be uploaded as the version."""
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app())
+    registry.put_version(model_version("mlp", "1", queue_url=aws.queue_url), activate=True)
+    registry.link("digits", "mlp")
+    data = (Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx").read_bytes()
+    put = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=data)
+    host = SlowHost()
+    updater = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8, serving(aws, tmp_path, host)
+    )
+
+    outcome = updater.handle_object(aws.bucket, KEY, len(data), put["ETag"], None)
+
+    assert outcome.status == "rejected"
+    assert "mlp:2's model server did not start: endpoint server for mlp:2 did not answer" in outcome.reasons[0]
+    assert host.commands == {}
+    stacks = CloudFormationModelStacks(boto3.client("cloudformation"), "clipper", TEMPLATE, poll_s=0.05)
+    with pytest.raises(NotFound):
+        stacks.replicas("mlp", "2")  # no stack left
+    other = (Path(demo_models["out_dir"]) / "logreg" / "1" / "model.onnx").read_bytes()
+    put = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=other)
+    fine = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8,
+        serving(aws, tmp_path, RecordingHost()),
+    )  # fmt: skip
+    assert fine.handle_object(aws.bucket, KEY, len(other), put["ETag"], None).status == "registered"

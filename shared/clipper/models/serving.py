@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clipper.core.domain import BatchingSettings
-from clipper.errors import Conflict, NotFound
+from clipper.errors import ClipperError, Conflict, NotFound
 
 # infra/model-stack.yaml's ModelName: letters, digits and hyphens (not first or last), at most 30 characters.
 _MAX_STACK_MODEL_NAME = 30
@@ -50,6 +50,12 @@ class StackServesAnotherFile(Conflict):
     def __init__(self, message: str, sha256: str = "") -> None:
         super().__init__(message)
         self.sha256 = sha256
+
+
+class ServerDidNotStart(ClipperError):
+    """The version's model server exited or did not answer its health check in time (the local stack's own
+    servers): nothing of the version is left running or stacked, and the upload is rejected with this reason (it
+    was retried as a failure, its stack left behind, and every later upload of the version waited on that stack)."""
 
 
 SHA256_TAG = "clipper:sha256"  # the file a version's stack serves, as a tag of the stack

@@ -57,6 +57,7 @@ from clipper.models.history import VersionHistory
 from clipper.models.serving import (
     PROMOTE_METADATA,
     ModelArtifact,
+    ServerDidNotStart,
     ServingStacks,
     StackServesAnotherFile,
     lambda_mapping,
@@ -261,6 +262,8 @@ class ModelUpdater:
             mapping = lambda_mapping(view.batching) if view.batching is not None else None
             try:
                 serving = self._stacks.create(up.model, up.version, artifact, view.replicas, mapping)
+            except ServerDidNotStart as e:  # the local stack's own model server: nothing of the version is left
+                return self._reject(up, digest, sig, str(e))
             except StackServesAnotherFile as e:
                 if view.deleted is not None and e.sha256 and e.sha256 == view.deleted.sha256:
                     # the deleted version's own stack, kept (another version uses its queue) or not deleted (its
