@@ -298,7 +298,9 @@ class AdminService:
         key = f"models/{model}/{version}/model.onnx"
         metadata = None if promote is None else {PROMOTE_METADATA: "true" if promote else "false"}
         url = self._uploads.upload_url(key, expires_s, metadata)
-        headers = {f"x-amz-meta-{k}": v for k, v in (metadata or {}).items()}
+        # a PUT of a form's content type hung the local stack's S3 (moto) or stored nothing; S3 takes any
+        headers = {"Content-Type": "application/octet-stream"}
+        headers |= {f"x-amz-meta-{k}": v for k, v in (metadata or {}).items()}
         return {
             "url": url,
             "method": "PUT",
