@@ -43,7 +43,8 @@ def selection_table(state: dict[str, Any]) -> str:
         "initial": "nothing learned yet: every model weighs the same",
     }[state["learned_from"]]
     lines = [
-        f"{state['app']} ({state['policy']}), {who}: {source}; {state['updates']} updates",
+        f"{state['app']} ({state['policy']}), {who}: {source}; {state['updates']} "
+        + ("update" if state["updates"] == 1 else "updates"),
         "",
         f"{'model':<20} {'weight':>8} {'drawn':>8} {'judged':>7} {'mean loss':>10}  version",
     ]
