@@ -288,7 +288,7 @@ class LocalModelServing:
             served.replicas.append(self._start_replica(model, version, served, len(served.replicas)))
         while len(served.replicas) > max(replicas, 1):
             replica = served.replicas.pop()
-            self._host.stop_children([replica.batcher, replica.endpoint])
+            self._stop_replicas([replica])
         logger.info("%s:%s runs %d replica(s)", model, version, len(served.replicas))
 
     def _start_replica(self, model: str, version: str, served: Served, index: int) -> Replica:
@@ -309,8 +309,14 @@ class LocalModelServing:
     def _stop(self, model: str, version: str) -> None:
         served = self._served.pop((model, version), None)
         if served:
-            self._host.stop_children([n for r in served.replicas for n in (r.batcher, r.endpoint)])
+            self._stop_replicas(served.replicas)
             logger.info("%s:%s stopped", model, version)
+
+    def _stop_replicas(self, replicas: list[Replica]) -> None:
+        """The batchers first, then their model servers: a batcher finishes the batch it holds (SIGTERM), which
+        its server answers; stopped together, a scale-down's last batches met a server already gone."""
+        self._host.stop_children([r.batcher for r in replicas])
+        self._host.stop_children([r.endpoint for r in replicas])
 
 
 def local_serving(
