@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from clipper.core.messages import encode_rows
-from clipper.entrypoints.feedback_worker import FeedbackWorker
+from clipper.entrypoints.feedback_worker import HOLD_MAX_S, FeedbackWorker
 from clipper.errors import Unavailable
 from clipper.feedback import FeedbackMessage, FeedbackProcessor
 from clipper.ports import ReceivedMessage
@@ -256,3 +256,17 @@ def test_a_copy_that_began_while_the_feedback_was_applied_does_not_release_it():
     queue = FakeQueue([message()])
     worker = FeedbackWorker(queue, apply, durable_at=lambda: 101.0, clock=lambda: now[0])
     assert worker.handle(queue.receive(1, 0)) == [] and worker.held == 1
+
+
+def test_feedback_is_held_no_longer_than_under_its_visibility_timeout(caplog):
+    """A state copy that keeps failing (a full disk) would have each applied message delivered again after the
+    visibility timeout (180 s), again and again, then dead-lettered though applied."""
+    now = [0.0]
+    queue = FakeQueue([message()])
+    worker = FeedbackWorker(queue, lambda m: "applied", durable_at=lambda: 0.0, clock=lambda: now[0])
+    assert worker.handle(queue.receive(1, 0)) == []
+    now[0] = HOLD_MAX_S - 1
+    assert worker.release(queue) == []
+    now[0] = HOLD_MAX_S + 1
+    assert worker.release(queue) == ["r0"] and worker.held == 0
+    assert "acknowledged without a state copy after 120 s" in caplog.text

@@ -46,6 +46,7 @@ POLL_S = 20
 # The local stack names a Redis key here (``infra.local.stack``): the time up to which moto's state is on disk.
 LOCAL_DURABLE_KEY_ENV = "CLIPPER_LOCAL_DURABLE_KEY"
 HELD_POLL_S = 2  # a receive's long poll while applied messages wait for the state copy
+HOLD_MAX_S = 120.0  # the longest a message is held (the feedback queue's visibility timeout is 180 s)
 # How often the registry's models are scanned for running canaries (each found is then reviewed each second, as is
 # one whose evidence grew): the scan each second was most of the idle stack's requests to moto.
 SWEEP_S = 10.0
@@ -109,12 +110,23 @@ class FeedbackWorker:
             return []
         try:
             durable = self._durable_at()
-        except Exception as e:  # no acknowledgement now: tried again at the next batch
+        except Exception as e:  # held on: the next batch asks again
             logger.debug("durable time not read: %s", e)
-            return []
+            durable = 0.0
+        # held no longer than HOLD_MAX_S, under the visibility timeout: a copy that keeps failing (a full disk)
+        # would otherwise have every applied message delivered again and again, then dead-lettered though applied
+        oldest = self._clock() - HOLD_MAX_S
         with self._held_lock:
-            ready = [r for at, receipts in self._held if at < durable for r in receipts]
-            self._held = [(at, receipts) for at, receipts in self._held if at >= durable]
+            ready = [r for at, receipts in self._held if at < durable or at < oldest for r in receipts]
+            aged = sum(len(receipts) for at, receipts in self._held if durable <= at < oldest)
+            self._held = [(at, receipts) for at, receipts in self._held if at >= durable and at >= oldest]
+        if aged:
+            logger.warning(
+                "%d applied feedback message(s) acknowledged without a state copy after %.0f s (the copy is not "
+                "being written): a kill -9 of the stack now would lose them",
+                aged,
+                HOLD_MAX_S,
+            )
         if ready:
             try:
                 reader.delete(ready)
