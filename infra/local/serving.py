@@ -51,6 +51,8 @@ class ProcessHost(Protocol):
 
     def wait_ready(self, url: str, child: Child, what: str) -> None: ...
 
+    def is_stopping(self) -> bool: ...
+
 
 def batcher_command(queue_url: str, endpoint_url: str, slo_ms: float, model: str, version: str) -> list[str]:
     return [
@@ -123,6 +125,20 @@ class LocalModelServing:
     def create(
         self, model: str, version: str, artifact: ModelArtifact, replicas: int, batching: tuple[int, int] | None = None
     ) -> Serving:
+        """The model updater's: a new version's stack and processes. A server that does not start (it exits, or
+        does not answer in time) leaves nothing of the version and raises ``ServerDidNotStart`` (the upload is
+        rejected with why), unless the stack is stopping (then the upload is handled again after the restart)."""
+        return self._create(model, version, artifact, replicas, batching, reject=True)
+
+    def _create(
+        self,
+        model: str,
+        version: str,
+        artifact: ModelArtifact,
+        replicas: int,
+        batching: tuple[int, int] | None = None,
+        reject: bool = False,
+    ) -> Serving:
         with self._lock:
             serving = self._stacks.create(model, version, artifact, replicas, batching)
             served = self._served.get((model, version))
@@ -136,8 +152,10 @@ class LocalModelServing:
                 self._served[(model, version)] = served
                 try:
                     self._scale_processes(model, version, served, replicas)
-                except (RuntimeError, TimeoutError) as e:  # nothing of it stays: the upload is rejected with why
-                    self._stop(model, version)
+                except (RuntimeError, TimeoutError) as e:
+                    if not reject or self._host.is_stopping():
+                        raise  # a restored version (reconcile starts it again), or the stack stopping: not its fault
+                    self._stop(model, version)  # nothing of it stays: the upload is rejected with why
                     with contextlib.suppress(ClipperError):
                         self._stacks.delete(model, version)
                     raise ServerDidNotStart(f"{model}:{version}'s model server did not start: {e}") from e
@@ -228,9 +246,9 @@ class LocalModelServing:
                 )
                 try:
                     try:
-                        self.create(model, version, kept if uploaded.sha256 else uploaded, record.replicas)
+                        self._create(model, version, kept if uploaded.sha256 else uploaded, record.replicas)
                     except ClientError:
-                        self.create(model, version, uploaded, record.replicas)
+                        self._create(model, version, uploaded, record.replicas)
                 except Exception as e:  # one version that cannot be served does not stop the others
                     logger.warning("%s:%s not served again: %s", model, version, e)
                     continue

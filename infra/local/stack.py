@@ -107,6 +107,9 @@ class LocalStack:
     def stop_children(self, names: list[str]) -> None:
         self.supervisor.stop(names, forget=True)
 
+    def is_stopping(self) -> bool:
+        return self.stopping.is_set()
+
     def port(self, name: str) -> int:
         return self.ports.assign(name)
 

@@ -54,6 +54,11 @@ class RecordingHost:
     def wait_ready(self, url: str, child: Child, what: str) -> None:
         return None
 
+    def is_stopping(self) -> bool:
+        return self.stopping
+
+    stopping = False
+
 
 def serving(aws: Any, tmp_path: Path, host: RecordingHost, clock: Any = None) -> LocalModelServing:
     stacks = CloudFormationModelStacks(boto3.client("cloudformation"), "clipper", TEMPLATE, poll_s=0.05)
@@ -321,3 +326,33 @@ def test_a_scale_down_stops_the_batcher_before_its_model_server(aws, demo_models
     local.scale("mlp", "2", 1)
 
     assert host.stops == [["batcher-mlp-2-1"], ["endpoint-mlp-2-1"]]
+
+
+def test_a_server_stopped_with_the_stack_or_on_restore_is_not_a_rejection(aws, demo_models, tmp_path):
+    """Only an upload's own server failing rejects it: stopped because the stack stops (Ctrl-C during an upload), the
+    upload stays to be handled after the restart; a registered version restored at start whose server is slow keeps
+    its stack and is started again by reconcile (a review found both rejected or torn down)."""
+    registry = DynamoDBRegistry(aws.dynamodb, aws.registry_table)
+    registry.put_app(digits_app())
+    registry.put_version(model_version("mlp", "1", queue_url=aws.queue_url), activate=True)
+    registry.link("digits", "mlp")
+    data = (Path(demo_models["out_dir"]) / "mlp" / "1" / "model.onnx").read_bytes()
+    put = aws.s3.put_object(Bucket=aws.bucket, Key=KEY, Body=data)
+    host = SlowHost()
+    host.stopping = True
+    updater = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8, serving(aws, tmp_path, host)
+    )
+    with pytest.raises(TimeoutError):
+        updater.handle_object(aws.bucket, KEY, len(data), put["ETag"], None)  # the event is handled again later
+    assert registry.rejected_uploads("mlp") == {}
+
+    ok = build_model_updater(
+        aws.dynamodb, aws.s3, aws.registry_table, SystemClock(), ServingDefaults(), 10**8,
+        serving(aws, tmp_path, RecordingHost()),
+    )  # fmt: skip
+    assert ok.handle_object(aws.bucket, KEY, len(data), put["ETag"], None).status == "registered"
+    slow = SlowHost()
+    assert serving(aws, tmp_path, slow).restore() == []  # not served now...
+    stacks = CloudFormationModelStacks(boto3.client("cloudformation"), "clipper", TEMPLATE, poll_s=0.05)
+    assert stacks.replicas("mlp", "2") == 1  # ...but its stack stays, for reconcile to start it again
