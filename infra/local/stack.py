@@ -32,7 +32,7 @@ import boto3
 
 from clipper.adapters.dynamodb_registry import DynamoDBRegistry
 from clipper.adapters.resp import RespClient
-from clipper.entrypoints.feedback_worker import LOCAL_DURABLE_KEY_ENV
+from clipper.entrypoints.feedback_worker import LOCAL_DURABLE_KEY_ENV, LOCAL_LOST_KEY_ENV
 from infra.local import aof, demo, gate
 from infra.local.serving import LocalModelServing, Replica
 from infra.local.state import SNAPSHOT_TABLES, Ports, Snapshot, repoint_endpoints
@@ -43,6 +43,9 @@ logger = logging.getLogger("clipper.local")
 # message once its effects are older (``clipper.entrypoints.feedback_worker``), so a kill -9 of the stack, which takes
 # moto's memory with it, loses no accepted feedback: the message comes back and is applied to the restored state.
 DURABLE_KEY = "clipper:local:durable-at"
+# "<from> <to>": moto died at <to>, and what it held since the copy begun at <from> is lost (its restore put that copy
+# back): the worker lets the feedback it applied in that time come back to be applied again
+LOST_KEY = "clipper:local:lost"
 
 # The processes behind the frontend on a query's path: they start at --backend-nice (replicas, deployed versions and
 # restarts too)
@@ -95,6 +98,7 @@ class LocalStack:
         self.state_ready = threading.Event()  # moto holds the restored state: the snapshot may be taken
         self._moto_generation = 0
         self._snapshot_failing = False  # the state copy could not be written (said once while it lasts)
+        self._last_copy_began = 0.0  # the time the last copy written began (DURABLE_KEY)
 
     # -- ProcessHost (LocalModelServing's processes) ---------------------------------------------------
     def spawn(self, name: str, cmd: list[str], stage: Stage, env: dict[str, str] | None = None, **hooks: Any) -> Child:
@@ -151,7 +155,9 @@ class LocalStack:
             ],
             Stage.WORKERS,
             # with the feedback queue on Redis, a message is acknowledged once moto's state copy holds what it did
-            env={**self.env, LOCAL_DURABLE_KEY_ENV: DURABLE_KEY} if self.args.queue == "redis" else None,
+            env={**self.env, LOCAL_DURABLE_KEY_ENV: DURABLE_KEY, LOCAL_LOST_KEY_ENV: LOST_KEY}
+            if self.args.queue == "redis"
+            else None,
             nice=self.args.background_nice,
         )
         registry = DynamoDBRegistry(boto3.client("dynamodb"), self.env["CLIPPER_REGISTRY_TABLE"])
@@ -378,23 +384,28 @@ class LocalStack:
             self._snapshot_failing = False
             logger.info("the state copy is written again")
         if self.args.queue == "redis" and self.state_ready.is_set() and generation == self._moto_generation:
-            self._mark_durable(began)  # (a copy that moto's restart cut short wrote nothing: no mark)
+            self._last_copy_began = began  # (a copy that moto's restart cut short wrote nothing: no mark)
+            self._set_local_key(DURABLE_KEY, repr(began))
 
-    def _mark_durable(self, at: float) -> None:
+    def _set_local_key(self, key: str, value: str) -> None:
         try:
             client = RespClient.from_url(self.env["REDIS_URL"])
             try:
-                client.execute([("SET", DURABLE_KEY, repr(at))])
+                client.execute([("SET", key, value)], timeout=1.0)
             finally:
                 client.close()
-        except Exception as e:  # redis down: the worker holds its acknowledgements until the next copy
-            logger.debug("durable time not set: %s", e)
+        except Exception as e:  # redis down: the worker holds its acknowledgements meanwhile
+            logger.debug("%s not set: %s", key, e)
 
     def _moto_exited(self, code: int) -> None:
         self.state_ready.clear()
         self._moto_generation += 1
         if self.ready.is_set() and not self.stopping.is_set():
             logger.warning("moto's state went with it: the last snapshot is restored once it is back")
+        if self.args.queue == "redis":
+            # what was applied since the last copy began is gone with it: the feedback worker must not acknowledge
+            # it when the next copy (of the restored state) passes it, but let it come back to be applied again
+            self._set_local_key(LOST_KEY, f"{self._last_copy_began!r} {time.time()!r}")
 
     def _moto_restarted(self) -> None:
         """Create the stack in the restarted moto and put the last snapshot back; tried again (1 s, 2 s, ... 30 s

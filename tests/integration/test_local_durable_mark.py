@@ -12,7 +12,7 @@ import types
 import pytest
 
 from clipper.adapters.resp import RespClient
-from infra.local.stack import DURABLE_KEY, LocalStack
+from infra.local.stack import DURABLE_KEY, LOST_KEY, LocalStack
 from tests.services import redis_url  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,7 @@ class Snapshot:
 
 def launcher(url: str, snapshot: Snapshot, queue: str = "redis") -> types.SimpleNamespace:
     """What ``LocalStack.take_snapshot`` uses of the launcher (and no mark yet)."""
-    RespClient.from_url(url).execute([("DEL", DURABLE_KEY)])
+    RespClient.from_url(url).execute([("DEL", DURABLE_KEY), ("DEL", LOST_KEY)])
     state = types.SimpleNamespace(
         args=types.SimpleNamespace(queue=queue),
         env={"REDIS_URL": url},
@@ -38,9 +38,12 @@ def launcher(url: str, snapshot: Snapshot, queue: str = "redis") -> types.Simple
         state_ready=threading.Event(),
         _moto_generation=0,
         _snapshot_failing=False,
+        _last_copy_began=0.0,
+        ready=threading.Event(),
+        stopping=threading.Event(),
     )
     state.state_ready.set()
-    state._mark_durable = lambda at: LocalStack._mark_durable(state, at)
+    state._set_local_key = lambda key, value: LocalStack._set_local_key(state, key, value)
     return state
 
 
@@ -69,3 +72,15 @@ def test_no_mark_when_the_copy_does_not_hold_the_state(redis_url, how):  # noqa:
     snapshot.during = {"failed": fail, "moto restarted meanwhile": restarted}.get(how)
     LocalStack.take_snapshot(state)
     assert durable(redis_url) is None
+
+
+def test_moto_dying_marks_what_it_took_since_the_last_copy(redis_url):  # noqa: F811
+    """The next copy after moto's restore begins after its death, and would release the feedback applied to the
+    moto that died: the range since the last copy is marked lost, for the worker to let it come back."""
+    state = launcher(redis_url, Snapshot())
+    LocalStack.take_snapshot(state)
+    copied = durable(redis_url)
+    LocalStack._moto_exited(state, -9)
+    (value,) = RespClient.from_url(redis_url).execute([("GET", LOST_KEY)])
+    start, end = (float(x) for x in value.split())
+    assert start == copied and copied <= end <= time.time()

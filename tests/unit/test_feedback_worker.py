@@ -270,3 +270,24 @@ def test_feedback_is_held_no_longer_than_under_its_visibility_timeout(caplog):
     now[0] = HOLD_MAX_S + 1
     assert worker.release(queue) == ["r0"] and worker.held == 0
     assert "acknowledged without a state copy after 120 s" in caplog.text
+
+
+def test_feedback_applied_to_a_moto_that_died_is_let_go_to_be_applied_again(caplog):
+    """moto died and its restore put back the copy begun at 100: what was applied after that went with it. The next
+    copy (of the restored state) begins after the death and would have acknowledged it, lost for good."""
+    now = [101.0]
+    durable = [100.0]
+    lost: list[tuple[float, float] | None] = [None]
+    queue = FakeQueue([message(feedback_id=f"f{i}") for i in range(2)])
+    worker = FeedbackWorker(
+        queue, lambda m: "applied", durable_at=lambda: durable[0], clock=lambda: now[0], lost=lambda: lost[0]
+    )
+    assert worker.handle(queue.receive(1, 0)) == []  # applied at 101 to the moto that dies at 102
+    lost[0] = (100.0, 102.0)
+    now[0] = 110.0
+    durable[0] = 105.0  # the restored state's first copy
+    assert worker.handle(queue.receive(1, 0)) == []  # applied at 110: held
+    assert worker.held == 1 and queue.deleted == []  # r0 let go unacknowledged: it comes back
+    assert "went with moto's restart" in caplog.text
+    durable[0] = 111.0
+    assert worker.release(queue) == ["r1"]

@@ -45,6 +45,8 @@ logger = logging.getLogger("clipper.feedback_worker")
 POLL_S = 20
 # The local stack names a Redis key here (``infra.local.stack``): the time up to which moto's state is on disk.
 LOCAL_DURABLE_KEY_ENV = "CLIPPER_LOCAL_DURABLE_KEY"
+# ... and a key with the times between which moto's state was lost (it died; its restore put back an older copy)
+LOCAL_LOST_KEY_ENV = "CLIPPER_LOCAL_LOST_KEY"
 HELD_POLL_S = 2  # a receive's long poll while applied messages wait for the state copy
 HOLD_MAX_S = 120.0  # the longest a message is held (the feedback queue's visibility timeout is 180 s)
 # How often the registry's models are scanned for running canaries (each found is then reviewed each second, as is
@@ -61,16 +63,21 @@ class FeedbackWorker:
         dead_letter: Callable[[str, str], None] | None = None,
         durable_at: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
+        lost: Callable[[], tuple[float, float] | None] | None = None,
     ):
         """``apply``: the processor's ``process``; None when feedback cannot be learned (``why_not`` says why).
         ``dead_letter(body, reason)``: moves a message that can never be processed to the dead-letter queue.
         ``durable_at``: the local stack's (``LOCAL_DURABLE_KEY``): the time (``clock``'s) up to which what the
-        worker applied is on disk; a message handled later is acknowledged only once that time passes it."""
+        worker applied is on disk; a message handled later is acknowledged only once that time passes it.
+        ``lost``: the local stack's (``LOCAL_LOST_KEY``): the times between which what was applied went with a
+        moto that died (its restore put back a copy from before): those messages are let go unacknowledged, to
+        come back after the visibility timeout and be applied to the restored state."""
         self._reader = reader
         self._apply = apply
         self._why_not = why_not
         self._dead_letter = dead_letter
         self._durable_at = durable_at
+        self._lost = lost
         self._clock = clock
         self._held: list[tuple[float, list[str]]] = []  # (handled at, receipts) not acknowledged yet
         self._held_lock = threading.Lock()
@@ -110,9 +117,20 @@ class FeedbackWorker:
             return []
         try:
             durable = self._durable_at()
+            gone = self._lost() if self._lost is not None else None
         except Exception as e:  # held on: the next batch asks again
             logger.debug("durable time not read: %s", e)
-            durable = 0.0
+            return []
+        if gone is not None:
+            with self._held_lock:
+                lost = [(at, receipts) for at, receipts in self._held if gone[0] <= at <= gone[1]]
+                self._held = [(at, receipts) for at, receipts in self._held if not gone[0] <= at <= gone[1]]
+            if lost:
+                logger.warning(
+                    "%d applied feedback message(s) went with moto's restart: not acknowledged, they come back after "
+                    "the visibility timeout and are applied to the restored state",
+                    sum(len(receipts) for _, receipts in lost),
+                )
         # held no longer than HOLD_MAX_S, under the visibility timeout: a copy that keeps failing (a full disk)
         # would otherwise have every applied message delivered again and again, then dead-lettered though applied
         oldest = self._clock() - HOLD_MAX_S
@@ -266,12 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             logger.warning("the feedback queue's dead-letter queue not found: %s", e)
         if dlq is None:
             logger.warning("no dead-letter queue known: a message that cannot be decoded waits for the redrive policy")
-    durable_at = None
+    durable_at = lost = None
     durable_key = os.environ.get(LOCAL_DURABLE_KEY_ENV, "")
     if durable_key and settings.queue_transport == "redis":  # the local stack's: moto's state reaches the disk late
-        durable_at = _durable_reader(settings.redis_url, durable_key)
+        durable_at, lost = _durability(settings.redis_url, durable_key, os.environ.get(LOCAL_LOST_KEY_ENV, ""))
         logger.info("feedback acknowledged once moto's state copy holds what it did (%s)", durable_key)
-    worker = FeedbackWorker(reader, apply, why_not, dlq.send if dlq else None, durable_at=durable_at)
+    worker = FeedbackWorker(reader, apply, why_not, dlq.send if dlq else None, durable_at=durable_at, lost=lost)
     signals.ready()
     stop = signals.stop
     reviewer = build_canary_reviewer(settings, dynamodb, CloudWatchCanaryMetrics(aws_client("cloudwatch")))
@@ -312,21 +330,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _durable_reader(redis_url: str, key: str) -> Callable[[], float]:
-    """Reads the time in ``key`` (0 when unset), on a connection of its own, from any thread."""
+def _durability(
+    redis_url: str, key: str, lost_key: str
+) -> tuple[Callable[[], float], Callable[[], tuple[float, float] | None]]:
+    """Readers of the time in ``key`` (0 when unset) and of the lost range in ``lost_key`` ("<from> <to>"; None when
+    unset), from any thread."""
     from clipper.adapters.resp import RespClient
 
     client = RespClient.from_url(redis_url)
-    lock = threading.Lock()
 
-    def read() -> float:
-        with lock:
-            (value,) = client.execute([("GET", key)])
+    def get(name: str) -> str:
+        (value,) = client.execute([("GET", name)])
         if isinstance(value, Exception):
-            raise Unavailable(f"redis GET {key}: {value}")
-        return float(value) if value else 0.0
+            raise Unavailable(f"redis GET {name}: {value}")
+        return value.decode() if isinstance(value, bytes) else str(value or "")
 
-    return read
+    def durable_at() -> float:
+        return float(get(key) or 0.0)
+
+    def lost() -> tuple[float, float] | None:
+        text = get(lost_key) if lost_key else ""
+        if not text:
+            return None
+        start, end = (float(x) for x in text.split())
+        return start, end
+
+    return durable_at, lost
 
 
 if __name__ == "__main__":
