@@ -193,7 +193,17 @@ class LocalModelServing:
 
     # -- following the registry ------------------------------------------------------------------------
     def reconcile(self) -> None:
-        """Apply what the management API changed since: replica counts, deleted versions."""
+        """Apply what the management API changed since: replica counts, deleted versions. Skipped while an upload's
+        or a scale's processes are starting (their health checks may take a minute): the caller's thread also
+        copies moto's state out, which must not wait that long (the next round, 2 s later, applies it)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._reconcile()
+        finally:
+            self._lock.release()
+
+    def _reconcile(self) -> None:
         with self._lock:
             for model in sorted({m for m, _ in self._served}):
                 try:

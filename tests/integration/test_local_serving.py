@@ -6,6 +6,8 @@ started."""
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -356,3 +358,27 @@ def test_a_server_stopped_with_the_stack_or_on_restore_is_not_a_rejection(aws, d
     assert serving(aws, tmp_path, slow).restore() == []  # not served now...
     stacks = CloudFormationModelStacks(boto3.client("cloudformation"), "clipper", TEMPLATE, poll_s=0.05)
     assert stacks.replicas("mlp", "2") == 1  # ...but its stack stays, for reconcile to start it again
+
+
+def test_reconcile_does_not_wait_for_processes_being_started(aws, tmp_path):
+    """The stack's follow thread reconciles, then copies moto's state out: a model server taking a minute to answer
+    its health check (an upload's) held the lock reconcile waited on, and no copy was written meanwhile (an
+    application created then was lost with a kill -9, a fault hunt found)."""
+    local = serving(aws, tmp_path, RecordingHost())
+    held, release = threading.Event(), threading.Event()
+
+    def starting() -> None:
+        with local._lock:  # as create() holds it through the health checks
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=starting)
+    thread.start()
+    try:
+        assert held.wait(5)
+        began = time.monotonic()
+        local.reconcile()
+        assert time.monotonic() - began < 1.0
+    finally:
+        release.set()
+        thread.join()
