@@ -99,6 +99,7 @@ class LocalStack:
         self._moto_generation = 0
         self._snapshot_failing = False  # the state copy could not be written (said once while it lasts)
         self._last_copy_began = 0.0  # the time the last copy written began (DURABLE_KEY)
+        self._keys_client: RespClient | None = None  # DURABLE_KEY's and LOST_KEY's writes
 
     # -- ProcessHost (LocalModelServing's processes) ---------------------------------------------------
     def spawn(self, name: str, cmd: list[str], stage: Stage, env: dict[str, str] | None = None, **hooks: Any) -> Child:
@@ -389,11 +390,9 @@ class LocalStack:
 
     def _set_local_key(self, key: str, value: str) -> None:
         try:
-            client = RespClient.from_url(self.env["REDIS_URL"])
-            try:
-                client.execute([("SET", key, value)], timeout=1.0)
-            finally:
-                client.close()
+            if self._keys_client is None:  # one client (a pool) for every copy's mark, not a connection each
+                self._keys_client = RespClient.from_url(self.env["REDIS_URL"])
+            self._keys_client.execute([("SET", key, value)], timeout=1.0)
         except Exception as e:  # redis down: the worker holds its acknowledgements meanwhile
             logger.debug("%s not set: %s", key, e)
 

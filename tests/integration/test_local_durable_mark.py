@@ -39,6 +39,7 @@ def launcher(url: str, snapshot: Snapshot, queue: str = "redis") -> types.Simple
         _moto_generation=0,
         _snapshot_failing=False,
         _last_copy_began=0.0,
+        _keys_client=None,
         ready=threading.Event(),
         stopping=threading.Event(),
     )

@@ -23,7 +23,7 @@ from clipper.ports import Clock
 from clipper.report.entry import FeedbackEntry
 from clipper.report.figures import selection_report
 from clipper.selection.policies import policy_for
-from clipper.selection.state import SelectionState, ensure_state, state_for_user, state_key, user_is_current
+from clipper.selection.state import SelectionState, drawn_state, state_key, user_is_current
 from clipper.selection.versions import active_versions
 
 logger = logging.getLogger(__name__)
@@ -137,12 +137,12 @@ class ReportService:
         # as the frontend's Selector.state_for: an arm whose model's active version changed since starts again
         versions = active_versions(self._registry, links)
         stored = self._states.load(state_key(app))
-        state = ensure_state(stored, application.policy, links, incarnation, versions)
-        learned_from = "application" if stored is not None and user_is_current(state, stored) else "initial"
-        if user_id is not None:
-            own = self._states.load(state_key(app, user_id))
-            learned_from = "user" if user_is_current(state, own) else learned_from
-            state = ensure_state(state_for_user(state, own), application.policy, links, incarnation, versions)
+        own = None if user_id is None else self._states.load(state_key(app, user_id))
+        state = drawn_state(application.policy, links, incarnation, versions, stored, own, user_id is not None)
+        # whose it is: a stored state is used when learned for this incarnation and policy (the state's own)
+        learned_from = "application" if user_is_current(state, stored) else "initial"
+        if user_id is not None and user_is_current(state, own):
+            learned_from = "user"
         policy = policy_for(application.policy, application.policy_params)
         drawn = getattr(policy, "probabilities", None)
         probabilities = drawn(state) if drawn is not None and state.arms else {}

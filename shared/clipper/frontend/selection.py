@@ -38,13 +38,11 @@ from clipper.selection import (
     Selection,
     SelectionPolicy,
     SelectionState,
-    ensure_state,
     initial_state,
     policy_for,
-    state_for_user,
     state_key,
 )
-from clipper.selection.state import is_user_key
+from clipper.selection.state import drawn_state, is_user_key
 from clipper.selection.versions import active_versions
 
 logger = logging.getLogger(__name__)
@@ -222,11 +220,9 @@ class Selector:
         if app.policy == "single" or self._store is None:
             return initial_state(app.policy, linked, app.incarnation)
         versions = active_versions(self._registry, linked)  # an arm that learned on another version starts again
-        state = ensure_state(self._load(state_key(app.name)), app.policy, linked, app.incarnation, versions)
-        if user is None:
-            return state
-        user_state = state_for_user(state, self._load(state_key(app.name, user)))
-        return ensure_state(user_state, app.policy, linked, app.incarnation, versions)
+        app_state = self._load(state_key(app.name))
+        user_state = None if user is None else self._load(state_key(app.name, user))
+        return drawn_state(app.policy, linked, app.incarnation, versions, app_state, user_state, user is not None)
 
     def choose(self, app: Application, user: str | None) -> Choice | None:
         linked = self._registry.linked_models(app.name)

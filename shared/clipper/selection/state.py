@@ -291,10 +291,30 @@ def state_for_user(app_state: SelectionState, user_state: SelectionState | None)
     return SelectionState(app_state.policy, arms, incarnation=app_state.incarnation)
 
 
+def drawn_state(
+    policy: str,
+    models: Sequence[str],
+    incarnation: int,
+    versions: Mapping[str, str] | None,
+    app_state: SelectionState | None,
+    user_state: SelectionState | None = None,
+    for_user: bool = False,
+) -> SelectionState:
+    """The state a query is drawn with: the application's stored state followed to its links and versions
+    (``ensure_state``), and for a user (``for_user``) the user's own state or, without a current one, the
+    application's copy (``state_for_user``), followed the same way. The frontend's selector draws with it; the
+    management API shows it."""
+    state = ensure_state(app_state, policy, models, incarnation, versions)
+    if not for_user:
+        return state
+    return ensure_state(state_for_user(state, user_state), policy, models, incarnation, versions)
+
+
 __all__ = [
     "DEFAULT_MIN_RATIO",
     "Arm",
     "SelectionState",
+    "drawn_state",
     "ensure_state",
     "follow_versions",
     "initial_state",
