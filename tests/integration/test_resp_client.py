@@ -60,6 +60,16 @@ def test_a_script_the_server_lost_is_loaded_and_run_again(client):
     assert client.execute([("PING",), script.command(["b"], ["2"])]) == ["PONG", [b"b", b"2"]]
 
 
+def test_an_error_inside_a_script_reads_as_the_error_without_the_scripts_hash(client):
+    # Redis 7 appends " script: <sha>, on @user_script:<line>." to a script's error: a default's cause showed it
+    client.call("SET", "text", "x")
+    failing = client.script("return redis.call('INCR', KEYS[1])")
+    (err,) = client.execute([failing.command(["text"], [])])
+    assert isinstance(err, RespError) and str(err) == "ERR value is not an integer or out of range"
+    mine = client.script("return redis.error_reply('MINE script: x')")  # an error of the script's own is kept
+    assert str(client.execute([mine.command([], [])])[0]) == "MINE script: x"
+
+
 def test_large_replies_span_many_reads(client):
     big = b"x" * (3 * 1024 * 1024)
     client.call("SET", "big", big)

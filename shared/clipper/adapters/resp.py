@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import select
 import socket
 import ssl
@@ -41,6 +42,15 @@ Command = Sequence[Arg]
 
 class RespError(Exception):
     """An error reply from the server (``-ERR ...``, ``-NOSCRIPT ...``)."""
+
+
+# What Redis 7 appends to an error raised inside a script (`` script: <sha>, on @user_script:<line>.``): the
+# script's hash and line mean nothing to whoever reads a default's cause or a log line, the error before it does.
+_SCRIPT_CONTEXT = re.compile(r" script: [0-9a-f]{40}, on @user_script:\d+\.$")
+
+
+def _error(text: str) -> RespError:
+    return RespError(_SCRIPT_CONTEXT.sub("", text) if " script: " in text else text)
 
 
 class _Incomplete(Exception):
@@ -99,7 +109,7 @@ def parse(buf: bytes | bytearray, pos: int) -> tuple[Any, int]:
     if kind == 43:  # + status
         return bytes(buf[pos + 1 : end]).decode(), end + 2
     if kind == 45:  # - error
-        return RespError(bytes(buf[pos + 1 : end]).decode(errors="replace")), end + 2
+        return _error(bytes(buf[pos + 1 : end]).decode(errors="replace")), end + 2
     raise ValueError(f"not a RESP reply: {bytes(buf[pos : pos + 20])!r}")
 
 
