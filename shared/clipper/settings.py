@@ -91,7 +91,8 @@ class ModelStackSettings(CommonSettings):
     them (admin, model updater). No service stack named: versions are not managed as stacks."""
 
     service_stack_name: str = ""
-    model_stack_template: str = Field("", description="https URL of infra/model-stack.yaml, or its path")
+    # empty: infra/model-stack.yaml as packaged with the shared layer (the template of the code that runs)
+    model_stack_template: str = Field("", description="https URL or path overriding the packaged template")
     model_stack_parameters: str = Field("", description="JSON object of the parameters every version shares")
     model_endpoint: str = Field("", description="address of a version without SageMaker ({model}, {version})")
     model_stack_role_arn: str = Field("", description="CloudFormation service role of the model stacks")

@@ -49,7 +49,7 @@ def admin(session: Any, service: dict[str, str], monkeypatch: pytest.MonkeyPatch
         "CLIPPER_REPLIES_TABLE": service["RepliesTableName"],
         "CLIPPER_ADMIN_TOKEN": TOKEN,
         "CLIPPER_SERVICE_STACK_NAME": STACK,
-        "CLIPPER_MODEL_STACK_TEMPLATE": str(MODEL_TEMPLATE),
+        "CLIPPER_MODEL_STACK_TEMPLATE": "",  # as deployed: the template packaged with the shared layer
         "CLIPPER_MODEL_STACK_PARAMETERS": json.dumps(shared),
         "POWERTOOLS_LOG_LEVEL": "WARNING",
     }

@@ -66,7 +66,6 @@ def test_service_stack_is_complete_with_all_outputs(session: Any, service: dict[
         "AdminFunctionName",
         "ModelUpdaterFunctionName",
         "SageMakerExecutionRoleArn",
-        "ModelStackTemplateUrl",
     }
 
 
@@ -315,7 +314,7 @@ def test_service_stack_with_options_deploys(session: Any) -> None:
     for name in ("AdminFunctionName", "ModelUpdaterFunctionName"):
         variables = lam.get_function(FunctionName=outputs[name])["Configuration"]["Environment"]["Variables"]
         assert variables["CLIPPER_SERVICE_STACK_NAME"] == "clipper-options"
-        assert variables["CLIPPER_MODEL_STACK_TEMPLATE"].startswith("https://")
+        assert variables["CLIPPER_MODEL_STACK_TEMPLATE"] == ""  # the template packaged in the shared layer
         assert variables["CLIPPER_MODEL_STACK_ROLE_ARN"].startswith("arn:aws:iam::")
         shared = json.loads(variables["CLIPPER_MODEL_STACK_PARAMETERS"])
         assert shared["SageMakerEndpoint"] == "true" and shared["ImageUri"] == ECR_IMAGE

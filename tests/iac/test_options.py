@@ -343,7 +343,7 @@ def test_model_stacks_get_the_shared_parameters_of_their_serving_mode(translated
         variables = env(template, function)
         assert variables["CLIPPER_SERVICE_STACK_NAME"] == {"Ref": "AWS::StackName"}
         assert variables["CLIPPER_MODEL_STACK_ROLE_ARN"] == {"Fn::GetAtt": ["ModelStackRole", "Arn"]}
-        assert "/templates/model-stack.yaml" in str(variables["CLIPPER_MODEL_STACK_TEMPLATE"])
+        assert variables["CLIPPER_MODEL_STACK_TEMPLATE"] == {"Ref": "ModelStackTemplateUrl"}
         shared = variables["CLIPPER_MODEL_STACK_PARAMETERS"]["Fn::Sub"]
         text = shared[0] if isinstance(shared, list) else shared
         names = set(re.findall(r'"([A-Za-z]+)":', text))
@@ -352,6 +352,29 @@ def test_model_stacks_get_the_shared_parameters_of_their_serving_mode(translated
             assert {"SageMakerEndpoint", "ImageUri", "InstanceType", "ExecutionRoleArn", "RedisUrl"} <= names
         else:
             assert names == {"LambdaBatcher", "BatcherFunctionArn"}
+
+
+def statement_ids(template: dict[str, Any], function: str) -> set[str]:
+    role = template["Resources"][f"{function}Role"]["Properties"]
+    return {s["Sid"] for p in role.get("Policies", []) for s in p["PolicyDocument"]["Statement"] if "Sid" in s}
+
+
+@pytest.mark.parametrize(
+    ("url", "reads_s3"), [("", False), ("https://b.s3.us-east-1.amazonaws.com/templates/model-stack.yaml", True)]
+)
+def test_model_stacks_use_the_packaged_template_unless_a_url_is_given(
+    translated: dict[str, Any], url: str, reads_s3: bool
+) -> None:
+    # empty: the functions use infra/model-stack.yaml as packaged with them, and need no read of the bucket for it;
+    # a URL (a deployment that kept its copy in S3): CloudFormation reads it with the functions' permissions
+    template = resolve(translated, ModelStacks="on", ModelStackTemplateUrl=url)
+
+    assert translated["Parameters"]["ModelStackTemplateUrl"]["Default"] == ""
+    assert "ModelStackTemplateUrl" not in template["Outputs"]  # nothing is read from the bucket unless given
+    for function in STACK_FUNCTIONS:
+        assert env(template, function)["CLIPPER_MODEL_STACK_TEMPLATE"] == {"Ref": "ModelStackTemplateUrl"}
+        assert ("ReadModelStackTemplate" in statement_ids(template, function)) is reads_s3, function
+        assert "RegistryReadWrite" in statement_ids(template, function)  # the role's other statements stay
 
 
 # --- users' bandit states: retention ------------------------------------------------------------------------

@@ -89,16 +89,24 @@ def roles(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def statements(template: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(owner, statement) of every permission statement: role inline policies and standalone policies."""
+    """(owner, statement) of every permission statement: role inline policies and standalone policies; a statement
+    under a condition (``Fn::If``) is each statement it may be."""
     for logical_id, resource in template["Resources"].items():
         props = resource.get("Properties", {})
         if resource["Type"] == "AWS::IAM::Role":
             for policy in props.get("Policies", []):
                 for statement in policy["PolicyDocument"]["Statement"]:
-                    yield logical_id, statement
+                    yield from ((logical_id, s) for s in conditional(statement))
         elif resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
             for statement in props["PolicyDocument"]["Statement"]:
-                yield logical_id, statement
+                yield from ((logical_id, s) for s in conditional(statement))
+
+
+def conditional(statement: dict[str, Any]) -> list[dict[str, Any]]:
+    if set(statement) != {"Fn::If"}:
+        return [statement]
+    _, when_true, when_false = statement["Fn::If"]
+    return [s for branch in (when_true, when_false) if branch != {"Ref": "AWS::NoValue"} for s in conditional(branch)]
 
 
 def as_list(value: Any) -> list[Any]:

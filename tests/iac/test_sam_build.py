@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from infra import sam_package_sizes as sizes
 from infra.local import cfn
-from tests.iac.conftest import REPO_ROOT, SERVICE_TEMPLATE
+from tests.iac.conftest import MODEL_TEMPLATE, REPO_ROOT, SERVICE_TEMPLATE
 
 pytestmark = pytest.mark.iac
 
@@ -61,6 +61,15 @@ def test_every_function_and_the_layer_is_built(build_dir: Path, packages: dict[s
     for module in ("clipper/wiring.py", "aws_lambda_powertools", "aws_xray_sdk", "pydantic", "fastapi", "orjson"):
         assert (layer / module).exists(), module
     assert (build_dir / "ModelUpdaterFunction" / "onnxruntime").is_dir()
+
+
+def test_the_layer_carries_the_model_stack_template_the_functions_use(build_dir: Path) -> None:
+    # the functions create and update the model stacks from this file (TemplateBody): the link in shared/ to
+    # infra/model-stack.yaml becomes a file with its content, so `sam build && sam deploy` is all a deployment needs
+    packaged = build_dir / "SharedLayer" / "python" / "clipper" / "adapters" / "model-stack.yaml"
+
+    assert packaged.is_file() and not packaged.is_symlink()
+    assert packaged.read_bytes() == MODEL_TEMPLATE.read_bytes()
 
 
 def test_each_package_is_within_lambda_limits(packages: dict[str, sizes.Package], tmp_path: Path) -> None:

@@ -6,6 +6,10 @@ service stack's IAM scope (``<service>-model-*`` queues, ``<service>-*`` endpoin
 and reuses a stack that exists (a redelivered upload event). ``scale`` updates the stack's
 ``InitialInstanceCount`` (the SageMaker endpoint's instances) and ``MaximumConcurrency`` (the Lambda batcher's,
 at least 2), keeping every other parameter; it does not wait (an endpoint update takes minutes).
+
+The template ships with this module: ``model-stack.yaml`` beside it is a link to infra/model-stack.yaml, which
+``sam build`` copies into the shared layer as a file, so the functions create and update the stacks from the
+template of the code they run (``TemplateBody``), with nothing to upload after ``sam deploy``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -29,6 +34,11 @@ else:
     CloudFormationClient = Any
 
 _CAPABILITIES: Any = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"]
+
+# infra/model-stack.yaml as packaged with the shared layer (a link in the repository, a file once built)
+PACKAGED_TEMPLATE = Path(__file__).with_name("model-stack.yaml")
+# CloudFormation's limit on TemplateBody (a larger template must be given as an S3 URL)
+TEMPLATE_BODY_LIMIT = 51_200
 
 
 class CloudFormationModelStacks:
@@ -260,14 +270,13 @@ def _scale_parameters(replicas: int) -> dict[str, str]:
 
 def build_model_stacks(client: CloudFormationClient, settings: ModelStackSettings) -> CloudFormationModelStacks | None:
     """From a function's settings: None when no service stack is named (versions then share the active
-    version's resources). The template: an https URL, or a path to infra/model-stack.yaml (the local stack)."""
+    version's resources). The template: none given, the one packaged with this module; an https URL (of an S3
+    object, given to CloudFormation as ``TemplateURL``); or a path (the local stack gives infra/model-stack.yaml)."""
     if not settings.service_stack_name:
         return None
     template = settings.model_stack_template
     if not template.startswith("https://"):
-        from pathlib import Path
-
-        template = Path(template).read_text(encoding="utf-8")
+        template = template_body(Path(template) if template else PACKAGED_TEMPLATE)
     parameters = json.loads(settings.model_stack_parameters) if settings.model_stack_parameters else {}
     return CloudFormationModelStacks(
         client,
@@ -278,3 +287,15 @@ def build_model_stacks(client: CloudFormationClient, settings: ModelStackSetting
         wait_s=settings.model_stack_wait_s,
         role_arn=settings.model_stack_role_arn,
     )
+
+
+def template_body(path: Path) -> str:
+    """The text of the model stack template at ``path``, checked against CloudFormation's TemplateBody limit."""
+    body = path.read_text(encoding="utf-8")
+    size = len(body.encode("utf-8"))
+    if size > TEMPLATE_BODY_LIMIT:
+        raise ValueError(
+            f"model stack template {path} is {size} bytes, over CloudFormation's {TEMPLATE_BODY_LIMIT}-byte "
+            "TemplateBody limit: upload it to S3 and set CLIPPER_MODEL_STACK_TEMPLATE to its https URL"
+        )
+    return body
