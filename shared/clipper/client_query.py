@@ -196,4 +196,4 @@ def update(
 
 def _maybe_taken(e: QueryError) -> bool:
     """Whether the feedback may have been taken all the same: no answer came, or the queue did not confirm it."""
-    return isinstance(e, QueryUnanswered) or e.status == 503
+    return e.status in (0, 503)  # 0: QueryUnanswered's
