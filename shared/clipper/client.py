@@ -381,7 +381,8 @@ class ClipperConnection:
         (``batch([...])``). A numpy array of more than one dimension is read by the app's declared shape, asked
         once of the admin API: an array of that shape is one input, one more leading dimension a batch (without
         a token, or a shape, a 2-D array is a batch of rows). Answers the JSON response (``query_id``,
-        ``output``, ``default``, ``default_explanation``...); a 4xx raises ``QueryError`` naming the field."""
+        ``output``, ``default``, ``default_explanation``...); a 4xx raises ``QueryError`` naming the field, no answer
+        (a refused or broken connection, the timeout) its subclass ``QueryUnanswered``."""
         from clipper.client_query import predict, shaped
 
         if getattr(input, "ndim", 0) >= 2:
@@ -402,7 +403,9 @@ class ClipperConnection:
         """Feedback for the bandit: the true ``label`` of an ``input`` this app (and ``uid``) was queried with.
         ``feedback_id``, a key of the caller's: the same feedback sent again with it (a retry after a timeout)
         is applied once. A numpy array is read by the app's declared shape, as ``predict`` reads it (an 8x8
-        array is the one input of an app of shape [8, 8])."""
+        array is the one input of an app of shape [8, 8]). Sent twice without an answer (or with a 503), it
+        raises ``QueryError`` (``QueryUnanswered`` for no answer) whose ``feedback_id`` is the key it was sent with:
+        ``update(..., feedback_id=e.feedback_id)`` then applies it once, whether a lost try was taken or not."""
         from clipper.client_query import shaped, update
 
         if getattr(input, "ndim", 0) >= 2:

@@ -4,6 +4,15 @@ the query API's JSON, with inputs made of what users have at hand.
 - numbers: a list, or a numpy array (one row: a query; a 2-D array of rows: an ``input_batch``);
 - strings: a ``str``; bytes: ``bytes``, sent base64-encoded as Clipper's bytes input type expects;
 - ``batch([...])``: several inputs in one request.
+
+Errors (all ``ClipperError``)::
+
+    ApiError            an API refused a call, or nothing answered
+     +-- QueryError     the query API refused a query or a feedback (4xx, 5xx)
+          +-- QueryUnanswered   no answer came (status 0): refused or broken connection, or the timeout
+
+A ``QueryError`` of an ``update`` whose feedback may have been taken all the same (no answer, a 503) carries the
+feedback's ``feedback_id``: ``update(..., feedback_id=e.feedback_id)`` sends it again, applied once either way.
 """
 
 from __future__ import annotations
@@ -37,12 +46,31 @@ class ApiError(ClipperError):
 
 
 class QueryError(ApiError):
-    """The query API refused a query (4xx): its cause names the field."""
+    """The query API refused a query (4xx: its cause names the field) or could not take it (5xx).
+
+    ``feedback_id``: for an ``update`` that may have been taken all the same (no answer came, or a 503 after the
+    client's one retry), the key it was sent with: sent again with it (``update(..., feedback_id=e.feedback_id)``),
+    the feedback is applied once, whether the lost try reached the server or not. None otherwise."""
+
+    feedback_id: str | None = None
 
 
-def json_answer(req: urllib.request.Request, timeout_s: float, error: type[ApiError], where: str) -> Any:
-    """The JSON answer to ``req``; a refusal raises ``error`` with Clipper's error body, no answer one naming
-    ``where``."""
+class QueryUnanswered(QueryError):
+    """No answer came (``status`` 0): the connection was refused or broke, or no answer within the client's
+    timeout. The request may have been taken all the same (a timeout): a query is safe to send again; a feedback
+    is, with its ``feedback_id``. A subclass of ``QueryError``, so ``except QueryError`` still catches it."""
+
+
+def json_answer(
+    req: urllib.request.Request,
+    timeout_s: float,
+    error: type[ApiError],
+    where: str,
+    unanswered: type[ApiError] | None = None,
+) -> Any:
+    """The JSON answer to ``req``; a refusal raises ``error`` with Clipper's error body, no answer ``unanswered``
+    (default ``error``), status 0, naming ``where``."""
+    none = unanswered or error
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             body = resp.read()
@@ -56,11 +84,11 @@ def json_answer(req: urllib.request.Request, timeout_s: float, error: type[ApiEr
             detail = {"error": e.reason, "cause": ""}
         raise error(e.code, detail.get("error", ""), detail.get("cause", ""), detail) from e
     except urllib.error.URLError as e:
-        raise error(0, "unreachable", f"no Clipper API answers at {where} ({e.reason})") from e
+        raise none(0, "unreachable", f"no Clipper API answers at {where} ({e.reason})") from e
     except TimeoutError as e:  # connected, but no answer within timeout_s
-        raise error(0, "unreachable", f"no answer from {where} within {timeout_s:g} s") from e
+        raise none(0, "unreachable", f"no answer from {where} within {timeout_s:g} s") from e
     except (OSError, http.client.HTTPException) as e:  # the connection broke, or what came back was not HTTP
-        raise error(0, "unreachable", f"no Clipper API answers at {where} ({type(e).__name__}: {e})") from e
+        raise none(0, "unreachable", f"no Clipper API answers at {where} ({type(e).__name__}: {e})") from e
     try:
         return json.loads(body)
     except ValueError as e:  # a proxy's page, another server on that port
@@ -132,7 +160,7 @@ def post(url: str, body: dict[str, Any], timeout_s: float) -> Any:
     req = urllib.request.Request(
         url, json.dumps(body, default=json_value).encode(), {"Content-Type": "application/json"}
     )
-    return json_answer(req, timeout_s, QueryError, url)
+    return json_answer(req, timeout_s, QueryError, url, QueryUnanswered)
 
 
 def predict(base: str, app: str, value: Any, uid: int | str | None, debug: bool, timeout_s: float) -> Any:
@@ -145,15 +173,27 @@ def update(
 ) -> Any:
     """One feedback, with the caller's idempotency key or a new one, so that it is sent again once, safely, when
     its answer does not come or is a 503 (the server may hold it all the same: with the same key it is the same
-    feedback, applied once)."""
-    body = {**query_body(value, uid), "label": label, "feedback_id": feedback_id or uuid.uuid4().hex}
+    feedback, applied once). When the second try is unanswered too (or a 503), the error carries the key as its
+    ``feedback_id``, for the caller to send it again with later."""
+    key = feedback_id or uuid.uuid4().hex
+    body = {**query_body(value, uid), "label": label, "feedback_id": key}
     if "input_batch" in body:
         raise QueryError(0, "invalid input", "update: one input per feedback (not a batch)")
     url = f"{base}/{app}/update"
     try:
         return post(url, body, timeout_s)
     except QueryError as e:
-        if e.status not in (0, 503):
-            raise
+        if not _maybe_taken(e):
+            raise  # refused: sent again, it would be refused again
     time.sleep(RETRY_PAUSE_S)
-    return post(url, body, timeout_s)
+    try:
+        return post(url, body, timeout_s)
+    except QueryError as e:
+        if _maybe_taken(e):
+            e.feedback_id = key  # taken or not, unknown: sent again with the key, it is applied once
+        raise
+
+
+def _maybe_taken(e: QueryError) -> bool:
+    """Whether the feedback may have been taken all the same: no answer came, or the queue did not confirm it."""
+    return e.status in (0, 503)  # 0: QueryUnanswered's

@@ -31,8 +31,9 @@ def test_parameters_are_stored_with_the_app_and_used_by_its_policy(admin, aws) -
     ok(admin.post("/admin/set_app_policy", json={"name": "digits", "policy": "exp4"}))
     shown = ok(admin.post("/admin/get_application", json={"name": "digits"}))
     assert shown["policy_params"]["eta"] == 0.5
-    # and what the policy runs with, defaults included (it was in set_policy_params' answer only)
-    in_use = {"eta": 0.5, "k": None, "min_ratio": 1e-4, "tolerance": 0.1, "loss_scale": 1.0}
+    # and what the policy runs with, defaults included (it was in set_policy_params' answer only); k: the models a
+    # query asks, every linked one (none here)
+    in_use = {"eta": 0.5, "k": 0, "min_ratio": 1e-4, "tolerance": 0.1, "loss_scale": 1.0}
     assert shown["policy_params_in_use"] == in_use
     assert registry.get_app("digits").policy_params == PolicyParams(eta=0.5)
 
@@ -72,7 +73,7 @@ def test_the_client_and_the_cli_set_them(api, capsys) -> None:  # noqa: F811
     one = conn.set_policy_params("digits", eta=0.3, k=1)
     assert one["policy_params_in_use"]["k"] == 1 and "note" not in one
     many = conn.set_policy_params("digits", k=9)  # accepted (the links may change), and said to be all of them
-    assert many["policy_params_in_use"]["k"] == 9
+    assert many["policy_params"]["k"] == 9 and many["policy_params_in_use"]["k"] == 1  # the one linked model
     assert many["note"] == "k 9 is more than the models linked (1): each of them answers"
     conn.set_policy_params("digits", k=1)
     with pytest.raises(AdminError) as refused:
@@ -107,3 +108,26 @@ def test_the_loss_scale_is_every_policys_and_set_from_the_client_and_the_cli(api
     assert api["registry"].get_app("digits").policy_params == PolicyParams(loss_scale=40.0)
     assert clipper(api, "policy-params", "digits", "--default", "loss_scale") == 0
     assert json.loads(capsys.readouterr().out)["policy_params_in_use"]["loss_scale"] == 1.0
+
+
+def test_exp4s_k_in_use_is_the_number_of_models_each_query_asks(api, capsys) -> None:  # noqa: F811
+    """Exp4's default k (unset: every linked model) was shown as "k": null, which reads as nothing or unknown: in
+    use it is the number of linked models the frontend asks, and a k above it asks each of them."""
+    from tests.fakes import model_version
+
+    api["registry"].put_version(model_version("lr", "1"), activate=True)
+    api["registry"].link("digits", "lr")
+    conn = ClipperConnection(api["url"], TOKEN)
+    conn.set_app_policy("digits", "exp4")
+    info = conn.get_app_info("digits")
+    assert info["policy_params"]["k"] is None and info["policy_params_in_use"]["k"] == 2  # both linked models
+    assert clipper(api, "app", "digits") == 0
+    assert json.loads(capsys.readouterr().out)["policy_params_in_use"]["k"] == 2
+    assert conn.set_policy_params("digits", k=1)["policy_params_in_use"]["k"] == 1
+    many = conn.set_policy_params("digits", k=9)
+    assert many["policy_params"]["k"] == 9 and many["policy_params_in_use"]["k"] == 2  # as stored; as used
+    assert conn.set_policy_params("digits", k=None)["policy_params_in_use"]["k"] == 2
+    conn.unlink_model_from_app("digits", "lr")
+    assert conn.get_app_info("digits")["policy_params_in_use"]["k"] == 1  # it follows the links
+    conn.set_app_policy("digits", "exp3")
+    assert "k" not in conn.get_app_info("digits")["policy_params_in_use"]  # a parameter exp3 does not take

@@ -127,6 +127,45 @@ def test_update_sends_feedback_and_the_client_has_predict_and_update(api, capsys
     assert conn.update("digits", one_hot(6), 6, uid="u1")["accepted"] is True
 
 
+def test_an_update_that_timed_out_says_so_and_is_sent_again_with_its_key_applied_once(api, monkeypatch):
+    """The feedback queue takes the feedback but answers after the client's timeout, at both of the client's tries:
+    the client cannot tell whether it was taken. It raises QueryUnanswered (still a QueryError) carrying the key, and
+    the feedback sent again with it is the same feedback (one id: the worker applies it once)."""
+    import time
+
+    from clipper.client_query import QueryUnanswered
+    from clipper.feedback import FeedbackMessage
+
+    monkeypatch.setattr("clipper.client_query.RETRY_PAUSE_S", 0.0)
+    queue, send = api["feedback"], api["feedback"].send
+
+    def slow_send(queue_url: str, body: str, timeout: float | None = None) -> None:
+        send(queue_url, body)  # taken...
+        if len(queue.sent) <= 2:
+            time.sleep(0.6)  # ...but answered after the client gave up
+
+    monkeypatch.setattr(queue, "send", slow_send)
+    conn = ClipperConnection(api["url"], TOKEN, timeout_s=0.3)
+    with pytest.raises(QueryUnanswered) as unanswered:
+        conn.update("digits", one_hot(4), 4, uid="u9")
+    e = unanswered.value
+    assert isinstance(e, QueryError) and e.status == 0 and "within 0.3 s" in str(e)
+    assert e.feedback_id is not None
+    deadline = time.monotonic() + 5
+    while len(queue.sent) < 2 and time.monotonic() < deadline:  # the server's second answer, after the client's
+        time.sleep(0.05)
+    answer = conn.update("digits", one_hot(4), 4, uid="u9", feedback_id=e.feedback_id)
+    ids = {FeedbackMessage.from_json(body).feedback_id for _, body in queue.sent}
+    assert len(queue.sent) == 3 and ids == {answer["feedback_id"]}  # three sends, one feedback
+    with pytest.raises(QueryUnanswered) as again:  # no API at all: the same kind of error, nothing taken
+        ClipperConnection(f"http://127.0.0.1:{free_port()}", TOKEN).predict("digits", one_hot(4))
+    assert again.value.feedback_id is None
+    with pytest.raises(QueryError) as refused:  # a 400: not sent again, and no key (it was not taken)
+        conn.update("digits", [1.0, 2.0], 4)
+    assert not isinstance(refused.value, QueryUnanswered) and refused.value.feedback_id is None
+    assert len(queue.sent) == 3
+
+
 def test_inspect_is_a_table_with_the_local_processes_and_json_on_request(api, capsys):
     processes = [
         {"name": "endpoint-mlp", "pid": 41, "status": "running", "restarts": 2, "last_exit": -9, "last_restart": 1.0},

@@ -53,3 +53,37 @@ def test_without_matplotlib_the_json_is_written_and_the_png_is_explained(tmp_pat
     assert run(args(tmp_path), Conn(report())) == 0
     assert "report.png not written: it needs matplotlib" in capsys.readouterr().out
     assert (tmp_path / "r" / "report.json").exists() and not (tmp_path / "r" / "report.png").exists()
+
+
+def _titles(report):
+    import matplotlib.pyplot as plt
+
+    from clipper.report.plot import draw
+
+    fig = draw(report)
+    try:
+        return [ax.get_title() for ax in fig.axes], [t.get_text() for ax in fig.axes for t in ax.texts]
+    finally:
+        plt.close(fig)
+
+
+def test_the_png_draws_only_the_panels_the_report_has_data_for(tmp_path, capsys):
+    """An Exp3 application's PNG had an empty "Exp4 error by confidence" panel (with its calibration line, as if
+    there were something to compare), an Exp4 one's an empty regret panel."""
+    from clipper.report.figures import selection_report
+
+    head = {"since_iso": "s", "until_iso": "u", "truncated": False}
+    exp3 = head | {"app": "digits-exp3", "policy": "exp3"} | selection_report(drawn(100, 0.5, {"a": 0.0, "b": 1.0}))
+    entries = [ensemble(1000 + t, 0.65, wrong=t < 3) for t in range(10)]
+    exp4 = head | {"app": "digits-exp4", "policy": "exp4"} | selection_report(entries)
+    assert _titles(exp3)[0] == ["Loss per window of 5 feedbacks", "Exp3 regret vs the best model (a)"]
+    assert _titles(exp4)[0] == ["Loss per window of 1 feedbacks", "Exp4 error by confidence"]
+    assert len(_titles(report())[0]) == 3  # both kinds of feedback in the range: every panel
+    assert _titles({"app": "new"} | selection_report([])) == (
+        ["Loss per window of 1 feedbacks"],
+        ["no feedback in the range"],
+    )
+    # what `clipper report` writes: two panels wide, not three
+    assert run(args(tmp_path), Conn(exp3)) == 0
+    png = (tmp_path / "r" / "report.png").read_bytes()
+    assert int.from_bytes(png[16:20], "big") == 1080  # the IHDR width: 2 panels of 5.4 in at 100 dpi

@@ -435,9 +435,18 @@ def test_the_clients_update_sends_a_feedback_again_once_with_the_same_key(monkey
         raise client_query.QueryError(400, "invalid input", "label: ...")
 
     monkeypatch.setattr(client_query, "post", refused)
-    with pytest.raises(client_query.QueryError):
+    with pytest.raises(client_query.QueryError) as no:
         client_query.update("http://x", "a", [1.0], 1, None, 1.0)
-    assert len(sent) == 3
+    assert len(sent) == 3 and no.value.feedback_id is None  # refused: not taken, no key to send it again with
+
+    def never(url, body, timeout_s):
+        sent.append(dict(body))
+        raise client_query.QueryError(status, "service unavailable", "sqs.SendMessage: ReadTimeoutError")
+
+    monkeypatch.setattr(client_query, "post", never)
+    with pytest.raises(client_query.QueryError) as unknown:  # both tries: taken or not, unknown
+        client_query.update("http://x", "a", [1.0], 1, None, 1.0)
+    assert len(sent) == 5 and unknown.value.feedback_id == sent[3]["feedback_id"] == sent[4]["feedback_id"]
 
 
 def test_a_stale_registry_copy_does_not_reset_the_state_the_new_policy_learned(learning):

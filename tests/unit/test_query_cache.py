@@ -151,6 +151,8 @@ def test_a_follower_gets_the_owners_failure_at_once_not_at_its_deadline(cached):
     assert pred.default and pred.default_explanation == "model mlp:1: endpoint error: boom"
     assert cache.clock.t - START < 0.06  # a few polls, not the 100 ms SLO
     assert queue.sent == [] and endpoint.calls == []
+    # the owner's query counts the model's error; this one, which asked no model, counts neither kind
+    assert result.model_errors == [] and result.transport_failures == []
 
 
 def test_an_owner_whose_model_fails_releases_its_claims_with_the_cause(cached):
@@ -363,8 +365,9 @@ def test_a_late_query_names_the_models_it_sent_to(cached):
     queue.batcher = None  # nobody answers
     ticket = QueryTicket()
     steps.run(p.start("digits", {"input": one_hot(5)}, ticket))
-    why = p.late(ticket).predictions[0].default_explanation
-    assert "still waiting for replies from model mlp:1 (a dependency" in why
+    late = p.late(ticket)
+    assert "still waiting for replies from model mlp:1 (a dependency" in late.predictions[0].default_explanation
+    assert late.model_errors == [] and late.transport_failures == ["mlp"]  # held up by a dependency, not the model
 
 
 def _key(i: int) -> str:

@@ -27,6 +27,20 @@ def ensemble_result() -> QueryResult:
     )
 
 
+def queue_down_result() -> QueryResult:
+    """The request queue refused the query's message: no output, and no model's doing."""
+    return QueryResult(
+        [Prediction(1000, -1, True, "model good:1: queue unavailable (redis: connection refused)")],
+        batch=False,
+        model="good",
+        version="1",
+        models=["good"],
+        versions={"good": "1"},
+        cache_by_model={"good": ("1", 0, 1)},
+        transport_failures=["good"],
+    )
+
+
 def test_emf_lines_carry_every_stage_by_app_and_by_model(capsys, monkeypatch):
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     EmfQueryMetrics()("ens", ensemble_result(), 0.07)
@@ -51,6 +65,7 @@ def test_emf_lines_carry_every_stage_by_app_and_by_model(capsys, monkeypatch):
     assert value(models["slow"], "QueueLatency") == 14.0 and "BatchWaitLatency" not in models["slow"]
     assert value(models["good"], "BatchSize") == 5.0 and value(models["slow"], "ReplyLatency") == 29.0
     assert value(models["slow"], "ModelErrors") == 1 and value(models["good"], "ModelErrors") == 0
+    assert value(models["slow"], "TransportFailures") == 0
     (by_service,) = [m for m in lines if m.get("service") == "clipper-frontend" and "Queries" in m]
     assert value(by_service, "DefaultOutputs") == 0
 
@@ -67,6 +82,7 @@ def test_in_process_histograms_per_stage_and_per_model_and_a_reset():
     assert hists["model:good:1:batch_wait_ms"]["count"] == 2 and "model:slow:2:batch_wait_ms" not in hists
     assert hists["model:good:1:batch_size"]["max"] == 5.0
     assert counters["model:slow:2:num_errors"] == 2 and "model:good:1:num_errors" not in counters
+    assert "model:slow:2:num_transport_failures" not in counters
     metrics.reset()
     assert metrics.report() == {"counters": [], "meters": [], "histograms": []}
 
@@ -86,3 +102,16 @@ def test_with_emf_disabled_nothing_is_written_and_nothing_piles_up(capsys, monke
     latency = by_app["QueryLatency"]
     assert (latency if isinstance(latency, list) else [latency]) == [70.0]  # this query's value alone, not four
     assert "model" not in by_app  # no dimension left over from an earlier line
+
+
+def test_a_queue_failure_is_counted_as_a_transport_failure_not_as_the_models_error(capsys, monkeypatch):
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    EmfQueryMetrics()("ens", queue_down_result(), 0.01)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    (by_model,) = [m for m in lines if m.get("model") == "good"]
+    assert by_model["TransportFailures"] == 1 and by_model["ModelErrors"] == 0
+    metrics = InProcessMetrics()
+    metrics("ens", queue_down_result(), 0.01)
+    counters = {k: v for c in metrics.report()["counters"] for k, v in c.items()}
+    assert counters["model:good:1:num_transport_failures"] == 1 and "model:good:1:num_errors" not in counters
+    assert counters["app:ens:default_predictions"] == 1

@@ -269,6 +269,23 @@ def test_a_model_that_gives_no_output_is_counted_as_its_error(world):
     endpoint.fail_with = "boom"
     result = processor.predict("digits", {"input": one_hot(1)})
     assert result.predictions[0].default and result.model_errors == ["mlp"]
+    assert result.transport_failures == []
+
+
+def test_a_request_queue_that_fails_is_counted_apart_from_the_models_errors(world):
+    """Redis down or SQS refusing the send: the query gets the default, and the metrics charge the queue, not the
+    model (its error count says the model failed)."""
+    from clipper.frontend.metrics import InProcessMetrics
+
+    processor, _, queue, endpoint, _ = world
+    queue.down = True
+    result = processor.predict("digits", {"input": one_hot(1)})
+    assert result.predictions[0].default and "queue unavailable" in result.predictions[0].default_explanation
+    assert result.model_errors == [] and result.transport_failures == ["mlp"] and endpoint.calls == []
+    metrics = InProcessMetrics()
+    metrics("digits", result, 0.01)
+    counters = {k: v for c in metrics.report()["counters"] for k, v in c.items()}
+    assert counters["model:mlp:1:num_transport_failures"] == 1 and "model:mlp:1:num_errors" not in counters
 
 
 @pytest.mark.parametrize(

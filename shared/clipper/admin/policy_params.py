@@ -8,9 +8,9 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from clipper.admin import schemas
-from clipper.admin.views import app_info
+from clipper.admin.views import app_info, params_in_use
 from clipper.core.domain import Application
-from clipper.selection import check_params, policy_for
+from clipper.selection import check_params
 
 
 class PolicyRegistry(Protocol):
@@ -29,7 +29,7 @@ def set_policy_params(registry: PolicyRegistry, req: schemas.SetPolicyParams) ->
     check_params(app.policy, params, changed=sorted(n for n, v in changes.items() if v is not None))
     updated = replace(app, policy_params=params)
     registry.put_app(updated, overwrite=True)
-    answer = {**app_info(updated, links), "policy_params_in_use": vars(policy_for(app.policy, params))}
+    answer = {**app_info(updated, links), "policy_params_in_use": params_in_use(updated, links)}
     k = params.k if app.policy == "exp4" else None
     if k is not None and k > len(links):  # accepted: the links may change after it
         answer["note"] = f"k {k} is more than the models linked ({len(links)}): each of them answers"

@@ -23,7 +23,15 @@ from clipper.admin.canary import (
 from clipper.admin.compatibility import check_compatible, check_serves_linked_apps, linked_apps
 from clipper.admin.policy_params import set_policy_params
 from clipper.admin.ports import AdminRegistry, ModelUploads, ServingProbe
-from clipper.admin.views import app_info, models_state, no_version, rejection, replicas, version_info
+from clipper.admin.views import (
+    app_info,
+    models_state,
+    no_version,
+    params_in_use,
+    rejection,
+    replicas,
+    version_info,
+)
 from clipper.core.domain import (
     Application,
     BatchingSettings,
@@ -37,7 +45,6 @@ from clipper.errors import ChangedMeanwhile, ClipperError, Conflict, InvalidInpu
 from clipper.models.serving import PROMOTE_METADATA, ServingStacks, check_idle, unserved_reason
 from clipper.models.updater import validated_prefix
 from clipper.ports import CanaryEvidenceStore, Clock
-from clipper.selection import policy_for
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +111,9 @@ class AdminService:
 
     def get_application(self, name: str) -> dict[str, Any]:
         """The application, its links, and the parameters its policy runs with (``policy_params_in_use``: the set
-        ones and the policy's defaults for the rest)."""
+        ones and the policy's defaults for the rest; Exp4's ``k`` as the number of models a query asks)."""
         app, links = self._registry.app_and_links(name)
-        return {**app_info(app, links), "policy_params_in_use": vars(policy_for(app.policy, app.policy_params))}
+        return {**app_info(app, links), "policy_params_in_use": params_in_use(app, links)}
 
     def get_all_applications(self, verbose: bool = False) -> list[Any]:
         names = self._registry.app_names()

@@ -10,6 +10,7 @@ from typing import Any
 from clipper.admin.ports import AdminRegistry, ServingProbe
 from clipper.core.domain import Application, BatchingSettings, ModelRecord, ModelVersion
 from clipper.errors import ClipperError, NotFound
+from clipper.selection import policy_for
 
 
 def app_info(app: Application, links: list[str]) -> dict[str, Any]:
@@ -19,6 +20,17 @@ def app_info(app: Application, links: list[str]) -> dict[str, Any]:
     info["input_shape"] = list(app.input_shape) if app.input_shape else None
     info["linked_models"] = links
     return info
+
+
+def params_in_use(app: Application, links: list[str]) -> dict[str, Any]:
+    """The parameters ``app``'s policy runs with: the set ones and the policy's defaults for the rest, as the
+    frontend uses them. Exp4's ``k`` is the number of models each query asks: the ``k`` heaviest linked models, so
+    every linked one where ``k`` is unset (the policy's ``None``) or more than are linked."""
+    used = dict(vars(policy_for(app.policy, app.policy_params)))
+    if app.policy == "exp4":
+        k = used.get("k")
+        used["k"] = len(links) if k is None else min(k, len(links))
+    return used
 
 
 # What Clipper's listings call the image of a version: ours serve from the ONNX Runtime model image; a version

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> int:
         try:
             answer = conn.update(args.app, value, label, _uid(args.uid), args.feedback_id)
         except QueryError as e:
-            key = e.detail.get("retry_feedback_id")
+            key = e.feedback_id or e.detail.get("retry_feedback_id")  # no answer, or the queue did not confirm it
             if key:  # the server's cause names the JSON field; on the command line it is an option
                 print(f"clipper: send it again with --feedback-id {key} to have it applied once", file=sys.stderr)
             raise

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterable, Mapping
 
 from clipper.canary.evidence import VersionEvidence
-from clipper.frontend.results import ModelAnswer
+from clipper.frontend.results import UNCHARGED, ModelAnswer
 from clipper.ports import CanaryEvidenceStore
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class CanaryTally:
             name = a.model.name
             trial = trials.get(name)
             failure = a.failure
-            if trial is None or failure == "unavailable":
+            if trial is None or failure in UNCHARGED:
                 continue
             key = (name, trial, a.model.version)
             with self._lock:

@@ -29,7 +29,7 @@ from clipper.core.messages import QueryMessage, Reply, encode_rows, no_answer
 from clipper.core.polling import poll_gap
 from clipper.core.validation import QueryInput, Rows
 from clipper.errors import Unavailable
-from clipper.frontend.results import ModelAnswer, QueryTicket
+from clipper.frontend.results import UNCHARGED, ModelAnswer, QueryTicket
 from clipper.frontend.steps import Steps, call
 from clipper.frontend.steps import run as run_steps
 from clipper.ports import ClaimStore, Clock, LookupOrSend, PredictionCache, ReplyChannel, RequestQueue
@@ -502,7 +502,7 @@ class Gatherer:
                 for i, k in zip(rows, keys, strict=True):
                     a.outputs[i] = hits.get(k, a.outputs[i])
                     if k in failed:
-                        ended[name][i] = (failed[k], "unavailable")  # the owner query's failure, counted there
+                        ended[name][i] = (failed[k], "followed")  # the owner query's failure, counted there
                     elif k in owned:
                         first.setdefault(k, i)
                 if first:
@@ -528,13 +528,13 @@ class Gatherer:
         timeout = (
             f"model {a.model.name}:{a.model.version}: timeout, the identical query computing this input gave no "
             "answer within the SLO",
-            "unavailable",  # the owner query's timeout, counted there
+            "followed",  # the owner query's timeout, counted there
         )
         causes = {i: ended.get(i, timeout) for i in rows if a.outputs[i] is None}
         if not causes:
             return
-        charged = [c for c in causes.values() if c[1] != "unavailable"]  # a takeover's own: the model's failure
-        if a.problem is not None and a.failure == "unavailable" and charged:
+        charged = [c for c in causes.values() if c[1] not in UNCHARGED]  # a takeover's own: the model's failure
+        if a.problem is not None and a.failure in UNCHARGED and charged:
             # the rows the frontend's own failure left without an output keep that cause (and are not charged)
             kept = {i: (a.problem, a.failure) for i, out in enumerate(a.outputs) if out is None and i not in causes}
             a.row_problems = {**(a.row_problems or {}), **kept}

@@ -5,9 +5,12 @@ EMF, one line per dimension set and query: by ``app`` the query latency, queries
 outputs (the default rate is DefaultOutputs / Queries) and each stage's time (``<Stage>Latency``: validate,
 select, cache, enqueue, wait, combine, record); by ``service`` the queries and default outputs across
 applications (the template's default-rate alarm); by ``model`` the prediction cache's hits and misses (the
-hit ratio is hits / (hits + misses)), the model's errors (no output: an error, a timeout) and its stages
-(send, queue, batch wait, inference, reply) and batch size. The in-process registry keeps the same figures
-as Clipper named them (``app:<app>:*``, ``model:<model>:<version>:*``).
+hit ratio is hits / (hits + misses)), the model's errors (no output because the model failed: an error reply, no
+reply within the SLO), its transport failures (no output because the frontend's own dependencies failed: the
+request queue, the reply channel, the prediction cache, such as Redis down or SQS refusing the send; no model's
+error) and its stages (send, queue, batch wait, inference, reply) and batch size. The in-process registry keeps
+the same figures as Clipper named them (``app:<app>:*``, ``model:<model>:<version>:*``; the transport failures
+as ``model:<model>:<version>:num_transport_failures`` beside ``num_errors``).
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class EmfQueryMetrics:
                 ("CacheHits", count, hits),
                 ("CacheMisses", count, misses),
                 ("ModelErrors", count, 1 if model in result.model_errors else 0),
+                ("TransportFailures", count, 1 if model in result.transport_failures else 0),
             ]
             for stage, value in result.model_timings_ms.get(model, {}).items():
                 if stage == "batch_size":
@@ -187,6 +191,8 @@ class InProcessMetrics:
                     self.counters[f"{prefix}:num_errors"] += 1
                 for stage, value in result.model_timings_ms.get(model, {}).items():
                     self.histograms[f"{prefix}:{stage}" if stage == "batch_size" else f"{prefix}:{stage}_ms"].add(value)
+            for model in result.transport_failures:  # (a late default has no cache figures: its versions say)
+                self.counters[f"model:{model}:{result.versions.get(model, '')}:num_transport_failures"] += 1
 
     def report(self) -> dict[str, Any]:
         with self._lock:

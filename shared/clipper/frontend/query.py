@@ -42,7 +42,7 @@ from clipper.frontend.canary_tally import CanaryTally
 from clipper.frontend.fanout import ANSWER_MARGIN_S, FAILED_CLAIM_TTL_S, Fanout, Gatherer, split_model_time
 from clipper.frontend.invocation import query_deadline
 from clipper.frontend.lane import SingleModelLane
-from clipper.frontend.results import ModelAnswer, Prediction, QueryResult, QueryTicket
+from clipper.frontend.results import MODEL_FAILURES, ModelAnswer, Prediction, QueryResult, QueryTicket
 from clipper.frontend.selection import Choice, Selector
 from clipper.ports import ClaimStore, Clock, LookupOrSend, PredictionCache, Registry, ReplyChannel, RequestQueue
 from clipper.selection import resolve
@@ -375,7 +375,8 @@ class QueryProcessor:
             model_timings_ms={a.model.name: a.timings_ms for a in answers if a.timings_ms},
             models=[a.model.name for a in answers],
             versions={a.model.name: a.model.version for a in answers},
-            model_errors=[a.model.name for a in answers if a.problem is not None],
+            model_errors=[a.model.name for a in answers if a.failure in MODEL_FAILURES],
+            transport_failures=[a.model.name for a in answers if a.failure == "unavailable"],
             cache_by_model={a.model.name: (a.model.version, a.hits, query.count - a.hits) for a in answers},
             cache_hits=hits,
             cache_misses=query.count * len(answers) - hits,
@@ -411,7 +412,7 @@ class QueryProcessor:
             first.version if first else None,
             models=[m.name for m in ticket.models],
             versions={m.name: m.version for m in ticket.models},
-            model_errors=[m.name for m in ticket.models],
+            transport_failures=[m.name for m in ticket.models],  # held up by a dependency, not by a model
         )
 
     @staticmethod
@@ -460,7 +461,7 @@ class QueryProcessor:
         learns = choice.selection.policy != "single"  # the canary's evidence is the outputs' alone
         for row, key in enumerate(record_keys(app.name, user, query.rows)):
             outputs = {a.model.name: a.outputs[row] for a in answers if a.outputs[row] is not None}
-            faulted = {a.model.name for a in answers if a.failure_of(row) in ("timeout", "error")} if learns else ()
+            faulted = {a.model.name for a in answers if a.failure_of(row) in MODEL_FAILURES} if learns else ()
             missing = [m for m in choice.selection.models if m not in outputs and m in faulted]
             if not outputs and not missing:
                 continue

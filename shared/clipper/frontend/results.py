@@ -9,6 +9,11 @@ from typing import Any
 from clipper.core.domain import Application, ModelVersion
 from clipper.core.validation import QueryInput
 
+# a ModelAnswer's failure kinds that are the model's own (counted as its errors), and those that are not: the
+# frontend's dependencies ("unavailable") and another query's failure the row waited on ("followed")
+MODEL_FAILURES = ("error", "timeout")
+UNCHARGED = ("unavailable", "followed")
+
 
 @dataclass
 class Prediction:
@@ -47,6 +52,9 @@ class QueryResult:
     timings_ms: dict[str, float] = field(default_factory=dict)  # stage -> ms
     model_timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> stage -> ms
     model_errors: list[str] = field(default_factory=list)  # the models that gave no output (error, timeout)
+    # the models asked that gave no output because the frontend's own dependencies failed (the request queue, the
+    # reply channel, the prediction cache: Redis down, SQS refusing): no model's error
+    transport_failures: list[str] = field(default_factory=list)
     cache_hits: int = 0
     cache_misses: int = 0
 
@@ -77,7 +85,8 @@ class ModelAnswer:
     outputs: list[Any]
     problem: str | None = None
     # what the problem was: "error" (the model replied with an error, or cannot be asked), "timeout" (no reply by
-    # the deadline), "unavailable" (the frontend's own dependencies failed, or the row's owner query's did)
+    # the deadline), "unavailable" (the frontend's own dependencies failed), "followed" (the identical query whose
+    # computation the row waited on got no output: counted in that query)
     failure: str | None = None
     hits: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)  # this model's stages (send, queue, ...)
