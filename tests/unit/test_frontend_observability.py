@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -15,6 +16,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 
 from clipper.core.registry_cache import CachedRegistry
+from clipper.frontend.handling import QueryHandling
 from clipper.frontend.metrics import InProcessMetrics
 from clipper.frontend.observability import QueryCorrelation, tracing_enabled
 from clipper.frontend.query import QueryProcessor
@@ -149,3 +151,33 @@ def test_register_after_restore_uses_the_runtime_hook_when_there_is_one(monkeypa
     assert ran == ["hook"]
     monkeypatch.setitem(sys.modules, "snapshot_restore_py", None)  # not Lambda's runtime: import fails
     assert not register_after_restore(lambda: None)
+
+
+def test_a_request_on_a_worker_thread_carries_no_earlier_querys_log_keys(clipper_logger):
+    # a query run on a worker thread added its keys to that thread's context, and the next request the thread
+    # ran (here a feedback) logged the earlier query's correlation id, application and models
+    out = io.StringIO()
+    logger = Logger(service=f"clipper-frontend-{uuid.uuid4().hex[:8]}", logger_handler=logging.StreamHandler(out))
+    logger.setLevel("INFO")
+    copy_config_to_registered_loggers(source_logger=logger, include={"clipper"})  # the query's "default output"
+    processor = QueryProcessor(
+        registry(), ListQueue(), InMemoryReplies(), FakeClock(), lambda: 4242 << 16, listener=QueryCorrelation(logger)
+    )
+
+    class Receiver:
+        def accept(self, app: str, body: object) -> dict[str, object]:
+            logger.info("feedback accepted")
+            return {"accepted": True}
+
+    handling = QueryHandling(processor, 1 << 20, feedback=Receiver(), query_threads=1)  # type: ignore[arg-type]
+
+    async def query_then_feedback() -> None:
+        await asyncio.wrap_future(handling.submit(processor.predict, "digits", {"input": [0.0] * 64}))
+        body = json.dumps({"input": [0.0] * 64, "label": 1}).encode()
+        assert (await handling.update("digits", body, "application/json")).status == 200
+
+    asyncio.run(query_then_feedback())
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert any(line.get("correlation_id") == str(4242 << 16) for line in lines)  # the query's own lines have it
+    feedback = next(line for line in lines if line["message"] == "feedback accepted")
+    assert "correlation_id" not in feedback and "app" not in feedback and "models" not in feedback

@@ -16,12 +16,13 @@ the SLO (or, on Lambda, past the function's timeout into a 5xx).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 import orjson
@@ -107,6 +108,9 @@ def check_fields(body: Any, allowed: frozenset[str]) -> None:
                 raise InvalidInput(name, "no such field (the request's fields are " + ", ".join(sorted(allowed)) + ")")
 
 
+T = TypeVar("T")
+
+
 class QueryHandling:
     def __init__(
         self,
@@ -123,6 +127,12 @@ class QueryHandling:
         self._feedback = feedback
         self._observe = observe
         self._workers = ThreadPoolExecutor(max_workers=query_threads, thread_name_prefix="clipper-query")
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """``fn(*args)`` on a worker thread, in a copy of the caller's context: the log keys a query adds there
+        (its correlation id, application, models) end with it, where the thread's own context kept them for the
+        next request it ran (an update's log lines named an earlier query)."""
+        return self._workers.submit(contextvars.copy_context().run, fn, *args)
 
     def too_large(self, size: int, partial: bool = False) -> HttpAnswer | None:
         """The 413 for a body of ``size`` bytes over the limit (``partial``: the body was read only so far)."""
@@ -199,7 +209,7 @@ class QueryHandling:
                 if processor.can_inline(ticket):  # fast, bounded dependencies: on the loop, no thread held
                     result = await processor.predict_async(app_name, body, ticket)
                 else:
-                    future = self._workers.submit(processor.predict, app_name, body, ticket)
+                    future = self.submit(processor.predict, app_name, body, ticket)
                     result = await self._within_deadline(future, ticket)
         except ClipperError as e:
             return self._error_answer(e)
@@ -236,7 +246,7 @@ class QueryHandling:
         if not possible_app_name(app_name):
             return no_such_name(app_name)
         try:
-            accepted = await asyncio.wrap_future(self._workers.submit(self._feedback.accept, app_name, body))
+            accepted = await asyncio.wrap_future(self.submit(self._feedback.accept, app_name, body))
         except FeedbackNotQueued as e:  # maybe queued: the key to send it again with, applied once either way
             cause = {"error": "service unavailable", "cause": str(e), "retry_feedback_id": e.key}
             return HttpAnswer(503, orjson.dumps(cause))
