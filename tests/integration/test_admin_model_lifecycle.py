@@ -325,6 +325,29 @@ def test_an_explicit_promote_of_the_uploader_wins_over_auto_promote(world):
     assert plain["headers"] == octets
 
 
+def test_an_upload_url_to_make_a_version_active_is_refused_while_a_canary_runs(world):
+    """The version would be registered and left inactive (the canary's evidence decides meanwhile): the API said
+    200 where the client's deploy said 409. An upload that asks for no activation is served."""
+    demo, admin = world["demo"], world["admin"]
+    upload(world, "mlp", "1", (demo / "mlp" / "1" / "model.onnx").read_bytes())
+    ok(admin.post("/admin/set_auto_promote", json={"model_name": "mlp", "auto_promote": False}))
+    upload(world, "mlp", "2", (demo / "logreg" / "1" / "model.onnx").read_bytes())
+    ok(admin.post("/admin/start_canary", json={"model_name": "mlp", "model_version": "2", "share_percent": 10}))
+
+    def url(**extra: Any) -> Any:
+        return admin.post("/admin/get_upload_url", json={"model_name": "mlp", "model_version": "3", **extra})
+
+    refused = ok(url(promote=True), 409)
+    assert "canary running (mlp:2" in refused["cause"] and "promote false" in refused["cause"]
+    ok(url(promote=False))
+    ok(url())  # not asked, and auto_promote off: it stays inactive as asked
+    ok(admin.post("/admin/set_auto_promote", json={"model_name": "mlp", "auto_promote": True}))
+    assert "canary running" in ok(url(), 409)["cause"]  # auto_promote would make it active
+    ok(url(promote=False))
+    ok(admin.post("/admin/abort_canary", json={"model_name": "mlp"}))
+    ok(url(promote=True))
+
+
 def _validated(world: dict[str, Any], model: str, version: str) -> list[str]:
     aws = world["aws"]
     listed = aws.s3.list_objects_v2(Bucket=aws.bucket, Prefix=f"validated/{model}/{version}/")

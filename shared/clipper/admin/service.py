@@ -283,13 +283,16 @@ class AdminService:
         (signed into the URL: the PUT must send ``headers``), which the model updater follows over the model's
         auto_promote. Refused (``Conflict``) for a version registered already (versions are immutable: another
         file there would be rejected, and must never be served), and, where uploads get no serving stacks, for
-        a later version of a model (the updater would reject it: nothing would load its file)."""
+        a later version of a model (the updater would reject it: nothing would load its file), and, while the model
+        runs a canary, for an upload that would make the version active (``promote``, or the model's auto_promote
+        when not given: it would be registered and left inactive)."""
         if self._uploads is None:
             raise Unavailable("model uploads: this deployment has no model bucket (CLIPPER_MODEL_BUCKET is not set)")
         try:
-            head, versions = self._registry.model_and_versions(model)
+            record: ModelRecord | None = self._registry.model_record(model)
         except NotFound:
-            head, versions = None, {}
+            record = None
+        head, versions = (record.head, record.versions) if record is not None else (None, {})
         if version in versions:
             other = (
                 "; it is the active version"
@@ -302,6 +305,14 @@ class AdminService:
             )
         if head is not None and self._stacks is None:
             raise Conflict(unserved_reason(model, version, head.active_version))
+        running = head.canary if head is not None else None
+        if running is not None and (promote if promote is not None else record is not None and record.auto_promote):
+            # the upload would be registered and not made active (the canary's evidence decides meanwhile)
+            raise Conflict(
+                f"model {model} has a canary running ({model}:{running.version}, trial {running.trial}): a new "
+                "version cannot become active meanwhile; upload it with promote false (`clipper deploy "
+                "--no-promote`), or promote or abort the canary first"
+            )
         key = f"models/{model}/{version}/model.onnx"
         metadata = None if promote is None else {PROMOTE_METADATA: "true" if promote else "false"}
         url = self._uploads.upload_url(key, expires_s, metadata)
