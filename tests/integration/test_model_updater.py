@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import json
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from clipper.models.updater import (
 from tests.events import EVENTS, LambdaContext
 from tests.fakes import InMemoryServingStacks, digits_app, model_version
 from tests.integration.conftest import AwsWorld
+from tests.slow_models import looping_model
 
 pytestmark = pytest.mark.integration
 
@@ -439,6 +441,42 @@ def test_a_file_over_the_size_limit_is_rejected_unread(world: World, monkeypatch
     assert outcome["status"] == "rejected" and "over the limit of 1000" in outcome["reasons"][0]
     rejected = world.item("REJECTED#2")
     assert rejected is not None and rejected["sha256"]["S"] == ""
+
+
+def test_a_model_whose_sample_run_never_ends_is_rejected_at_the_time_limit_and_not_tried_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sample run had no limit: such a model held the Lambda function to its timeout, and the upload was
+    retried, again and again (and locally held every other upload behind it)."""
+    monkeypatch.setenv("CLIPPER_VALIDATION_TIMEOUT_S", "2")
+    world.reload()
+    world.auto_promote(True)
+    event = world.upload(KEY, looping_model())
+    started = time.monotonic()
+
+    (outcome,) = world.handle(event)
+
+    assert time.monotonic() - started < 5.0
+    assert outcome["status"] == "rejected"
+    (reason,) = outcome["reasons"]
+    assert "did not finish within the validation time limit of 2 s: stopped after 2." in reason
+    rejected = world.item("REJECTED#2")  # where get_model, get_state and `clipper model` / `deploy` read it
+    assert rejected is not None and [r["S"] for r in rejected["reasons"]["L"]] == [reason]
+    assert json.loads(rejected["signature"]["S"])["input"]["shape"] == ["N", 64]
+    assert world.active() == "1" and world.item("VERSION#2") is None
+    started = time.monotonic()
+    assert [o["status"] for o in world.handle(event)] == ["duplicate"]  # a redelivery is not validated again
+    assert time.monotonic() - started < 1.0
+
+
+def test_the_validation_limit_must_leave_the_function_room_to_record_the_outcome(world: World) -> None:
+    settings = world.app.ModelUpdaterSettings
+    # template.yaml's: 900 s function, 600 s stack wait, the 60 s default limit
+    fits = settings(function_timeout_s=900, service_stack_name="clipper", model_stack_wait_s=600)
+    assert fits.validation_timeout_s == 60
+    with pytest.raises(ValueError, match=r"CLIPPER_VALIDATION_TIMEOUT_S \(300 s\) .* at most 240 s"):
+        settings(function_timeout_s=900, service_stack_name="clipper", validation_timeout_s=300)
+    assert settings(function_timeout_s=900, validation_timeout_s=300).validation_timeout_s == 300  # no stack wait
 
 
 class StaleFirstView:
