@@ -572,6 +572,41 @@ def test_the_uploads_no_event_was_handled_for_are_found_and_their_events_registe
     assert [o["key"] for o in lost_uploads(world.aws.s3, bucket, registry)] == ["models/mlp/5/model.onnx"]
 
 
+def test_locally_another_models_upload_registers_while_a_slow_models_is_still_being_validated(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local stack's dispatcher handled every upload on one thread: a model whose sample run took its whole
+    limit held every other upload behind it. Here the real updater, a real never-ending ONNX Loop, moto's SQS."""
+    from infra.local.uploads import UploadDispatcher
+
+    limit = 6.0
+    monkeypatch.setenv("CLIPPER_VALIDATION_TIMEOUT_S", str(limit))
+    world.reload()
+    queue_url = world.aws.sqs.create_queue(QueueName="local-model-uploads")["QueueUrl"]
+    slow, fine = "models/slow/1/model.onnx", "models/other/1/model.onnx"
+    for key, data in ((slow, looping_model()), (fine, world.model_bytes("logreg"))):
+        world.aws.sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(world.upload(key, data)))
+    dispatcher = UploadDispatcher(
+        world.aws.sqs, queue_url, lambda event: world.app.handle_event(world.app.updater, event, world.aws.bucket), 1
+    )
+    started = time.monotonic()
+    dispatcher.start()
+    try:
+        while world.item("VERSION#1", model="other") is None and time.monotonic() - started < limit:
+            time.sleep(0.05)
+        registered_after = time.monotonic() - started
+        # registered, and the slow model's validation is still running: neither registered nor rejected yet
+        assert world.item("VERSION#1", model="other") is not None and registered_after < limit - 1
+        assert world.item("REJECTED#1", model="slow") is None and world.item("VERSION#1", model="slow") is None
+        while world.item("REJECTED#1", model="slow") is None and time.monotonic() - started < limit + 10:
+            time.sleep(0.1)
+        rejected = world.item("REJECTED#1", model="slow")
+        assert rejected is not None and "validation time limit of 6 s" in rejected["reasons"]["L"][0]["S"]
+    finally:
+        assert dispatcher.finish(timeout_s=limit + 10)
+        dispatcher.join(5)  # its last receive (1 s) ends in moto, not after the test's mock
+
+
 def test_a_deleted_version_is_not_registered_again_from_the_upload_it_came_from(world: World) -> None:
     """Deleting a version leaves its file in the bucket (the user's artifact). The same upload's event delivered
     again, or the local stack's next start finding the file (its restored copy has a new version id: the bytes
