@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from aws_lambda_powertools import Logger
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clipper.adapters.clock import SystemClock
 from clipper.adapters.cloudformation_stacks import build_model_stacks
@@ -25,6 +25,8 @@ from clipper.models.serving import ServingStacks
 from clipper.models.updater import ModelUpdater, ServingDefaults, build_model_updater
 from clipper.settings import ModelStackSettings
 from clipper.wiring import aws_client
+
+VALIDATION_ROOM_S = 60.0  # of the function's timeout, beside validation and the stack's wait: S3, DynamoDB
 
 
 class ModelUpdaterSettings(ModelStackSettings):
@@ -36,8 +38,28 @@ class ModelUpdaterSettings(ModelStackSettings):
     default_endpoint: str = Field("", description="e.g. sagemaker:<stack>-{model}")
     # Larger files are rejected unread; the function's memory must hold the file and its ORT session.
     max_model_bytes: int = Field(512 * 1024**2, ge=1)
+    # A file's validation (loading it, its sample run) runs in a child process stopped at this limit; a model that
+    # takes longer is rejected, the reason naming the limit (clipper.models.isolated). Within the function's
+    # timeout (template.yaml passes it) with the stack's wait and VALIDATION_ROOM_S to read and record around it.
+    validation_timeout_s: float = Field(60.0, gt=0)
+    function_timeout_s: float | None = Field(None, gt=0)
     # With a service stack named (ModelStackSettings), each version gets its own serving stack
     # (infra/model-stack.yaml) before it is registered, instead of the defaults above or the active version's.
+
+    @model_validator(mode="after")
+    def _validation_fits_the_function(self) -> ModelUpdaterSettings:
+        if self.function_timeout_s is None:
+            return self
+        stack_wait = self.model_stack_wait_s if self.service_stack_name else 0.0
+        room = self.function_timeout_s - stack_wait - VALIDATION_ROOM_S
+        if self.validation_timeout_s > room:
+            raise ValueError(
+                f"CLIPPER_VALIDATION_TIMEOUT_S ({self.validation_timeout_s:g} s) must leave the function's timeout "
+                f"(CLIPPER_FUNCTION_TIMEOUT_S, {self.function_timeout_s:g} s) room for the stack's creation "
+                f"(CLIPPER_MODEL_STACK_WAIT_S, {stack_wait:g} s) and {VALIDATION_ROOM_S:g} s to read the file and "
+                f"record the outcome: at most {max(room, 0):g} s"
+            )
+        return self
 
 
 logger = Logger(service="clipper-model-updater")
@@ -53,7 +75,14 @@ def build(
     if stacks is None and cfn is not None:
         stacks = build_model_stacks(cfn, config)
     return build_model_updater(
-        dynamodb, s3, config.registry_table, SystemClock(), defaults, config.max_model_bytes, stacks
+        dynamodb,
+        s3,
+        config.registry_table,
+        SystemClock(),
+        defaults,
+        config.max_model_bytes,
+        stacks,
+        config.validation_timeout_s,
     )
 
 

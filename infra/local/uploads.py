@@ -5,8 +5,15 @@ updater's own handler code (``functions.model_updater.app.handle_event``), with 
 ``ServingStacks``. A failed event becomes visible again and is retried, as Lambda retries an asynchronous
 invocation.
 
-The dispatcher long-polls (20 s, SQS's longest: on an idle stack three receives a minute, not sixty); a stop
-waits for the events it holds to be handled, not for a receive that is waiting for one.
+The dispatcher long-polls (20 s, SQS's longest: on an idle stack three receives a minute, not sixty) and hands
+each event to its upload's lane: the events of one ``models/<name>/<version>/model.onnx`` are handled one after
+the other, in the order received, on a thread of that lane's own (``upload-lane``), while other versions' go on
+beside them, up to ``workers`` handled at once. So a model whose validation takes its whole time limit
+(``CLIPPER_VALIDATION_TIMEOUT_S``) holds only the uploads of its own version, as on AWS, where each upload is its
+own invocation of the function. An event stays invisible in the queue while it is handled (``VISIBILITY_S``, the
+function's timeout), so a long one is not received again meanwhile. A stop waits for the events being handled,
+not for a receive that is waiting for one, and starts none of those still waiting in a lane (their uploads are
+found again at the next start, below).
 
 The queue's events live in moto's memory, which the state folder does not keep: an upload made just before a stop
 (its object copied, its event not yet handled) would come back without its event and never be registered. So at
@@ -22,6 +29,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +37,8 @@ from infra.local.serving import LocalModelServing
 from infra.local.supervisor import lower_thread_priority
 
 logger = logging.getLogger("clipper.local")
+
+VISIBILITY_S = 900  # an event in hand stays the dispatcher's this long: the ModelUpdater function's Timeout
 
 
 class UploadDispatcher(threading.Thread):
@@ -43,15 +53,21 @@ class UploadDispatcher(threading.Thread):
         nice: int = 0,
         find_lost: Callable[[], list[dict[str, Any]]] | None = None,
         bucket: str = "",
+        workers: int = 4,
     ) -> None:
         """``wait_s``: each receive's long poll; ``nice``: added to this thread's CPU niceness when it starts (no
-        query waits for it); ``find_lost``: the uploads of ``bucket`` whose events were lost (``lost_uploads``)."""
+        query waits for it; its lanes' threads, and the validation processes they start, inherit it);
+        ``find_lost``: the uploads of ``bucket`` whose events were lost (``lost_uploads``); ``workers``: events
+        handled at once, of as many versions."""
         super().__init__(name="upload-dispatcher", daemon=True)
         self._sqs, self._queue_url, self._handle = sqs, queue_url, handle
         self._wait_s, self._nice = wait_s, nice
         self._find_lost, self._bucket = find_lost, bucket
         self.halt = threading.Event()
-        self._handling = threading.Lock()  # held while events are handled, not while a receive waits
+        self._lanes: dict[str, deque[dict[str, Any]]] = {}  # by upload key: its events not handled yet
+        self._changed = threading.Condition()  # guards _lanes and _in_hand
+        self._in_hand = 0  # events being handled now
+        self._slots = threading.BoundedSemaphore(workers)
         self._failing = False
 
     def run(self) -> None:
@@ -59,7 +75,7 @@ class UploadDispatcher(threading.Thread):
         while not self.halt.is_set():
             try:
                 got = self._sqs.receive_message(
-                    QueueUrl=self._queue_url, MaxNumberOfMessages=1, WaitTimeSeconds=self._wait_s
+                    QueueUrl=self._queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=self._wait_s
                 )
             except Exception as e:  # moto restarting, or a transient error: said once, not every second
                 if not self._failing and not self.halt.is_set():
@@ -70,23 +86,50 @@ class UploadDispatcher(threading.Thread):
             if self._failing and not self.halt.is_set():
                 logger.info("upload events received again")
             self._failing = False
-            with self._handling:
-                for message in got.get("Messages", []):
-                    try:
-                        self.dispatch(message)
-                    except Exception as e:  # the event's settling failed (moto restarting between the receive and
-                        # the delete): it comes back after its visibility timeout, and the updater takes a repeat as
-                        # a duplicate. The thread goes on: it ending would leave every later upload unregistered.
-                        logger.warning("model upload event not settled (it comes back): %s", e)
+            for message in got.get("Messages", []):
+                self._queue(message)
+
+    def _queue(self, message: dict[str, Any]) -> None:
+        """Into its upload's lane, behind that upload's earlier events; a lane with none starts its thread."""
+        lane = lane_of(message)
+        with self._changed:
+            waiting = self._lanes.get(lane)
+            if waiting is not None:  # its thread is on it: it takes this one after the others
+                waiting.append(message)
+                return
+            self._lanes[lane] = deque([message])
+        threading.Thread(target=self._drain, args=(lane,), name="upload-lane", daemon=True).start()
+
+    def _drain(self, lane: str) -> None:
+        """A lane's thread: handle its events in order until none is left (or the dispatcher halts)."""
+        lower_thread_priority(0, "upload-lane")  # the dispatcher's niceness is inherited; the name is its own
+        while True:
+            with self._slots:  # at most ``workers`` events handled at once
+                with self._changed:
+                    waiting = self._lanes[lane]
+                    if not waiting or self.halt.is_set():  # halted: none starts (found again at the next start)
+                        del self._lanes[lane]
+                        return
+                    message = waiting.popleft()
+                    self._in_hand += 1
+                try:
+                    self.dispatch(message)
+                except Exception as e:  # the event's settling failed (moto restarting between the receive and the
+                    # delete): it comes back after its visibility timeout, and the updater takes a repeat as a
+                    # duplicate. The lane goes on: it ending would leave this upload's later events unhandled.
+                    logger.warning("model upload event not settled (it comes back): %s", e)
+                finally:
+                    with self._changed:
+                        self._in_hand -= 1
+                        self._changed.notify_all()
 
     def finish(self, timeout_s: float = 10.0) -> bool:
         """After ``halt``: wait for the events in hand (up to ``timeout_s``), not for a receive that waits for
-        one (the thread is a daemon); False if they were still being handled."""
+        one (the threads are daemons) nor for those still waiting in a lane (none starts from now on); False if
+        some were still being handled."""
         self.halt.set()
-        if not self._handling.acquire(timeout=timeout_s):
-            return False
-        self._handling.release()
-        return True
+        with self._changed:
+            return self._changed.wait_for(lambda: self._in_hand == 0, timeout=timeout_s)
 
     def replay_lost(self) -> list[str]:
         """Queue, for each upload whose event was lost (``find_lost``), the event its upload sent; returns their
@@ -119,6 +162,18 @@ class UploadDispatcher(threading.Thread):
             )
 
 
+def lane_of(message: dict[str, Any]) -> str:
+    """The lane of an event: the object key it names (EventBridge's, or an S3 notification's first record), ""
+    for one that names none (handled in a lane of their own)."""
+    try:
+        event = json.loads(message["Body"])
+        if "detail" in event:
+            return str(event["detail"]["object"]["key"])
+        return str(event["Records"][0]["s3"]["object"]["key"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return ""
+
+
 def connect_uploads(stack: str, bucket: str) -> str:
     """Make the model bucket emit EventBridge events and keep versions (moto's CloudFormation drops the template's
     EventBridgeConfiguration and VersioningConfiguration) and add a local SQS queue as a target of template.yaml's
@@ -134,6 +189,7 @@ def connect_uploads(stack: str, bucket: str) -> str:
     # reads the object by and records (artifact_version_id), as on AWS
     s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     queue_url: str = sqs.create_queue(QueueName=f"{stack}-local-model-uploads")["QueueUrl"]
+    sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"VisibilityTimeout": str(VISIBILITY_S)})
     arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     # moto delivers to a rule's targets in order and stops at the first it cannot serve (a Lambda function),
     # so the local queue goes first and the template's own target (the ModelUpdater function) after it.

@@ -203,8 +203,9 @@ def background_work_runs_behind_the_queries(state: Path) -> None:
     for task in Path(f"/proc/{launcher}/task").iterdir():
         stat = (task / "stat").read_text()
         threads.setdefault((task / "comm").read_text().strip(), []).append(int(stat.rsplit(")", 1)[1].split()[16]))
-    # (a thread the upload dispatch starts, ONNX Runtime's while it validates an upload, has its name and niceness)
+    # (the upload dispatch's lanes, upload-lane, exist while an upload is handled, at its niceness)
     assert threads["stack-follow"] == [19] and set(threads["upload-dispatch"]) == {19}, threads
+    assert set(threads.get("upload-lane", [19])) == {19}, threads
     assert int(Path(f"/proc/{launcher}/stat").read_text().rsplit(")", 1)[1].split()[16]) == own
 
 

@@ -430,3 +430,10 @@ def test_the_lambda_batcher_knows_its_timeout_so_an_endpoint_call_ends_first(tra
     """Its endpoint calls had a fixed 30 s (HTTP) or 4 reads of 30 s (SageMaker, botocore's retries) against a
     30 s function: a hung endpoint stopped the function with nothing reported."""
     assert env(translated, "BatcherFunction")["CLIPPER_FUNCTION_TIMEOUT_S"] == {"Ref": "BatcherTimeout"}
+
+
+def test_the_model_updater_knows_its_timeout_so_a_models_validation_ends_within_it(translated: dict[str, Any]) -> None:
+    """A model's sample run had no limit: one that never ended held the function to its timeout, and the upload was
+    retried. The settings refuse a validation limit that leaves no room in this timeout (tests/integration)."""
+    function = translated["Resources"]["ModelUpdaterFunction"]["Properties"]
+    assert env(translated, "ModelUpdaterFunction")["CLIPPER_FUNCTION_TIMEOUT_S"] == str(function["Timeout"]) == "900"

@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import json
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from clipper.models.updater import (
 from tests.events import EVENTS, LambdaContext
 from tests.fakes import InMemoryServingStacks, digits_app, model_version
 from tests.integration.conftest import AwsWorld
+from tests.slow_models import looping_model
 
 pytestmark = pytest.mark.integration
 
@@ -441,6 +443,42 @@ def test_a_file_over_the_size_limit_is_rejected_unread(world: World, monkeypatch
     assert rejected is not None and rejected["sha256"]["S"] == ""
 
 
+def test_a_model_whose_sample_run_never_ends_is_rejected_at_the_time_limit_and_not_tried_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sample run had no limit: such a model held the Lambda function to its timeout, and the upload was
+    retried, again and again (and locally held every other upload behind it)."""
+    monkeypatch.setenv("CLIPPER_VALIDATION_TIMEOUT_S", "2")
+    world.reload()
+    world.auto_promote(True)
+    event = world.upload(KEY, looping_model())
+    started = time.monotonic()
+
+    (outcome,) = world.handle(event)
+
+    assert time.monotonic() - started < 5.0
+    assert outcome["status"] == "rejected"
+    (reason,) = outcome["reasons"]
+    assert "did not finish within the validation time limit of 2 s: stopped after 2." in reason
+    rejected = world.item("REJECTED#2")  # where get_model, get_state and `clipper model` / `deploy` read it
+    assert rejected is not None and [r["S"] for r in rejected["reasons"]["L"]] == [reason]
+    assert json.loads(rejected["signature"]["S"])["input"]["shape"] == ["N", 64]
+    assert world.active() == "1" and world.item("VERSION#2") is None
+    started = time.monotonic()
+    assert [o["status"] for o in world.handle(event)] == ["duplicate"]  # a redelivery is not validated again
+    assert time.monotonic() - started < 1.0
+
+
+def test_the_validation_limit_must_leave_the_function_room_to_record_the_outcome(world: World) -> None:
+    settings = world.app.ModelUpdaterSettings
+    # template.yaml's: 900 s function, 600 s stack wait, the 60 s default limit
+    fits = settings(function_timeout_s=900, service_stack_name="clipper", model_stack_wait_s=600)
+    assert fits.validation_timeout_s == 60
+    with pytest.raises(ValueError, match=r"CLIPPER_VALIDATION_TIMEOUT_S \(300 s\) .* at most 240 s"):
+        settings(function_timeout_s=900, service_stack_name="clipper", validation_timeout_s=300)
+    assert settings(function_timeout_s=900, validation_timeout_s=300).validation_timeout_s == 300  # no stack wait
+
+
 class StaleFirstView:
     """The registry, except that its first model_view answers what was true before a concurrent delivery."""
 
@@ -532,6 +570,41 @@ def test_the_uploads_no_event_was_handled_for_are_found_and_their_events_registe
     assert lost_uploads(world.aws.s3, bucket, registry) == []  # each handled once
     world.aws.s3.put_object(Bucket=bucket, Key="models/mlp/5/model.onnx", Body=good)  # 5 fixed, its event lost too
     assert [o["key"] for o in lost_uploads(world.aws.s3, bucket, registry)] == ["models/mlp/5/model.onnx"]
+
+
+def test_locally_another_models_upload_registers_while_a_slow_models_is_still_being_validated(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local stack's dispatcher handled every upload on one thread: a model whose sample run took its whole
+    limit held every other upload behind it. Here the real updater, a real never-ending ONNX Loop, moto's SQS."""
+    from infra.local.uploads import UploadDispatcher
+
+    limit = 6.0
+    monkeypatch.setenv("CLIPPER_VALIDATION_TIMEOUT_S", str(limit))
+    world.reload()
+    queue_url = world.aws.sqs.create_queue(QueueName="local-model-uploads")["QueueUrl"]
+    slow, fine = "models/slow/1/model.onnx", "models/other/1/model.onnx"
+    for key, data in ((slow, looping_model()), (fine, world.model_bytes("logreg"))):
+        world.aws.sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(world.upload(key, data)))
+    dispatcher = UploadDispatcher(
+        world.aws.sqs, queue_url, lambda event: world.app.handle_event(world.app.updater, event, world.aws.bucket), 1
+    )
+    started = time.monotonic()
+    dispatcher.start()
+    try:
+        while world.item("VERSION#1", model="other") is None and time.monotonic() - started < limit:
+            time.sleep(0.05)
+        registered_after = time.monotonic() - started
+        # registered, and the slow model's validation is still running: neither registered nor rejected yet
+        assert world.item("VERSION#1", model="other") is not None and registered_after < limit - 1
+        assert world.item("REJECTED#1", model="slow") is None and world.item("VERSION#1", model="slow") is None
+        while world.item("REJECTED#1", model="slow") is None and time.monotonic() - started < limit + 10:
+            time.sleep(0.1)
+        rejected = world.item("REJECTED#1", model="slow")
+        assert rejected is not None and "validation time limit of 6 s" in rejected["reasons"]["L"][0]["S"]
+    finally:
+        assert dispatcher.finish(timeout_s=limit + 10)
+        dispatcher.join(5)  # its last receive (1 s) ends in moto, not after the test's mock
 
 
 def test_a_deleted_version_is_not_registered_again_from_the_upload_it_came_from(world: World) -> None:

@@ -79,8 +79,9 @@ def test_a_stop_waits_for_the_event_in_hand_not_for_the_poll():
     assert not dispatcher.finish(timeout_s=0.2)  # halted, but the upload it holds is still being handled
     go_on.set()
     assert dispatcher.finish(timeout_s=5) and handled == ["a"] and sqs.deleted == ["h-a"]
+    sqs.answer.set()  # a receive waiting meanwhile, if one was (the dispatcher receives while an upload is handled)
     dispatcher.join(5)
-    assert not dispatcher.is_alive()  # halted: no receive after the one that answered
+    assert not dispatcher.is_alive() and len(sqs.calls) <= 2  # halted: no receive after it
 
 
 def test_a_stop_while_it_waits_for_an_event_returns_at_once():
@@ -138,3 +139,112 @@ def test_the_dispatcher_keeps_running_after_a_failed_delete():
         assert sqs.second.wait(3), f"dispatcher thread alive={d.is_alive()}, handled={sqs.handled}"
     finally:
         d.halt.set()
+
+
+class BatchSqs:
+    """Answers its events in one receive, then nothing (after a short wait, as a long poll would)."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self.deleted: list[str] = []
+
+    def receive_message(self, **kwargs: Any) -> dict[str, Any]:
+        got, self.events = self.events, []
+        if not got:
+            threading.Event().wait(0.05)
+        return {"Messages": [{"Body": json.dumps(e), "ReceiptHandle": f"h-{e['id']}"} for e in got]}
+
+    def delete_message(self, QueueUrl: str, ReceiptHandle: str) -> None:
+        self.deleted.append(ReceiptHandle)
+
+
+def upload(event_id: str, model: str, version: str = "1") -> dict[str, Any]:
+    """An upload's event as EventBridge delivers it, with an id for the test."""
+    return {"id": event_id, "detail": {"object": {"key": f"models/{model}/{version}/model.onnx"}}}
+
+
+class Handler:
+    """Records which events started and ended; an event named in ``hold`` waits until the test releases it."""
+
+    def __init__(self, *hold: str) -> None:
+        self.started: list[str] = []
+        self.ended: list[str] = []
+        self.threads: set[tuple[str, int]] = set()  # (OS thread name, niceness) of the threads that handled them
+        self.release = {e: threading.Event() for e in hold}
+        self.changed = threading.Condition()
+
+    def __call__(self, event: dict[str, Any]) -> dict[str, Any]:
+        tid = threading.get_native_id()
+        comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        with self.changed:
+            self.started.append(event["id"])
+            self.threads.add((comm, os.getpriority(os.PRIO_PROCESS, tid)))
+            self.changed.notify_all()
+        if event["id"] in self.release:
+            assert self.release[event["id"]].wait(10)
+        with self.changed:
+            self.ended.append(event["id"])
+            self.changed.notify_all()
+        return {"outcomes": []}
+
+    def wait(self, what: Any) -> bool:
+        with self.changed:
+            return self.changed.wait_for(what, timeout=5)
+
+
+def test_a_slow_upload_holds_only_its_own_versions_later_events_and_those_keep_their_order():
+    """One thread handled every upload: a model whose validation took its whole time limit held every other
+    model's upload behind it."""
+    handler = Handler("slow-1")
+    sqs = BatchSqs([upload("slow-1", "slow"), upload("slow-2", "slow"), upload("other", "other")])
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    dispatcher = UploadDispatcher(sqs, "queue", handler, wait_s=0, nice=5)
+    dispatcher.start()
+    try:
+        # handled while slow-1 still is
+        assert handler.wait(lambda: "other" in handler.ended and "slow-1" in handler.started)
+        assert sorted(handler.started) == ["other", "slow-1"]
+        assert "slow-1" not in handler.ended and "slow-2" not in handler.started  # its own version's next waits
+        handler.release["slow-1"].set()
+        assert handler.wait(lambda: "slow-2" in handler.ended)
+        assert [e for e in handler.ended if e.startswith("slow")] == ["slow-1", "slow-2"]
+        assert sorted(sqs.deleted) == ["h-other", "h-slow-1", "h-slow-2"]
+        # on threads of their own at the dispatcher's niceness (the validation processes they start inherit it)
+        assert handler.threads == {("upload-lane", min(19, own + 5))}
+    finally:
+        for release in handler.release.values():
+            release.set()
+        assert dispatcher.finish(timeout_s=5)
+
+
+def test_at_most_workers_events_are_handled_at_once():
+    handler = Handler("a", "b", "c")
+    sqs = BatchSqs([upload("a", "a"), upload("b", "b"), upload("c", "c")])
+    dispatcher = UploadDispatcher(sqs, "queue", handler, wait_s=0, workers=2)
+    dispatcher.start()
+    try:
+        assert handler.wait(lambda: len(handler.started) == 2)
+        threading.Event().wait(0.2)
+        first = list(handler.started)
+        assert len(first) == 2  # the third waits for a slot
+        for e in first:
+            handler.release[e].set()
+        assert handler.wait(lambda: len(handler.started) == 3)
+    finally:
+        for release in handler.release.values():
+            release.set()
+        assert dispatcher.finish(timeout_s=5)
+
+
+def test_a_stop_starts_none_of_the_events_waiting_in_a_lane():
+    handler = Handler("first")
+    sqs = BatchSqs([upload("first", "m"), upload("second", "m")])
+    dispatcher = UploadDispatcher(sqs, "queue", handler, wait_s=0)
+    dispatcher.start()
+    assert handler.wait(lambda: handler.started == ["first"])
+    dispatcher.halt.set()
+    handler.release["first"].set()
+    assert dispatcher.finish(timeout_s=5)
+    threading.Event().wait(0.2)
+    # the second stays in the queue, unhandled: the next start finds its upload (lost_uploads) and hands it over
+    assert handler.ended == ["first"] and sqs.deleted == ["h-first"]

@@ -7,7 +7,8 @@ registered as a new version or recorded as rejected. A rejected file is never se
   gone or was replaced since the event (a later event covers the new one). Nothing is written.
 - ``duplicate``: this upload (its S3 version id, else its ETag) was handled already, or the version is
   registered with the same bytes (sha256). Nothing is written: a redelivered event changes nothing.
-- ``rejected``: the file fails validation, or the version exists with other bytes (versions are immutable),
+- ``rejected``: the file fails validation (its sample run stopped at the validation time limit included:
+  ``clipper.models.isolated``), or the version exists with other bytes (versions are immutable),
   or there are no serving resources to give it. Recorded on ``REJECTED#<v>``; nothing is registered.
 - ``registered``: ``VERSION#<v>`` is written. With ``ServingStacks`` (``clipper.models.serving``), the version
   gets its own queue and endpoint, created (with the model's ``replicas``) before it is registered; the endpoint
@@ -42,6 +43,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -54,6 +56,7 @@ from clipper.adapters.dynamodb_registry import DynamoDBRegistry, batching_of
 from clipper.core.domain import Application, BatchingSettings, ModelVersion
 from clipper.errors import Conflict, NotFound, Throttled, Unavailable
 from clipper.models.history import VersionHistory
+from clipper.models.isolated import SubprocessValidator
 from clipper.models.serving import (
     PROMOTE_METADATA,
     ModelArtifact,
@@ -63,7 +66,7 @@ from clipper.models.serving import (
     lambda_mapping,
     unserved_reason,
 )
-from clipper.models.validation import Signature, validate_model
+from clipper.models.validation import Signature, ValidationResult, validate_model
 from clipper.ports import Clock
 
 if TYPE_CHECKING:
@@ -176,6 +179,19 @@ class ArtifactStore(Protocol):
         ...
 
 
+class ModelValidator(Protocol):
+    def validate(self, data: bytes, apps: Sequence[Application]) -> ValidationResult:
+        """``validate_model``'s answer, or a rejection when it takes too long (``clipper.models.isolated``)."""
+        ...
+
+
+class InProcessValidator:
+    """``validate_model`` in this process, with no time limit: for tests of the updater's other decisions."""
+
+    def validate(self, data: bytes, apps: Sequence[Application]) -> ValidationResult:
+        return validate_model(data, apps)
+
+
 def validated_prefix(model: str, version: str) -> str:
     """Where a version's validated files are kept (deleted with its serving stack)."""
     return f"validated/{model}/{version}/"
@@ -197,11 +213,13 @@ class ModelUpdater:
         defaults: ServingDefaults | None = None,
         max_bytes: int = 512 * 1024**2,
         stacks: ServingStacks | None = None,
+        validator: ModelValidator | None = None,
     ) -> None:
         self._registry, self._store, self._clock = registry, store, clock
         self._defaults = defaults or ServingDefaults()
         self._stacks = stacks
         self._max_bytes = max_bytes
+        self._validator = validator or InProcessValidator()
 
     def handle_object(self, bucket: str, key: str, size: int, etag: str, version_id: str | None = None) -> Outcome:
         match = MODEL_KEY.fullmatch(key)
@@ -223,7 +241,7 @@ class ModelUpdater:
             return _outcome(up, "ignored", ("the object is gone or was replaced since the event",))
         digest = hashlib.sha256(data).hexdigest()
         apps = self._registry.apps_linked_to(up.model)
-        result = validate_model(data, apps)
+        result = self._validator.validate(data, apps)
         for _ in range(3):  # a lost race (a concurrent delivery, a new model's first versions) looks again
             if view.registered is not None:
                 if view.registered.sha256 == digest:
@@ -325,9 +343,13 @@ def build_model_updater(
     defaults: ServingDefaults,
     max_bytes: int,
     stacks: ServingStacks | None = None,
+    validation_timeout_s: float | None = None,
 ) -> ModelUpdater:
+    """The updater over these clients; with ``validation_timeout_s``, each file is validated in a child process
+    stopped at that limit (``SubprocessValidator``), else in this process with no limit."""
     registry = DynamoDBUpdaterRegistry(dynamodb, registry_table)
-    return ModelUpdater(registry, S3ArtifactStore(s3), clock, defaults, max_bytes, stacks)
+    validator = SubprocessValidator(validation_timeout_s) if validation_timeout_s is not None else None
+    return ModelUpdater(registry, S3ArtifactStore(s3), clock, defaults, max_bytes, stacks, validator)
 
 
 # -- adapters ------------------------------------------------------------------------------------------

@@ -14,14 +14,16 @@ The checks, in the order they run:
    a bytes input: one value a row, not a uint8 tensor) and its
    ``input_shape``, when set, has the rank of the model's rows and equals every fixed dimension of them;
 4. ``SAMPLE_ROWS`` rows of zeros run through the model, and its first output (the one the endpoint serves)
-   has exactly one row per input row.
+   has exactly one row per input row. ``before_sample_run``, when given, is called with the signature and the
+   reasons found so far just before the run: a caller that stops a run taking too long
+   (``clipper.models.isolated``) still knows them.
 
 onnxruntime is imported when a model is validated, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +113,11 @@ class ValidationResult:
     reasons: tuple[str, ...] = ()
 
 
-def validate_model(data: bytes, apps: Sequence[Application] = ()) -> ValidationResult:
+def validate_model(
+    data: bytes,
+    apps: Sequence[Application] = (),
+    before_sample_run: Callable[[Signature, Sequence[str]], None] | None = None,
+) -> ValidationResult:
     """Whether the ONNX model in ``data`` can serve every application in ``apps`` (see the module doc)."""
     try:
         session = _load(data)
@@ -127,6 +133,8 @@ def validate_model(data: bytes, apps: Sequence[Application] = ()) -> ValidationR
     for app in apps:
         reasons.extend(_app_mismatches(signature, app))
     if not unfeedable:
+        if before_sample_run is not None:
+            before_sample_run(signature, tuple(reasons))
         reasons.extend(_sample_run(session, signature, apps))
     return ValidationResult(not reasons, signature, tuple(reasons))
 
@@ -205,12 +213,17 @@ def _sample_shape(sig: Signature, apps: Sequence[Application]) -> tuple[int, ...
     return (SAMPLE_ROWS, *dims)
 
 
+def describe_sample(sig: Signature, apps: Sequence[Application]) -> str:
+    """The sample the model is run on, in words (``a sample of 2 zero rows, shape [2, 64] float32``)."""
+    return f"a sample of {SAMPLE_ROWS} zero rows, shape {list(_sample_shape(sig, apps))} {sig.input.element_type}"
+
+
 def _sample_run(session: Any, sig: Signature, apps: Sequence[Application]) -> list[str]:
     shape = _sample_shape(sig, apps)
     element = sig.input.element_type
     sample = np.full(shape, "", dtype=object) if element == "string" else np.zeros(shape, dtype=element)
     first = sig.outputs[0]
-    where = f"a sample of {SAMPLE_ROWS} zero rows, shape {list(shape)} {element}"
+    where = describe_sample(sig, apps)
     try:
         (out,) = session.run([first.name], {sig.input.name: sample})
     except Exception as e:  # ONNX Runtime's own exception classes
