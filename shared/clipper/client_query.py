@@ -11,7 +11,7 @@ Errors (all ``ClipperError``)::
      +-- QueryError     the query API refused a query or a feedback (4xx, 5xx)
           +-- QueryUnanswered   no answer came (status 0): refused or broken connection, or the timeout
 
-A ``QueryError`` of an ``update`` whose feedback may have been taken all the same (no answer, a 503) carries the
+A ``QueryError`` of an ``update`` whose feedback may have been taken all the same (no answer, a 5xx) carries the
 feedback's ``feedback_id``: ``update(..., feedback_id=e.feedback_id)`` sends it again, applied once either way.
 """
 
@@ -48,7 +48,7 @@ class ApiError(ClipperError):
 class QueryError(ApiError):
     """The query API refused a query (4xx: its cause names the field) or could not take it (5xx).
 
-    ``feedback_id``: for an ``update`` that may have been taken all the same (no answer came, or a 503 after the
+    ``feedback_id``: for an ``update`` that may have been taken all the same (no answer came, or a 5xx after the
     client's one retry), the key it was sent with: sent again with it (``update(..., feedback_id=e.feedback_id)``),
     the feedback is applied once, whether the lost try reached the server or not. None otherwise."""
 
@@ -172,8 +172,8 @@ def update(
     base: str, app: str, value: Any, label: Any, uid: int | str | None, timeout_s: float, feedback_id: str | None = None
 ) -> Any:
     """One feedback, with the caller's idempotency key or a new one, so that it is sent again once, safely, when
-    its answer does not come or is a 503 (the server may hold it all the same: with the same key it is the same
-    feedback, applied once). When the second try is unanswered too (or a 503), the error carries the key as its
+    its answer does not come or is a 5xx (the server may hold it all the same: with the same key it is the same
+    feedback, applied once). When the second try is unanswered too (or a 5xx), the error carries the key as its
     ``feedback_id``, for the caller to send it again with later."""
     key = feedback_id or uuid.uuid4().hex
     body = {**query_body(value, uid), "label": label, "feedback_id": key}
@@ -195,5 +195,7 @@ def update(
 
 
 def _maybe_taken(e: QueryError) -> bool:
-    """Whether the feedback may have been taken all the same: no answer came, or the queue did not confirm it."""
-    return e.status in (0, 503)  # 0: QueryUnanswered's
+    """Whether the feedback may have been taken all the same: no answer came (0: QueryUnanswered's), or a 5xx: the
+    queue did not confirm it (503), or the frontend failed or timed out after sending it (API Gateway's 502 and 504,
+    a 500). With its key, a feedback sent again is applied once."""
+    return e.status == 0 or e.status >= 500

@@ -411,10 +411,11 @@ def test_the_clients_update_sends_its_feedback_id(monkeypatch):
     assert len({sent[1]["feedback_id"], sent[2]["feedback_id"]}) == 2  # a key of its own for each feedback
 
 
-@pytest.mark.parametrize("status", [503, 0])
+@pytest.mark.parametrize("status", [503, 0, 502, 504, 500])
 def test_the_clients_update_sends_a_feedback_again_once_with_the_same_key(monkeypatch, status):
-    """No answer, or a 503 (the feedback may be queued all the same): sent again once with the same key, which the
-    server makes the same feedback (applied once). A 4xx is not sent again."""
+    """No answer, or a 5xx (the feedback may be queued all the same: a 503, or a frontend that failed after
+    sending it): sent again once with the same key, which the server makes the same feedback (applied once). A 4xx
+    is not sent again."""
     from clipper import client_query
 
     sent: list[dict] = []
