@@ -177,3 +177,16 @@ def test_an_upload_url_is_refused_for_a_registered_version(api, demo_models, cap
     assert clipper("upload-url", "mlp", "1") == 2
     assert "start this one as the canary" in capsys.readouterr().err  # an inactive one can be
     assert clipper("deploy", "mlp", "2", model, "--timeout", "10") == 2
+
+
+def test_upload_url_takes_the_promote_wish(api, capsys):
+    """`clipper upload-url --no-promote` signs the wish into the URL (the way through while a canary runs, for an
+    auto-promoting model); `--promote` too; without either, the model's auto-promote decides (no header)."""
+
+    def url(*extra: str) -> dict:
+        assert main(["--url", api, "--token", TOKEN, "upload-url", "mlp", "7", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert url("--no-promote")["headers"]["x-amz-meta-clipper-promote"] == "false"
+    assert url("--promote")["headers"]["x-amz-meta-clipper-promote"] == "true"
+    assert "x-amz-meta-clipper-promote" not in url()["headers"]

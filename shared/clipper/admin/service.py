@@ -311,7 +311,7 @@ class AdminService:
             raise Conflict(
                 f"model {model} has a canary running ({model}:{running.version}, trial {running.trial}): a new "
                 "version cannot become active meanwhile; upload it with promote false (`clipper deploy "
-                "--no-promote`), or promote or abort the canary first"
+                "--no-promote`, `clipper upload-url --no-promote`), or promote or abort the canary first"
             )
         key = f"models/{model}/{version}/model.onnx"
         metadata = None if promote is None else {PROMOTE_METADATA: "true" if promote else "false"}

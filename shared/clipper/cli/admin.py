@@ -135,6 +135,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     up = sub.add_parser("upload-url", help="a presigned URL to PUT models/<name>/<version>/model.onnx")
     up.add_argument("name")
     up.add_argument("version")
+    up.add_argument(
+        "--promote",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the uploaded version becomes active (signed into the URL: send the headers it names); "
+        "unset: the model's auto-promote",
+    )
     sv = sub.add_parser("set-version", help="make a version active")
     sv.add_argument("name")
     sv.add_argument("version")
@@ -203,7 +210,7 @@ def run(args: argparse.Namespace, conn: ClipperConnection) -> Any:
     if c == "auto-promote":
         return conn.set_auto_promote(args.name, args.state == "on")
     if c == "upload-url":
-        return conn.get_upload_url(args.name, args.version)
+        return conn.get_upload_url(args.name, args.version, args.promote)
     if c == "set-version":
         return conn.set_model_version(args.name, args.version)
     if c == "rollback":
