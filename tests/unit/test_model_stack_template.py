@@ -93,3 +93,16 @@ def test_a_template_over_the_body_limit_fails_at_start_naming_the_setting(tmp_pa
 
     with pytest.raises(ValueError, match=r"51201 bytes, over .*CLIPPER_MODEL_STACK_TEMPLATE"):
         build_model_stacks(RecordingCloudFormation(), settings(str(big)))  # type: ignore[arg-type]
+
+
+def test_a_link_checked_out_as_text_fails_at_start_instead_of_at_the_first_upload(tmp_path: Path):
+    # git's core.symlinks false (Windows' default) writes the link as a file holding its target: sent as the
+    # TemplateBody, every upload's CreateStack failed and the version never registered
+    text = tmp_path / "model-stack.yaml"
+    text.write_text("../../../infra/model-stack.yaml", encoding="utf-8")
+
+    with pytest.raises(ValueError, match=r"not a CloudFormation template .*make sam-build"):
+        build_model_stacks(RecordingCloudFormation(), settings(str(text)))  # type: ignore[arg-type]
+    json_template = tmp_path / "model-stack.json"
+    json_template.write_text('{"Resources": {}}', encoding="utf-8")
+    assert [r["TemplateBody"] for _, r in create_and_scale(str(json_template))] == ['{"Resources": {}}'] * 2

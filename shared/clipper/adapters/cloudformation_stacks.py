@@ -15,6 +15,7 @@ template of the code they run (``TemplateBody``), with nothing to upload after `
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -39,6 +40,8 @@ _CAPABILITIES: Any = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"]
 PACKAGED_TEMPLATE = Path(__file__).with_name("model-stack.yaml")
 # CloudFormation's limit on TemplateBody (a larger template must be given as an S3 URL)
 TEMPLATE_BODY_LIMIT = 51_200
+# a template's Resources section, in YAML or JSON
+_HAS_RESOURCES = re.compile(r'^Resources\s*:|"Resources"\s*:', re.MULTILINE)
 
 
 class CloudFormationModelStacks:
@@ -290,12 +293,20 @@ def build_model_stacks(client: CloudFormationClient, settings: ModelStackSetting
 
 
 def template_body(path: Path) -> str:
-    """The text of the model stack template at ``path``, checked against CloudFormation's TemplateBody limit."""
+    """The text of the model stack template at ``path``, checked against CloudFormation's TemplateBody limit and
+    for a Resources section (the functions fail at start, not at a version's first stack)."""
     body = path.read_text(encoding="utf-8")
     size = len(body.encode("utf-8"))
     if size > TEMPLATE_BODY_LIMIT:
         raise ValueError(
             f"model stack template {path} is {size} bytes, over CloudFormation's {TEMPLATE_BODY_LIMIT}-byte "
             "TemplateBody limit: upload it to S3 and set CLIPPER_MODEL_STACK_TEMPLATE to its https URL"
+        )
+    if not _HAS_RESOURCES.search(body):
+        # e.g. the packaged link checked out as a text file holding its target (git's core.symlinks false), or a
+        # container build (sam build --use-container) that copied the link without its target
+        raise ValueError(
+            f"model stack template {path} is not a CloudFormation template (no Resources): {body[:80]!r}; build "
+            "the layer from a checkout with symbolic links (make sam-build), or set CLIPPER_MODEL_STACK_TEMPLATE"
         )
     return body
