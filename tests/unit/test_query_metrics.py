@@ -6,6 +6,7 @@ import pytest
 
 from clipper.frontend.metrics import EmfQueryMetrics, InProcessMetrics
 from clipper.frontend.results import Prediction, QueryResult
+from tests.fakes import model_version
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +116,18 @@ def test_a_queue_failure_is_counted_as_a_transport_failure_not_as_the_models_err
     counters = {k: v for c in metrics.report()["counters"] for k, v in c.items()}
     assert counters["model:good:1:num_transport_failures"] == 1 and "model:good:1:num_errors" not in counters
     assert counters["app:ens:default_predictions"] == 1
+
+
+def test_a_batch_whose_rows_ended_followed_and_unavailable_counts_a_transport_failure():
+    """A batch's inputs end one by one: one row waited on another query's computation that failed ("followed",
+    counted there), another found the frontend's own dependency down ("unavailable"). The model did not fail; the
+    transport did, and it is counted (the model's kind, the first row's, named neither)."""
+    from clipper.frontend.results import ModelAnswer
+
+    answer = ModelAnswer(model_version(), [None, None])
+    answer.fail("owner's timeout", "followed")
+    assert not answer.transport_failed()
+    answer.row_problems = {1: ("cache unavailable", "unavailable")}
+    assert answer.transport_failed()
+    answer.fail("model error", "error")  # the model's own failure: its error, not the transport's
+    assert not answer.transport_failed()

@@ -6,7 +6,7 @@ import pytest
 
 from clipper.batching.core import Batcher, Inbound
 from clipper.core.messages import QueryMessage, Reply, decode_rows
-from clipper.errors import InvalidInput, NotFound
+from clipper.errors import InvalidInput, NotFound, Unavailable
 from clipper.frontend.query import QueryProcessor
 from tests.fakes import (
     FakeClock,
@@ -390,3 +390,25 @@ def test_a_late_single_model_query_names_the_models_choice_not_a_bandit_state(wo
     ticket = QueryTicket()
     processor.predict("digits", {"input": one_hot(1)}, ticket)
     assert seen == [("single", "choosing the model"), ("exp3", "reading the bandit state")]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        NotFound("resource", "sqs.SendMessage (AWS.SimpleQueueService.NonExistentQueue)"),
+        Unavailable("sqs.SendMessage: AccessDenied"),
+    ],
+)
+def test_a_versions_queue_that_is_gone_or_not_ours_is_the_models_error(world, monkeypatch, refusal):
+    """Its stack deleted, or outside the frontend's grants: every query defaults until it is fixed, and no retry
+    of the transport helps. The model's error (it cannot be asked), not a transport failure as if SQS were down."""
+    processor, _, queue, _, _ = world
+
+    def send(queue_url: str, body: str, timeout: float | None = None) -> None:
+        raise refusal
+
+    monkeypatch.setattr(queue, "send", send)
+    monkeypatch.setattr(queue, "send_many", lambda messages, timeout=None: [refusal for _ in messages])
+    result = processor.predict("digits", {"input": one_hot(1)})
+    assert result.predictions[0].default and "its request queue refused it" in result.predictions[0].default_explanation
+    assert result.model_errors == ["mlp"] and result.transport_failures == []

@@ -28,7 +28,7 @@ from clipper.core.log_sampling import SampledLog
 from clipper.core.messages import QueryMessage, Reply, encode_rows, no_answer
 from clipper.core.polling import poll_gap
 from clipper.core.validation import QueryInput, Rows
-from clipper.errors import Unavailable
+from clipper.errors import NotFound, Unavailable
 from clipper.frontend.results import UNCHARGED, ModelAnswer, QueryTicket
 from clipper.frontend.steps import Steps, call
 from clipper.frontend.steps import run as run_steps
@@ -96,6 +96,13 @@ class Fanout:
             models = ", ".join(f"model {m.name}:{m.version}" for m in followed)
             parts.append(f"the answers of {models} for inputs that other queries are computing")
         return "waiting for " + " and ".join(parts) if parts else "answering from the cache"
+
+
+def queue_refused(failure: Exception) -> bool:
+    """Whether a send failed on the version's own request queue, not on the transport: the queue does not exist
+    (its stack deleted) or the frontend may not use it (outside its grants). The model's error, not a transport
+    failure: no retry of the transport brings an answer."""
+    return isinstance(failure, NotFound) or "AccessDenied" in str(failure)
 
 
 class Gatherer:
@@ -329,7 +336,10 @@ class Gatherer:
         t1 = self._clock.now()
         for (a, rows, _), failure in zip(messages, failures, strict=True):
             if failure is not None:
-                a.fail(f"model {a.model.name}:{a.model.version}: queue unavailable ({failure})", "unavailable")
+                if queue_refused(failure):  # the version's own queue is gone or not ours: it cannot be asked
+                    a.fail(f"model {a.model.name}:{a.model.version}: its request queue refused it ({failure})", "error")
+                else:
+                    a.fail(f"model {a.model.name}:{a.model.version}: queue unavailable ({failure})", "unavailable")
                 continue
             fan.sent[a.model.name] = (a, rows)
             a.sent_at, a.timings_ms["send"] = t1, (t1 - t0) * 1000

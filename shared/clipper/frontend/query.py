@@ -376,7 +376,7 @@ class QueryProcessor:
             models=[a.model.name for a in answers],
             versions={a.model.name: a.model.version for a in answers},
             model_errors=[a.model.name for a in answers if a.failure in MODEL_FAILURES],
-            transport_failures=[a.model.name for a in answers if a.failure == "unavailable"],
+            transport_failures=[a.model.name for a in answers if a.transport_failed()],
             cache_by_model={a.model.name: (a.model.version, a.hits, query.count - a.hits) for a in answers},
             cache_hits=hits,
             cache_misses=query.count * len(answers) - hits,

@@ -109,6 +109,16 @@ class ModelAnswer:
         """What kind of failure left ``row`` without an output (``failure``'s kinds): its own, else the model's."""
         return self._of(row)[1]
 
+    def transport_failed(self) -> bool:
+        """Whether the frontend's own dependencies left a row without this model's output and the model did not
+        fail (its errors are counted instead): the model's failure kind is "unavailable", or it is another query's
+        ("followed") and some row's own is "unavailable" (a batch's inputs end one by one)."""
+        if self.failure == "unavailable":
+            return True
+        if self.failure in MODEL_FAILURES or not self.row_problems:
+            return False
+        return any(kind == "unavailable" for _, kind in self.row_problems.values())
+
     def fail(self, problem: str, failure: str) -> None:
         """Record why this model gave no output, and what kind of failure it was (the two are always set together)."""
         self.problem, self.failure = problem, failure
