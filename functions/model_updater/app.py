@@ -16,17 +16,19 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from aws_lambda_powertools import Logger
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 
 from clipper.adapters.clock import SystemClock
 from clipper.adapters.cloudformation_stacks import build_model_stacks
 from clipper.errors import ClipperError, Conflict, Unavailable
+from clipper.models.isolated import default_load_limit
 from clipper.models.serving import ServingStacks
 from clipper.models.updater import ModelUpdater, ServingDefaults, build_model_updater
 from clipper.settings import ModelStackSettings
 from clipper.wiring import aws_client
 
 VALIDATION_ROOM_S = 60.0  # of the function's timeout, beside validation and the stack's wait: S3, DynamoDB
+LOAD_ROOM_MIN_S = 60.0  # of the function's timeout, at least, for the validation's start and the model's loading
 
 
 class ModelUpdaterSettings(ModelStackSettings):
@@ -38,11 +40,15 @@ class ModelUpdaterSettings(ModelStackSettings):
     default_endpoint: str = Field("", description="e.g. sagemaker:<stack>-{model}")
     # Larger files are rejected unread; the function's memory must hold the file and its ORT session.
     max_model_bytes: int = Field(512 * 1024**2, ge=1)
-    # A file's validation (loading it, its sample run) runs in a child process stopped at this limit; a model that
-    # takes longer is rejected, the reason naming the limit (clipper.models.isolated). Within the function's
-    # timeout (template.yaml passes it) with the stack's wait and VALIDATION_ROOM_S to read and record around it.
+    # A file's validation runs in a child process (clipper.models.isolated); its sample run is stopped at this
+    # limit, counted from the moment the model is loaded, and a model stopped there is rejected, the reason naming
+    # the limit. Starting the child and loading the model have a backstop of their own
+    # (validation_load_timeout_s). Both within the function's timeout (template.yaml passes it) with the stack's
+    # wait and VALIDATION_ROOM_S to read and record around them.
     validation_timeout_s: float = Field(60.0, gt=0)
     function_timeout_s: float | None = Field(None, gt=0)
+    # Lambda's own variable: named in the reason of a rejection whose validation process was killed for its memory
+    function_memory_mb: int | None = Field(None, validation_alias=AliasChoices("AWS_LAMBDA_FUNCTION_MEMORY_SIZE"))
     # With a service stack named (ModelStackSettings), each version gets its own serving stack
     # (infra/model-stack.yaml) before it is registered, instead of the defaults above or the active version's.
 
@@ -51,15 +57,26 @@ class ModelUpdaterSettings(ModelStackSettings):
         if self.function_timeout_s is None:
             return self
         stack_wait = self.model_stack_wait_s if self.service_stack_name else 0.0
-        room = self.function_timeout_s - stack_wait - VALIDATION_ROOM_S
+        room = self.function_timeout_s - stack_wait - VALIDATION_ROOM_S - LOAD_ROOM_MIN_S
         if self.validation_timeout_s > room:
             raise ValueError(
                 f"CLIPPER_VALIDATION_TIMEOUT_S ({self.validation_timeout_s:g} s) must leave the function's timeout "
                 f"(CLIPPER_FUNCTION_TIMEOUT_S, {self.function_timeout_s:g} s) room for the stack's creation "
-                f"(CLIPPER_MODEL_STACK_WAIT_S, {stack_wait:g} s) and {VALIDATION_ROOM_S:g} s to read the file and "
-                f"record the outcome: at most {max(room, 0):g} s"
+                f"(CLIPPER_MODEL_STACK_WAIT_S, {stack_wait:g} s), {LOAD_ROOM_MIN_S:g} s to start the validation and "
+                f"load the model, and {VALIDATION_ROOM_S:g} s to read the file and record the outcome: "
+                f"at most {max(room, 0):g} s"
             )
         return self
+
+    @property
+    def validation_load_timeout_s(self) -> float:
+        """The backstop for starting the validation's process and loading the model (the sample run's limit runs
+        from the load's end): with a function timeout, all it leaves beside the stack's wait, VALIDATION_ROOM_S and
+        the sample run's limit (at least LOAD_ROOM_MIN_S); without one (locally), ``default_load_limit``."""
+        if self.function_timeout_s is None:
+            return default_load_limit(self.validation_timeout_s)
+        stack_wait = self.model_stack_wait_s if self.service_stack_name else 0.0
+        return self.function_timeout_s - stack_wait - VALIDATION_ROOM_S - self.validation_timeout_s
 
 
 logger = Logger(service="clipper-model-updater")
@@ -83,6 +100,8 @@ def build(
         config.max_model_bytes,
         stacks,
         config.validation_timeout_s,
+        config.validation_load_timeout_s,
+        config.function_memory_mb,
     )
 
 

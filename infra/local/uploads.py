@@ -8,7 +8,10 @@ invocation.
 The dispatcher long-polls (20 s, SQS's longest: on an idle stack three receives a minute, not sixty) and hands
 each event to its upload's lane: the events of one ``models/<name>/<version>/model.onnx`` are handled one after
 the other, in the order received, on a thread of that lane's own (``upload-lane``), while other versions' go on
-beside them, up to ``workers`` handled at once. So a model whose validation takes its whole time limit
+beside them, up to ``workers`` handled at once. It receives only while there is room: while its lanes hold fewer
+events (waiting or in hand) than ``workers``, and no more than that room at once. A batch of 10 received whatever
+the workers held waited in memory while its visibility timeout ran, and could come back and be handled twice. So
+a model whose validation takes its whole time limit
 (``CLIPPER_VALIDATION_TIMEOUT_S``) holds only the uploads of its own version, as on AWS, where each upload is its
 own invocation of the function. An event stays invisible in the queue while it is handled (``VISIBILITY_S``, the
 function's timeout), so a long one is not received again meanwhile. A stop waits for the events being handled,
@@ -67,15 +70,19 @@ class UploadDispatcher(threading.Thread):
         self._lanes: dict[str, deque[dict[str, Any]]] = {}  # by upload key: its events not handled yet
         self._changed = threading.Condition()  # guards _lanes and _in_hand
         self._in_hand = 0  # events being handled now
+        self._workers = workers
         self._slots = threading.BoundedSemaphore(workers)
         self._failing = False
 
     def run(self) -> None:
         lower_thread_priority(self._nice, "upload-dispatch")
         while not self.halt.is_set():
+            room = self._room()
+            if not room:
+                continue  # halted, or still full after a second: looks again
             try:
                 got = self._sqs.receive_message(
-                    QueueUrl=self._queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=self._wait_s
+                    QueueUrl=self._queue_url, MaxNumberOfMessages=min(10, room), WaitTimeSeconds=self._wait_s
                 )
             except Exception as e:  # moto restarting, or a transient error: said once, not every second
                 if not self._failing and not self.halt.is_set():
@@ -88,6 +95,17 @@ class UploadDispatcher(threading.Thread):
             self._failing = False
             for message in got.get("Messages", []):
                 self._queue(message)
+
+    def _room(self) -> int:
+        """How many events it may receive now: ``workers`` less those its lanes hold, waiting or in hand. Waits (up
+        to a second, or until halted) while there is none."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._held() < self._workers or self.halt.is_set(), timeout=1.0)
+            return 0 if self.halt.is_set() else max(0, self._workers - self._held())
+
+    def _held(self) -> int:
+        """The events its lanes hold, waiting or in hand (under ``_changed``)."""
+        return sum(len(waiting) for waiting in self._lanes.values()) + self._in_hand
 
     def _queue(self, message: dict[str, Any]) -> None:
         """Into its upload's lane, behind that upload's earlier events; a lane with none starts its thread."""
@@ -129,6 +147,7 @@ class UploadDispatcher(threading.Thread):
         some were still being handled."""
         self.halt.set()
         with self._changed:
+            self._changed.notify_all()  # a receive waiting for room gives up
             return self._changed.wait_for(lambda: self._in_hand == 0, timeout=timeout_s)
 
     def replay_lost(self) -> list[str]:

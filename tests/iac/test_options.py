@@ -437,3 +437,16 @@ def test_the_model_updater_knows_its_timeout_so_a_models_validation_ends_within_
     retried. The settings refuse a validation limit that leaves no room in this timeout (tests/integration)."""
     function = translated["Resources"]["ModelUpdaterFunction"]["Properties"]
     assert env(translated, "ModelUpdaterFunction")["CLIPPER_FUNCTION_TIMEOUT_S"] == str(function["Timeout"]) == "900"
+
+
+def test_the_model_updater_has_memory_for_its_largest_model_and_the_process_validating_it(
+    translated: dict[str, Any],
+) -> None:
+    """The function had 2048 MB: with a 512 MiB model, the updater's copy of the file and the validation child's
+    loading of it (~3x the file) passed it together. Measured on a 512 MiB ONNX model (template.yaml's comment)."""
+    function = translated["Resources"]["ModelUpdaterFunction"]["Properties"]
+    assert "CLIPPER_MAX_MODEL_BYTES" not in env(translated, "ModelUpdaterFunction")  # its default, 512 MiB
+    largest_mib = 512
+    child_mib = 3 * largest_mib + 50  # measured: 1,589 MiB
+    parent_mib = 150 + largest_mib  # the runtime and its clients, and the file
+    assert function["MemorySize"] >= 1.25 * (child_mib + parent_mib)

@@ -248,3 +248,51 @@ def test_a_stop_starts_none_of_the_events_waiting_in_a_lane():
     threading.Event().wait(0.2)
     # the second stays in the queue, unhandled: the next start finds its upload (lost_uploads) and hands it over
     assert handler.ended == ["first"] and sqs.deleted == ["h-first"]
+
+
+class QueueSqs:
+    """A queue of events: each receive answers as many as it asks for (up to 10), recording how many events the
+    handler held (received and not ended) when it asked, and how many it asked for."""
+
+    def __init__(self, events: list[dict[str, Any]], handler: Handler) -> None:
+        self.events, self.handler = events, handler
+        self.received = 0
+        self.asks: list[tuple[int, int]] = []  # (events held by the handler, MaxNumberOfMessages)
+        self.deleted: list[str] = []
+
+    def receive_message(self, **kwargs: Any) -> dict[str, Any]:
+        with self.handler.changed:
+            self.asks.append((self.received - len(self.handler.ended), kwargs["MaxNumberOfMessages"]))
+        got, self.events = self.events[: kwargs["MaxNumberOfMessages"]], self.events[kwargs["MaxNumberOfMessages"] :]
+        self.received += len(got)
+        if not got:
+            threading.Event().wait(0.05)
+        return {"Messages": [{"Body": json.dumps(e), "ReceiptHandle": f"h-{e['id']}"} for e in got]}
+
+    def delete_message(self, QueueUrl: str, ReceiptHandle: str) -> None:
+        self.deleted.append(ReceiptHandle)
+
+
+def test_it_receives_only_while_its_lanes_have_room_for_what_it_receives():
+    """It received batches of 10 whatever its workers held: the events waited in memory while their visibility
+    timeout ran, and could come back and be handled twice."""
+    names = [f"e{i}" for i in range(5)]
+    handler = Handler(*names)
+    sqs = QueueSqs([upload(n, n) for n in names], handler)  # each its own version: a lane each
+    dispatcher = UploadDispatcher(sqs, "queue", handler, wait_s=0, workers=2)
+    dispatcher.start()
+    try:
+        assert handler.wait(lambda: len(handler.started) == 2)
+        threading.Event().wait(0.3)  # were it to receive while full, it would have by now (it polls at once)
+        assert sqs.received == 2 and len(handler.started) == 2  # the others are still in the queue, not in memory
+        for name in names:  # one by one: each end makes room for one more
+            assert handler.wait(lambda name=name: name in handler.started)
+            handler.release[name].set()
+        assert handler.wait(lambda: len(handler.ended) == 5)
+        assert sorted(sqs.deleted) == sorted(f"h-{n}" for n in names)
+        # never asked for more than the room the held events left
+        assert all(held + asked <= 2 for held, asked in sqs.asks), sqs.asks
+    finally:
+        for release in handler.release.values():
+            release.set()
+        assert dispatcher.finish(timeout_s=5)

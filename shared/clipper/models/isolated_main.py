@@ -1,4 +1,4 @@
-"""The validation child's entry point (``python -m clipper.models.isolated_main <parent pid>``): see
+"""The validation child's entry point (``python -m clipper.models.isolated_main <parent pid> <answers fd>``): see
 ``clipper.models.isolated``. It asks Linux to kill it when its parent dies, and exits at once if the parent is
 already gone (died before the request took effect)."""
 
@@ -26,4 +26,5 @@ def _die_with(parent: int) -> None:
 
 if __name__ == "__main__":
     _die_with(int(sys.argv[1]))
-    run_child(sys.stdin.buffer, sys.stdout.buffer)
+    with os.fdopen(int(sys.argv[2]), "wb") as answers:
+        run_child(sys.stdin.buffer, answers)

@@ -344,11 +344,19 @@ def build_model_updater(
     max_bytes: int,
     stacks: ServingStacks | None = None,
     validation_timeout_s: float | None = None,
+    validation_load_timeout_s: float | None = None,
+    memory_mb: int | None = None,
 ) -> ModelUpdater:
     """The updater over these clients; with ``validation_timeout_s``, each file is validated in a child process
-    stopped at that limit (``SubprocessValidator``), else in this process with no limit."""
+    whose sample run is stopped at that limit and its start and load at ``validation_load_timeout_s``
+    (``SubprocessValidator``; ``memory_mb``, the function's, is named when the child is killed for its memory),
+    else in this process with no limit."""
     registry = DynamoDBUpdaterRegistry(dynamodb, registry_table)
-    validator = SubprocessValidator(validation_timeout_s) if validation_timeout_s is not None else None
+    validator = (
+        SubprocessValidator(validation_timeout_s, validation_load_timeout_s, memory_mb=memory_mb)
+        if validation_timeout_s is not None
+        else None
+    )
     return ModelUpdater(registry, S3ArtifactStore(s3), clock, defaults, max_bytes, stacks, validator)
 
 
