@@ -5,18 +5,17 @@ updater's own handler code (``functions.model_updater.app.handle_event``), with 
 ``ServingStacks``. A failed event becomes visible again and is retried, as Lambda retries an asynchronous
 invocation.
 
-The dispatcher long-polls (20 s, SQS's longest: on an idle stack three receives a minute, not sixty) and hands
-each event to its upload's lane: the events of one ``models/<name>/<version>/model.onnx`` are handled one after
-the other, in the order received, on a thread of that lane's own (``upload-lane``), while other versions' go on
-beside them, up to ``workers`` handled at once. It receives only while there is room: while its lanes hold fewer
-events (waiting or in hand) than ``workers``, and no more than that room at once. A batch of 10 received whatever
-the workers held waited in memory while its visibility timeout ran, and could come back and be handled twice. So
-a model whose validation takes its whole time limit
+The dispatcher long-polls (20 s, SQS's longest: on an idle stack three receives a minute, not sixty) and hands each
+event to its upload's lane: the events of one ``models/<name>/<version>/model.onnx`` are handled one after the
+other, in the order received, on a thread of that lane's own (``upload-lane``), while other versions' go on beside
+them, up to ``workers`` handled at once. So a model whose validation takes its whole time limit
 (``CLIPPER_VALIDATION_TIMEOUT_S``) holds only the uploads of its own version, as on AWS, where each upload is its
-own invocation of the function. An event stays invisible in the queue while it is handled (``VISIBILITY_S``, the
-function's timeout), so a long one is not received again meanwhile. A stop waits for the events being handled,
-not for a receive that is waiting for one, and starts none of those still waiting in a lane (their uploads are
-found again at the next start, below).
+own invocation of the function. It receives only while there is room: while its lanes hold fewer events (waiting or
+in hand) than ``workers``, and no more than that room at once (a batch of 10 received whatever the workers held
+would wait in memory while its visibility timeout ran, and could come back and be handled twice). An event stays
+invisible in the queue while it is handled (``VISIBILITY_S``, the function's timeout), so a long one is not received
+again meanwhile. A stop waits for the events being handled, not for a receive that is waiting for one, and starts
+none of those still waiting in a lane (their uploads are found again at the next start, below).
 
 The queue's events live in moto's memory, which the state folder does not keep: an upload made just before a stop
 (its object copied, its event not yet handled) would come back without its event and never be registered. So at
@@ -172,11 +171,12 @@ class UploadDispatcher(threading.Thread):
             return
         self._sqs.delete_message(QueueUrl=self._queue_url, ReceiptHandle=message["ReceiptHandle"])
         for outcome in result.get("outcomes", []):
+            reasons = "; ".join(outcome.get("reasons", []))
             logger.info(
-                "upload %s: %s %s (%.1f s)",
+                "upload %s: %s%s (%.1f s)",
                 outcome.get("key"),
                 outcome.get("status"),
-                "; ".join(outcome.get("reasons", [])),
+                f" {reasons}" if reasons else "",
                 time.monotonic() - started,
             )
 
