@@ -10,9 +10,10 @@ event to its upload's lane: the events of one ``models/<name>/<version>/model.on
 other, in the order received, on a thread of that lane's own (``upload-lane``), while other versions' go on beside
 them, up to ``workers`` handled at once. So a model whose validation takes its whole time limit
 (``CLIPPER_VALIDATION_TIMEOUT_S``) holds only the uploads of its own version, as on AWS, where each upload is its
-own invocation of the function. It receives only while there is room: while its lanes hold fewer events (waiting or
-in hand) than ``workers``, and no more than that room at once (a batch of 10 received whatever the workers held
-would wait in memory while its visibility timeout ran, and could come back and be handled twice). An event stays
+own invocation of the function. It receives only while there is room: while it has fewer lanes (versions with events
+waiting or in hand) than ``workers``, and no more events than that room at once (a batch of 10 received whatever the
+workers held would wait in memory while its visibility timeout ran, and could come back and be handled twice; a
+version's own backlog counts once, so it does not keep other versions' uploads from being received). An event stays
 invisible in the queue while it is handled (``VISIBILITY_S``, the function's timeout), so a long one is not received
 again meanwhile. A stop waits for the events being handled, not for a receive that is waiting for one, and starts
 none of those still waiting in a lane (their uploads are found again at the next start, below).
@@ -96,15 +97,16 @@ class UploadDispatcher(threading.Thread):
                 self._queue(message)
 
     def _room(self) -> int:
-        """How many events it may receive now: ``workers`` less those its lanes hold, waiting or in hand. Waits (up
-        to a second, or until halted) while there is none."""
+        """How many events it may receive now: ``workers`` less its lanes (a version's lane counts once, however many
+        of its events wait: a backlog of one version's uploads must not keep other versions' from being received).
+        Waits (up to a second, or until halted) while there is none."""
         with self._changed:
             self._changed.wait_for(lambda: self._held() < self._workers or self.halt.is_set(), timeout=1.0)
             return 0 if self.halt.is_set() else max(0, self._workers - self._held())
 
     def _held(self) -> int:
-        """The events its lanes hold, waiting or in hand (under ``_changed``)."""
-        return sum(len(waiting) for waiting in self._lanes.values()) + self._in_hand
+        """Its lanes, each with events waiting or in hand (under ``_changed``)."""
+        return len(self._lanes)
 
     def _queue(self, message: dict[str, Any]) -> None:
         """Into its upload's lane, behind that upload's earlier events; a lane with none starts its thread."""
@@ -126,6 +128,7 @@ class UploadDispatcher(threading.Thread):
                     waiting = self._lanes[lane]
                     if not waiting or self.halt.is_set():  # halted: none starts (found again at the next start)
                         del self._lanes[lane]
+                        self._changed.notify_all()  # room for another version's events
                         return
                     message = waiting.popleft()
                     self._in_hand += 1

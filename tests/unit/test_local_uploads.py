@@ -296,3 +296,21 @@ def test_it_receives_only_while_its_lanes_have_room_for_what_it_receives():
         for release in handler.release.values():
             release.set()
         assert dispatcher.finish(timeout_s=5)
+
+
+def test_a_backlog_of_one_versions_uploads_does_not_keep_another_versions_from_being_received():
+    """The room counts a version's lane once: with its events counted one by one, a slow version whose file was
+    put again three times filled the room, and another version's upload was not even received until they drained."""
+    handler = Handler("slow-1")
+    sqs = QueueSqs([*(upload(f"slow-{i}", "slow") for i in range(1, 5)), upload("other", "other")], handler)
+    dispatcher = UploadDispatcher(sqs, "queue", handler, wait_s=0, workers=4)
+    dispatcher.start()
+    try:
+        assert handler.wait(lambda: "other" in handler.ended)
+        assert handler.started == ["slow-1", "other"]  # slow-1 still in hand, its version's others behind it
+        handler.release["slow-1"].set()
+        assert handler.wait(lambda: len(handler.ended) == 5)
+        assert [e for e in handler.ended if e.startswith("slow")] == ["slow-1", "slow-2", "slow-3", "slow-4"]
+    finally:
+        handler.release["slow-1"].set()
+        assert dispatcher.finish(timeout_s=5)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from clipper.errors import Unavailable
-from clipper.models.isolated import SubprocessValidator
+from clipper.models.isolated import RETRY_LOAD_MIN_S, SubprocessValidator
 from clipper.models.validation import ValidationResult, validate_model
 from tests.fakes import digits_app
 from tests.slow_models import looping_model
@@ -193,6 +193,32 @@ def test_a_child_killed_unasked_twice_rejects_the_model_as_likely_out_of_memory(
         ),
     )
     assert tries.read_text().split() == ["try", "try"]
+
+
+def test_a_second_try_after_an_out_of_memory_kill_fits_in_what_the_first_left(tmp_path: Path) -> None:
+    """Each try had its own start-and-load backstop and run limit: a model killed late in its first try had a
+    second as long, past the function's timeout (which the settings fit one validation in), and Lambda retried
+    the event. The second try gets what the first left of the backstop, and none when that is too little."""
+    tries = tmp_path / "tries"
+    late = stand_in(tmp_path, f"echo try >> {tries}\nsleep 1\nkill -9 $$")
+
+    result = SubprocessValidator(10.0, load_limit_s=RETRY_LOAD_MIN_S + 0.5, python=late).validate(b"model", [])
+
+    assert tries.read_text().split() == ["try"]  # 1 s of its 10.5 gone: under the 10 a second try needs
+    assert result.reasons == (
+        "the model's validation process was killed (SIGKILL) without an answer (no time left to try again): most "
+        "likely out of memory; upload the version again to try again",
+    )
+
+
+def test_a_child_that_ended_is_seen_though_a_process_it_left_holds_its_channel(tmp_path: Path) -> None:
+    """Only the channel's end told the child had ended: a process it left behind (a library's) holding the channel
+    made an ended child read as a model still loading, rejected at the backstop for the wrong reason."""
+    leaver = stand_in(tmp_path, "sleep 4 &\nexit 3")
+
+    result = SubprocessValidator(10.0, load_limit_s=2.0, python=leaver).validate(b"model", [])
+
+    assert result.reasons == ("the model's validation process exited 3 without an answer",)
 
 
 def test_a_child_that_ends_without_an_answer_rejects_the_model_saying_how(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ being loaded. So :class:`SubprocessValidator` runs ``validate_model`` in a child
 An answer the child wrote before it was killed (a verdict just at the limit, a child hanging at its exit after it
 answered) is used. A child that ends without an answer (a crash inside ONNX Runtime) rejects the model, naming how
 it ended. One killed by a SIGKILL the validator did not send is most likely the kernel's out-of-memory killer: it
-is tried once more in a fresh child (after this process frees what it can), since a shortage can be passing (other
+is tried once more in a fresh child (after this process frees what it can; within what the first try left of its
+start-and-load backstop, so that one validation's budget is never spent twice), since a shortage can be passing (other
 validations beside it locally, garbage of earlier work); killed so again, the model is rejected, the reason saying
 it was likely out of memory and naming the memory known (``memory_mb``: the function's). It is rejected rather
 than retried by the event source: on Lambda a function's memory is the same at every try, so a redelivery would
@@ -56,7 +57,9 @@ from clipper.errors import Unavailable
 from clipper.models.validation import Signature, TensorSpec, ValidationResult, describe_sample, validate_model
 
 CHILD_MODULE = "clipper.models.isolated_main"
+RETRY_LOAD_MIN_S = 10.0  # the least start-and-load time a second try after an out-of-memory kill is given
 EXIT_GRACE_S = 5.0  # a child that answered may take this long to exit before it is killed (its answer stands)
+CHILD_POLL_S = 0.5  # how often the child's end is looked for, beside its channel's
 TAIL_BYTES = 4096  # of the child's stdout and stderr, kept for the reason of a rejection without an answer
 _KINDS = frozenset({"sample_run", "result"})
 
@@ -76,6 +79,8 @@ class _Run:
     stopped: str = ""  # "load" or "run": killed at that phase's limit; "" when this process did not kill it
     ran_s: float = 0.0  # how long the phase it was stopped in had gone on
     tail: str = ""  # the end of its stdout and stderr
+    load_limit_s: float = 0.0  # the backstop its start and load had
+    tries: int = 1  # 2: this is the second child, after the first was killed unasked
 
     @property
     def killed_unasked(self) -> bool:
@@ -102,50 +107,67 @@ class SubprocessValidator:
         self._env = os.environ | {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
 
     def validate(self, data: bytes, apps: Sequence[Application]) -> ValidationResult:
-        run = self._run(data, apps)
+        started = time.monotonic()
+        run = self._run(data, apps, self._load_limit)
         if run.killed_unasked:  # a shortage may be passing: once more, with what this process can free freed
-            gc.collect()
-            run = self._run(data, apps)
+            # within what the first try left of the whole budget (its start and load, then its run): the function's
+            # timeout holds one validation, not two (the settings fit one in it)
+            left = self._load_limit - (time.monotonic() - started)
+            if left >= RETRY_LOAD_MIN_S:
+                gc.collect()
+                run = self._run(data, apps, left)
+                run.tries = 2
         return self._verdict(run, apps)
 
-    def _run(self, data: bytes, apps: Sequence[Application]) -> _Run:
+    def _run(self, data: bytes, apps: Sequence[Application], load_limit_s: float) -> _Run:
         header = json.dumps({"apps": [_app_to_wire(a) for a in apps]}).encode() + b"\n"
         answers_r, answers_w = os.pipe()
+        child: subprocess.Popen[bytes] | None = None
+        threads: list[threading.Thread] = []
         try:
-            child = subprocess.Popen(
-                [self._python, "-m", CHILD_MODULE, str(os.getpid()), str(answers_w)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                pass_fds=(answers_w,),
-                env=self._env,
+            try:
+                child = subprocess.Popen(
+                    [self._python, "-m", CHILD_MODULE, str(os.getpid()), str(answers_w)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(answers_w,),
+                    env=self._env,
+                )
+            except (OSError, subprocess.SubprocessError) as e:  # no process to be had now (EAGAIN, ENOMEM): the
+                raise Unavailable(f"the model's validation process did not start: {e}") from e  # upload is retried
+            finally:
+                os.close(answers_w)  # the child's copy is the only one left: the channel ends when the child does
+            assert child.stdin is not None and child.stdout is not None
+            channel = _Answers(answers_r)  # its thread closes the read end from here
+            answers_r = -1
+            threads.append(channel)
+            tail = _Tail(child.stdout)
+            threads.append(tail)
+            feeder = threading.Thread(
+                target=_feed, args=(child.stdin, header, data), name="validation-feed", daemon=True
             )
-        except OSError as e:  # no process to be had now (EAGAIN, ENOMEM): the upload is tried again
-            os.close(answers_r)
-            raise Unavailable(f"the model's validation process did not start: {e}") from e
+            feeder.start()
+            threads.append(feeder)
+            stopped, ran_s = self._await(child, channel, load_limit_s)
         finally:
-            os.close(answers_w)  # the child's copy is the only one left: the channel ends when the child does
-        assert child.stdin is not None and child.stdout is not None
-        channel, tail = _Answers(answers_r), _Tail(child.stdout)
-        feeder = threading.Thread(target=_feed, args=(child.stdin, header, data), name="validation-feed", daemon=True)
-        feeder.start()
-        try:
-            stopped, ran_s = self._await(child, channel)
-        finally:
-            if child.poll() is None:
-                child.kill()
-            child.wait()
-            for thread in (feeder, channel, tail):  # each ends with the child (a pipe's other end closed)
+            if answers_r >= 0:  # a failure before its reader thread took it
+                os.close(answers_r)
+            if child is not None:
+                if child.poll() is None:
+                    child.kill()
+                child.wait()
+            for thread in threads:  # each ends with the child (a pipe's other end closed)
                 thread.join(EXIT_GRACE_S)
-        return _Run(dict(channel.answers), child.returncode, stopped, ran_s, tail.text())
+        return _Run(dict(channel.answers), child.returncode, stopped, ran_s, tail.text(), load_limit_s)
 
-    def _await(self, child: subprocess.Popen[bytes], channel: _Answers) -> tuple[str, float]:
+    def _await(self, child: subprocess.Popen[bytes], channel: _Answers, load_limit_s: float) -> tuple[str, float]:
         """Wait for the child's result, or its end, or a limit; returns the phase it was stopped in, if it was, and
         how long that phase had gone on."""
         started = time.monotonic()
-        phase, since, deadline = "load", started, started + self._load_limit
+        phase, since, deadline = "load", started, started + load_limit_s
         while True:
-            channel.wait_for_news(deadline)
+            channel.wait_for_news(min(deadline, time.monotonic() + CHILD_POLL_S))
             if "result" in channel.answers:  # it answered: it may take a moment to exit, not its limit
                 with contextlib.suppress(subprocess.TimeoutExpired):  # then killed by the caller; the answer stands
                     child.wait(EXIT_GRACE_S)
@@ -160,6 +182,9 @@ class SubprocessValidator:
                     return "", 0.0
                 except subprocess.TimeoutExpired:
                     pass
+            elif child.poll() is not None:  # it ended, its channel held open by a process it left behind
+                channel.wait_for_news(time.monotonic() + CHILD_POLL_S)  # what it wrote last, still in the pipe
+                return "", 0.0
             if time.monotonic() >= deadline:
                 child.kill()
                 return phase, time.monotonic() - since
@@ -171,7 +196,7 @@ class SubprocessValidator:
         sig = _signature_from_wire(loaded["signature"]) if loaded is not None else None
         if run.stopped == "load":
             why = (
-                f"loading the model did not finish within the validation's {self._load_limit:g} s for starting "
+                f"loading the model did not finish within the validation's {run.load_limit_s:g} s for starting "
                 f"and loading (the time limit of {self._limit:g} s is its sample run's): stopped after "
                 f"{run.ran_s:.1f} s"
             )
@@ -183,8 +208,9 @@ class SubprocessValidator:
         if run.killed_unasked:
             memory = f" (the function's memory: {self._memory_mb} MB)" if self._memory_mb else ""
             why = (
-                "the model's validation process was killed (SIGKILL) without an answer, in each of two tries: "
-                f"most likely out of memory{memory}; upload the version again to try again"
+                "the model's validation process was killed (SIGKILL) without an answer"
+                + (", in each of two tries" if run.tries == 2 else " (no time left to try again)")
+                + f": most likely out of memory{memory}; upload the version again to try again"
             )
             return ValidationResult(False, sig, (why,))
         how = f"was killed by {_signal_name(-run.returncode)}" if run.returncode < 0 else f"exited {run.returncode}"

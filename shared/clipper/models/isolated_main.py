@@ -26,5 +26,7 @@ def _die_with(parent: int) -> None:
 
 if __name__ == "__main__":
     _die_with(int(sys.argv[1]))
-    with os.fdopen(int(sys.argv[2]), "wb") as answers:
+    fd = int(sys.argv[2])
+    os.set_inheritable(fd, False)  # a process the model's libraries start must not hold the parent's channel open
+    with os.fdopen(fd, "wb") as answers:
         run_child(sys.stdin.buffer, answers)
