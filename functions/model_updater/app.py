@@ -56,7 +56,7 @@ class ModelUpdaterSettings(ModelStackSettings):
     def _validation_fits_the_function(self) -> ModelUpdaterSettings:
         if self.function_timeout_s is None:
             return self
-        stack_wait = self.model_stack_wait_s if self.service_stack_name else 0.0
+        stack_wait = self._stack_wait_s
         room = self.function_timeout_s - stack_wait - VALIDATION_ROOM_S - LOAD_ROOM_MIN_S
         if self.validation_timeout_s > room:
             raise ValueError(
@@ -75,8 +75,12 @@ class ModelUpdaterSettings(ModelStackSettings):
         the sample run's limit (at least LOAD_ROOM_MIN_S); without one (locally), ``default_load_limit``."""
         if self.function_timeout_s is None:
             return default_load_limit(self.validation_timeout_s)
-        stack_wait = self.model_stack_wait_s if self.service_stack_name else 0.0
-        return self.function_timeout_s - stack_wait - VALIDATION_ROOM_S - self.validation_timeout_s
+        return self.function_timeout_s - self._stack_wait_s - VALIDATION_ROOM_S - self.validation_timeout_s
+
+    @property
+    def _stack_wait_s(self) -> float:
+        """What an upload waits for its version's serving stack within the function: none without stacks."""
+        return self.model_stack_wait_s if self.service_stack_name else 0.0
 
 
 logger = Logger(service="clipper-model-updater")

@@ -403,7 +403,7 @@ class ClipperConnection:
         """Feedback for the bandit: the true ``label`` of an ``input`` this app (and ``uid``) was queried with.
         ``feedback_id``, a key of the caller's: the same feedback sent again with it (a retry after a timeout)
         is applied once. A numpy array is read by the app's declared shape, as ``predict`` reads it (an 8x8
-        array is the one input of an app of shape [8, 8]). Sent twice without an answer (or with a 503), it
+        array is the one input of an app of shape [8, 8]). Sent twice without an answer (or with a 5xx), it
         raises ``QueryError`` (``QueryUnanswered`` for no answer) whose ``feedback_id`` is the key it was sent with:
         ``update(..., feedback_id=e.feedback_id)`` then applies it once, whether a lost try was taken or not."""
         from clipper.client_query import shaped, update

@@ -65,6 +65,10 @@ class Throttled(Unavailable):
     """A dependency throttled the call."""
 
 
+class AccessDenied(Unavailable):
+    """A dependency refused the call for want of a grant (AWS's AccessDenied): no retry of the call succeeds."""
+
+
 class EndpointError(ClipperError):
     """The model endpoint failed a batch; every member of the batch fails with it."""
 

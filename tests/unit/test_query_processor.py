@@ -3,10 +3,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from botocore.exceptions import ClientError
 
+from clipper.adapters.aws_errors import translate
 from clipper.batching.core import Batcher, Inbound
 from clipper.core.messages import QueryMessage, Reply, decode_rows
-from clipper.errors import InvalidInput, NotFound, Unavailable
+from clipper.errors import InvalidInput, NotFound
 from clipper.frontend.query import QueryProcessor
 from tests.fakes import (
     FakeClock,
@@ -396,7 +398,7 @@ def test_a_late_single_model_query_names_the_models_choice_not_a_bandit_state(wo
     "refusal",
     [
         NotFound("resource", "sqs.SendMessage (AWS.SimpleQueueService.NonExistentQueue)"),
-        Unavailable("sqs.SendMessage: AccessDenied"),
+        translate(ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "SendMessage"), "sqs.SendMessage"),
     ],
 )
 def test_a_versions_queue_that_is_gone_or_not_ours_is_the_models_error(world, monkeypatch, refusal):

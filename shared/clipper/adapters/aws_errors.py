@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from clipper.errors import ClipperError, Conflict, NotFound, Throttled, Unavailable
+from clipper.errors import AccessDenied, ClipperError, Conflict, NotFound, Throttled, Unavailable
 
 _THROTTLING = {
     "Throttling",
@@ -26,6 +26,7 @@ _NOT_FOUND = {
     "AWS.SimpleQueueService.NonExistentQueue",
     "QueueDoesNotExist",
 }
+_ACCESS_DENIED = {"AccessDenied", "AccessDeniedException", "KMS.AccessDeniedException"}
 _CONFLICT = {"ConditionalCheckFailedException", "TransactionConflictException"}
 
 
@@ -52,6 +53,8 @@ def translate(e: Exception, what: str) -> ClipperError:
             return Conflict(f"{what}: {code}")
         if code in _NOT_FOUND:
             return NotFound("resource", f"{what} ({code})")
+        if code in _ACCESS_DENIED:
+            return AccessDenied(f"{what}: {code}")
         return Unavailable(f"{what}: {code}")
     return Unavailable(f"{what}: {type(e).__name__}")
 

@@ -28,7 +28,7 @@ from clipper.core.log_sampling import SampledLog
 from clipper.core.messages import QueryMessage, Reply, encode_rows, no_answer
 from clipper.core.polling import poll_gap
 from clipper.core.validation import QueryInput, Rows
-from clipper.errors import NotFound, Unavailable
+from clipper.errors import AccessDenied, NotFound, Unavailable
 from clipper.frontend.results import UNCHARGED, ModelAnswer, QueryTicket
 from clipper.frontend.steps import Steps, call
 from clipper.frontend.steps import run as run_steps
@@ -102,7 +102,7 @@ def queue_refused(failure: Exception) -> bool:
     """Whether a send failed on the version's own request queue, not on the transport: the queue does not exist
     (its stack deleted) or the frontend may not use it (outside its grants). The model's error, not a transport
     failure: no retry of the transport brings an answer."""
-    return isinstance(failure, NotFound) or "AccessDenied" in str(failure)
+    return isinstance(failure, (NotFound, AccessDenied))
 
 
 class Gatherer:
